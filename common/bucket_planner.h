@@ -1,0 +1,67 @@
+// DDP's bucket assignment (torch.distributed._compute_bucket_assignment_by_size
+// in c10d's reducer), computed by the daemon and agreed by all nodes.
+//
+// Rules (DDP's, unit-tested in tests/unit/bucket_planner_test.cc):
+//   * parameters are taken in reverse registration order (gradients become
+//     ready roughly back to front);
+//   * one open bucket per dtype; a parameter goes into its dtype's open
+//     bucket; when that bucket's size reaches the current cap it is closed;
+//   * the first bucket closed (per dtype: DDP keeps one cap list per key, so
+//     each dtype's first bucket) is capped at first_bucket_cap bytes, later
+//     ones at bucket_cap bytes;
+//   * a parameter larger than the cap therefore ends up alone in its bucket;
+//   * buckets are ordered by the (reverse-order) index of their first
+//     parameter, the order in which they become ready.
+// Inside a bucket, parameters are laid out contiguously in bucket order,
+// each one's offset aligned to its element size.
+#ifndef GRADD_COMMON_BUCKET_PLANNER_H_
+#define GRADD_COMMON_BUCKET_PLANNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+
+namespace gradd {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+
+  size_t numel() const;
+  size_t bytes() const;
+};
+
+struct Bucket {
+  DType dtype;
+  std::vector<int32_t> params;        // indices into the param list
+  std::vector<size_t> param_offsets;  // byte offsets inside the bucket
+  size_t size_bytes = 0;              // payload bytes (no trailing padding)
+  size_t offset = 0;                  // byte offset inside a rank's memory
+};
+
+struct BucketPlan {
+  std::vector<Bucket> buckets;
+  // Bytes of a rank's bucket memory: buckets at kBucketAlignment-aligned
+  // offsets, rounded up to the page size.
+  size_t total_bytes = 0;
+};
+
+inline constexpr size_t kBucketAlignment = 256;
+
+struct PlannerOptions {
+  size_t first_bucket_cap_bytes = 1 << 20;
+  size_t bucket_cap_bytes = 25 << 20;
+};
+
+// INVALID_ARGUMENT on an empty list, a negative dimension, or an empty name.
+absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
+                                       const PlannerOptions& options);
+
+}  // namespace gradd
+
+#endif  // GRADD_COMMON_BUCKET_PLANNER_H_

@@ -1,0 +1,121 @@
+// The shared control block of one job on one node: the data-plane contract
+// between the daemon and its local trainers. One memfd per job, mapped
+// read-write by the daemon and by every local rank.
+//
+//   [ControlHeader][ready_seq: world x RankRow][done_seq: buckets x u64]
+//   [bcast: world x BroadcastSlot]
+//
+// Sequence numbers are iteration numbers starting at 1; 0 means "never".
+//
+// Gradient buckets, one iteration (client rank r, bucket b, iteration i):
+//   client: writes its gradients into its bucket b, then
+//           ready_seq(r)[b].store(i, release); RingDaemon(header)
+//   daemon: when ready_seq(r)[b] == i for every live rank r and
+//           done_seq[b] == i - 1: reduces, writes results into every rank's
+//           bucket b, done_seq[b].store(i, release); WakeClients(header)
+//   client: waits until done_seq[b] == i for every bucket (or header.status
+//           != 0, then reads header.error).
+//
+// Broadcast (op k = 1, 2, ...), independent of gradient iterations:
+//   client: root copies bytes into its broadcast area; every rank sets
+//           bcast[r].root / bcast[r].bytes, then bcast[r].ready_seq = k,
+//           RingDaemon
+//   daemon: when every rank is ready for k and all agree on root and bytes,
+//           copies root's area into every other rank's area,
+//           header.bcast_done_seq = k, WakeClients.
+//
+// Failure: the daemon writes header.error (NUL-terminated), then
+// header.status.store(absl::StatusCode, release), then WakeClients. Status
+// never goes back to 0 for the life of the block.
+//
+// Only the daemon writes done_seq, bcast_done_seq, status and error; rank r
+// writes only its own ready rows. The daemon never trusts what ranks wrote:
+// a ready_seq that skips ahead fails the job with a clear error.
+#ifndef GRADD_COMMON_CONTROL_BLOCK_H_
+#define GRADD_COMMON_CONTROL_BLOCK_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace gradd {
+
+inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
+inline constexpr uint32_t kControlVersion = 1;
+inline constexpr size_t kControlErrorBytes = 1024;
+inline constexpr size_t kCacheLine = 64;
+
+struct alignas(kCacheLine) ControlHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t num_buckets;
+  uint32_t local_world_size;
+  uint64_t total_bytes;
+
+  // Client -> daemon doorbell: bumped on every publish. The daemon futex-waits
+  // on it after setting daemon_sleeping; clients call futex wake only when
+  // daemon_sleeping is set.
+  alignas(kCacheLine) std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> daemon_sleeping;
+
+  // Daemon -> clients: bumped after every done / error publish. Clients that
+  // sleep increment `sleepers` first, the daemon wakes only when it is > 0.
+  alignas(kCacheLine) std::atomic<uint32_t> done_gen;
+  std::atomic<uint32_t> sleepers;
+
+  alignas(kCacheLine) std::atomic<uint64_t> bcast_done_seq;
+
+  alignas(kCacheLine) std::atomic<int32_t> status;  // absl::StatusCode
+  char error[kControlErrorBytes];
+};
+
+struct alignas(kCacheLine) BroadcastSlot {
+  std::atomic<uint64_t> ready_seq;
+  std::atomic<uint64_t> bytes;
+  std::atomic<int32_t> root;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Offsets of each region for a given job shape; both sides compute it.
+class ControlLayout {
+ public:
+  ControlLayout(uint32_t local_world_size, uint32_t num_buckets);
+
+  size_t total_bytes() const { return total_bytes_; }
+  uint32_t local_world_size() const { return world_; }
+  uint32_t num_buckets() const { return buckets_; }
+
+  // Views into a mapped block (base must be the mapping's start).
+  ControlHeader* header(void* base) const;
+  std::atomic<uint64_t>* ready_row(void* base, uint32_t rank) const;
+  std::atomic<uint64_t>* done_seq(void* base) const;
+  BroadcastSlot* bcast(void* base, uint32_t rank) const;
+
+  // Initialises a freshly mapped, zero-filled block (daemon side).
+  void Initialize(void* base) const;
+  // Checks magic, version and shape of a block mapped by a client.
+  absl::Status Validate(const void* base, size_t mapped_bytes) const;
+
+ private:
+  uint32_t world_;
+  uint32_t buckets_;
+  size_t row_bytes_;
+  size_t ready_offset_;
+  size_t done_offset_;
+  size_t bcast_offset_;
+  size_t total_bytes_;
+};
+
+// Records a job failure in the block (first failure wins) and wakes clients.
+void PublishError(ControlHeader* header, absl::StatusCode code,
+                  std::string_view message);
+// The job's failure, or OK.
+absl::Status ReadError(const ControlHeader* header);
+
+}  // namespace gradd
+
+#endif  // GRADD_COMMON_CONTROL_BLOCK_H_

@@ -1,0 +1,45 @@
+// Reduction kernels of the daemon's data path. Vectorised (the compiler's
+// auto-vectorisation on contiguous loops, with float32 accumulation for the
+// 16-bit types and round-to-nearest-even back), single-threaded: callers split
+// [begin, end) element ranges across threads (see ParallelFor).
+//
+// Numerics, relied upon by tests that check exact closed forms:
+//   result = (x_0 + x_1 + ... + x_{n-1}) / divisor
+// summed left to right in the accumulator type (float for float16/bfloat16
+// and float32, double for float64), divided (not multiplied by a reciprocal),
+// rounded once to the output type.
+#ifndef GRADD_COMMON_REDUCE_H_
+#define GRADD_COMMON_REDUCE_H_
+
+#include <cstddef>
+#include <functional>
+
+#include "common/dtype.h"
+
+namespace gradd {
+
+// Averages element-wise across n buffers and writes the result into all of
+// them (single-node fused path). Elements [begin, end).
+void FusedAverage(DType dtype, void* const* buffers, int n, size_t begin,
+                  size_t end, double divisor);
+
+// acc[i] = sum_k srcs[k][i] for i in [begin, end). `acc` has type
+// AccumulatorDType(dtype) (multi-node: the node's partial sum).
+void SumToAccumulator(DType dtype, const void* const* srcs, int n, void* acc,
+                      size_t begin, size_t end);
+
+// outs[k][i] = acc[i] / divisor for every k, converting from
+// AccumulatorDType(dtype) back to dtype (multi-node write-back).
+void ScatterFromAccumulator(DType dtype, const void* acc, double divisor,
+                            void* const* outs, int n, size_t begin,
+                            size_t end);
+
+// 16-bit conversions (round to nearest even; NaN stays NaN).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t h);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace gradd
+
+#endif  // GRADD_COMMON_REDUCE_H_

@@ -1,0 +1,28 @@
+#include "common/session.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradd {
+
+std::string DefaultSocketPath() {
+  if (geteuid() == 0) return "/run/gradd/gradd.sock";
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg) {
+    return absl::StrCat(xdg, "/gradd/gradd.sock");
+  }
+  return absl::StrCat("/tmp/gradd-", geteuid(), "/gradd.sock");
+}
+
+std::string ClientSocketPath() {
+  if (const char* env = std::getenv("GRADD_SOCKET"); env && *env) return env;
+  return DefaultSocketPath();
+}
+
+std::string SessionSocketPath(std::string_view socket_path) {
+  return absl::StrCat(socket_path, ".session");
+}
+
+}  // namespace gradd

@@ -1,0 +1,50 @@
+// Daemon socket paths and the session-socket protocol.
+//
+// Next to its gRPC socket <path> the daemon listens on <path>.session
+// (SOCK_SEQPACKET). A trainer connects there first; the daemon greets it with
+// a SessionHello carrying a fresh session id, which the trainer passes in
+// AttachRequest.session_id. When Attach succeeds the daemon sends one
+// SessionFds message with SCM_RIGHTS [control block memfd, rank memory memfd]
+// before the RPC returns. The connection stays open for the life of the rank:
+// the daemon sees a trainer's death as the socket closing, so nothing is left
+// behind and nobody waits for a dead rank. The daemon checks the peer's uid
+// (SO_PEERCRED) against its own (or root).
+#ifndef GRADD_COMMON_SESSION_H_
+#define GRADD_COMMON_SESSION_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace gradd {
+
+inline constexpr uint32_t kSessionMagic = 0x53445247;  // "GRDS"
+inline constexpr uint32_t kSessionVersion = 1;
+
+enum class SessionMessageKind : uint32_t { kHello = 1, kFds = 2 };
+
+struct SessionHello {
+  uint32_t magic = kSessionMagic;
+  uint32_t kind = static_cast<uint32_t>(SessionMessageKind::kHello);
+  uint32_t version = kSessionVersion;
+  uint32_t reserved = 0;
+  uint64_t session_id = 0;
+};
+
+struct SessionFds {
+  uint32_t magic = kSessionMagic;
+  uint32_t kind = static_cast<uint32_t>(SessionMessageKind::kFds);
+  uint64_t attach_id = 0;
+  // Followed by two fds: control block, rank bucket memory.
+};
+
+// /run/gradd/gradd.sock as root; else $XDG_RUNTIME_DIR/gradd/gradd.sock when
+// set; else /tmp/gradd-<uid>/gradd.sock.
+std::string DefaultSocketPath();
+// $GRADD_SOCKET if set, else DefaultSocketPath().
+std::string ClientSocketPath();
+std::string SessionSocketPath(std::string_view socket_path);
+
+}  // namespace gradd
+
+#endif  // GRADD_COMMON_SESSION_H_
