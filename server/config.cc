@@ -1,0 +1,301 @@
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/session.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+#include "yaml-cpp/yaml.h"
+
+namespace gradd {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+constexpr double kDefaultBucketCapMb = 25;
+constexpr double kDefaultFirstBucketCapMb = 1;
+constexpr uint32_t kDefaultAttachTimeoutMs = 60000;
+constexpr uint32_t kDefaultMaxJobs = 64;
+constexpr uint32_t kDefaultMaxParams = 100000;
+constexpr uint64_t kDefaultMaxJobMemoryBytes = uint64_t{64} << 30;
+constexpr uint32_t kDefaultMaxLocalWorldSize = 256;
+constexpr uint32_t kDefaultSpinUs = 50;
+constexpr uint32_t kDefaultJoinTimeoutMs = 60000;
+constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
+
+// sockaddr_un.sun_path holds 108 bytes including the NUL.
+constexpr size_t kMaxSocketPathBytes = 107 - sizeof(".session") + 1;
+
+std::string Where(absl::string_view source, const std::string& key,
+                  const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.line >= 0) {
+    return absl::StrCat(source, ":", mark.line + 1, ": key '", key, "'");
+  }
+  return absl::StrCat(source, ": key '", key, "'");
+}
+
+std::string KnownKeys(const google::protobuf::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) {
+    names.push_back(d->field(i)->name());
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+// yaml-cpp reports errors by exception; this file is the edge where they are
+// turned into statuses, so nothing here lets one escape.
+absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
+                       Message* msg, absl::string_view source,
+                       const std::string& key) {
+  if (!value.IsScalar()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(source, key, value), ": expected a ", field->type_name(),
+        " value, got a ", value.IsMap() ? "map" : "list or null"));
+  }
+  const std::string& text = value.Scalar();
+  const Reflection* r = msg->GetReflection();
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, key, value), ": '", text, "' is not ", why));
+  };
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(msg, field, text);
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      double v;
+      if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+        return bad("a finite number");
+      }
+      r->SetDouble(msg, field, v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t v;
+      if (!absl::SimpleAtoi(text, &v)) {
+        return bad("a non-negative integer below 2^32");
+      }
+      r->SetUInt32(msg, field, v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("a non-negative integer");
+      r->SetUInt64(msg, field, v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_INT32: {
+      int32_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("a 32-bit integer");
+      r->SetInt32(msg, field, v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_INT64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("an integer");
+      r->SetInt64(msg, field, v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      bool v;
+      if (!absl::SimpleAtob(text, &v)) return bad("true or false");
+      r->SetBool(msg, field, v);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key, value), ": field type ",
+                       field->type_name(), " is not supported in YAML"));
+  }
+}
+
+absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
+                            absl::string_view source,
+                            const std::string& prefix) {
+  const google::protobuf::Descriptor* d = msg->GetDescriptor();
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": keys must be plain names"));
+    }
+    const std::string name = it->first.Scalar();
+    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    const FieldDescriptor* field = d->FindFieldByName(name);
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(source, key, it->first), " is not a known setting (known in ",
+          prefix.empty() ? "the top level" : prefix, ": ", KnownKeys(d), ")"));
+    }
+    const YAML::Node& value = it->second;
+    if (field->is_repeated()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key, value), ": lists are not supported"));
+    }
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (value.IsNull()) continue;
+      if (!value.IsMap()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(source, key, value), ": expected a map of settings"));
+      }
+      RETURN_IF_ERROR(MapOntoMessage(
+          value, msg->GetReflection()->MutableMessage(msg, field), source,
+          key));
+      continue;
+    }
+    RETURN_IF_ERROR(SetScalar(field, value, msg, source, key));
+  }
+  return absl::OkStatus();
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
+    return "localhost";
+  }
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
+                                                 absl::string_view source) {
+  v1::DaemonConfig config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+  }
+  if (root.IsNull()) return config;  // empty file: all defaults
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": the top level must be a map of settings (key: value)"));
+  }
+  try {
+    RETURN_IF_ERROR(MapOntoMessage(root, &config, source, ""));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  ASSIGN_OR_RETURN(v1::DaemonConfig config, ParseConfigYaml(text.str(), path));
+  ApplyConfigDefaults(&config);
+  absl::Status valid = ValidateConfig(config);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", valid.message()));
+  }
+  return config;
+}
+
+void ApplyConfigDefaults(v1::DaemonConfig* c) {
+  if (c->socket_path().empty()) c->set_socket_path(DefaultSocketPath());
+  if (c->bucket_cap_mb() == 0) c->set_bucket_cap_mb(kDefaultBucketCapMb);
+  if (c->first_bucket_cap_mb() == 0) {
+    c->set_first_bucket_cap_mb(kDefaultFirstBucketCapMb);
+  }
+  if (c->reduce_threads() == 0) {
+    c->set_reduce_threads(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  if (c->attach_timeout_ms() == 0) {
+    c->set_attach_timeout_ms(kDefaultAttachTimeoutMs);
+  }
+  if (c->max_jobs() == 0) c->set_max_jobs(kDefaultMaxJobs);
+  if (c->max_params() == 0) c->set_max_params(kDefaultMaxParams);
+  if (c->max_job_memory_bytes() == 0) {
+    c->set_max_job_memory_bytes(kDefaultMaxJobMemoryBytes);
+  }
+  if (c->max_local_world_size() == 0) {
+    c->set_max_local_world_size(kDefaultMaxLocalWorldSize);
+  }
+  if (c->spin_us() == 0) c->set_spin_us(kDefaultSpinUs);
+  if (c->node_id().empty()) c->set_node_id(HostName());
+  v1::RendezvousConfig* rv = c->mutable_rendezvous();
+  if (rv->join_timeout_ms() == 0)
+    rv->set_join_timeout_ms(kDefaultJoinTimeoutMs);
+  if (rv->collective_timeout_ms() == 0) {
+    rv->set_collective_timeout_ms(kDefaultCollectiveTimeoutMs);
+  }
+}
+
+absl::Status ValidateConfig(const v1::DaemonConfig& c) {
+  if (c.socket_path().empty() || c.socket_path()[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket_path '", c.socket_path(), "' must be an absolute path"));
+  }
+  if (c.socket_path().size() > kMaxSocketPathBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket_path '", c.socket_path(), "' is ", c.socket_path().size(),
+        " bytes; Unix socket paths (plus '.session') are limited to ",
+        kMaxSocketPathBytes));
+  }
+  // 0 was replaced by the default, so only negative / absurd caps remain.
+  for (auto [name, v] :
+       {std::pair<const char*, double>{"bucket_cap_mb", c.bucket_cap_mb()},
+        {"first_bucket_cap_mb", c.first_bucket_cap_mb()}}) {
+    if (!(v > 0) || v > 1 << 20) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " = ", v, " is out of range (0, 1048576] MiB"));
+    }
+  }
+  if (c.reduce_threads() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce_threads = ", c.reduce_threads(), " is above 1024"));
+  }
+  if (c.spin_us() > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spin_us = ", c.spin_us(), " is above 1000000 (one second)"));
+  }
+  if (c.max_local_world_size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_local_world_size = ", c.max_local_world_size(),
+                     " is above 65536"));
+  }
+  return absl::OkStatus();
+}
+
+v1::DaemonConfig DefaultConfig() {
+  v1::DaemonConfig config;
+  ApplyConfigDefaults(&config);
+  return config;
+}
+
+std::string ConfigToText(const v1::DaemonConfig& config) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(config, &out, options)
+           .ok()) {
+    return config.ShortDebugString();
+  }
+  return out;
+}
+
+}  // namespace gradd

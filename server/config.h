@@ -1,0 +1,46 @@
+// The daemon's configuration: gradd.v1.DaemonConfig
+// (proto/gradd/v1/config.proto) read from YAML, with built-in defaults for
+// every unset field and range checks. Pure functions; no global state: the
+// resulting message is passed to the Daemon's constructor.
+//
+// Errors: INVALID_ARGUMENT naming the file, the key (dotted path, e.g.
+// "rendezvous.join_timeout_ms") and, for YAML problems, the line; NOT_FOUND
+// when the file cannot be read.
+#ifndef GRADD_SERVER_CONFIG_H_
+#define GRADD_SERVER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "gradd/v1/config.pb.h"
+
+namespace gradd {
+
+// Parses YAML text onto DaemonConfig field by field (snake_case keys as in
+// config.proto). Unknown keys, wrong types and out-of-range numbers are
+// errors. `source` names the text in messages (a file path or "<string>").
+// Does not apply defaults.
+absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
+                                                 absl::string_view source);
+
+// Reads and parses `path` (ParseConfigYaml), applies defaults and validates.
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Fills every zero/empty field with its documented default.
+void ApplyConfigDefaults(v1::DaemonConfig* config);
+
+// Range checks on a config with defaults applied.
+absl::Status ValidateConfig(const v1::DaemonConfig& config);
+
+// Built-in defaults, validated: what gradd runs on without --config.
+v1::DaemonConfig DefaultConfig();
+
+// The effective config as YAML-compatible text (JSON is valid YAML), for
+// --print-config and logs.
+std::string ConfigToText(const v1::DaemonConfig& config);
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_CONFIG_H_

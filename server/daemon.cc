@@ -1,0 +1,170 @@
+#include "server/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/session.h"
+#include "common/shm.h"
+#include "common/status_macros.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "server/config.h"
+
+namespace gradd {
+namespace {
+
+// Registration of a large model (100k parameters with names) exceeds gRPC's
+// 4 MiB default.
+constexpr int kMaxMessageBytes = 256 << 20;
+
+absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
+  const int e = errno;
+  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(e));
+  if (e == EACCES || e == EPERM) return absl::PermissionDeniedError(msg);
+  return absl::FailedPreconditionError(msg);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::Status PrepareSocketDirectory(const std::string& socket_path) {
+  const std::string dir = DirName(socket_path);
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT)
+      return ErrnoStatus("cannot stat socket directory", dir);
+    // mkdir -p; everything we create is owner-only.
+    for (size_t pos = 1; pos != std::string::npos;) {
+      pos = dir.find('/', pos + 1);
+      const std::string part = dir.substr(0, pos);
+      if (mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) {
+        return ErrnoStatus("cannot create socket directory", part);
+      }
+    }
+    // mkdir honours the umask; make the mode exact.
+    if (chmod(dir.c_str(), 0700) != 0) {
+      return ErrnoStatus("cannot chmod socket directory", dir);
+    }
+    return absl::OkStatus();
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory ", dir, " is not a directory"));
+  }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory ", dir, " belongs to uid ", st.st_uid,
+                     ", not to gradd's uid ", geteuid(),
+                     " or root; refusing to serve "
+                     "from a directory another user controls"));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s is writable by other users (mode %04o) and not "
+        "sticky; anyone could replace gradd's socket. Use an owner-only "
+        "directory (chmod 700) or another --socket",
+        dir, st.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveStaleSocket(const std::string& path, int socket_type) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoStatus("cannot stat", path);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " exists and is not a socket; refusing to replace it"));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", path));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(socket(AF_UNIX, socket_type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket() to probe", path);
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
+      0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another gradd is already listening on ", path));
+  }
+  if (errno != ECONNREFUSED && errno != ENOENT) {
+    return ErrnoStatus("cannot probe existing socket", path);
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot remove stale socket", path);
+  }
+  return absl::OkStatus();
+}
+
+Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
+    const v1::DaemonConfig& config) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  const std::string& path = config.socket_path();
+  const std::string session_path = SessionSocketPath(path);
+  RETURN_IF_ERROR(PrepareSocketDirectory(path));
+  RETURN_IF_ERROR(RemoveStaleSocket(path, SOCK_STREAM));
+  RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
+
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
+  ASSIGN_OR_RETURN(d->listener_, SessionListener::Create(session_path));
+  d->manager_ =
+      std::make_unique<JobManager>(config, d->listener_.get(), d->pool_.get());
+  d->listener_->Start(d->manager_.get());
+  d->service_ = std::make_unique<NodeService>(d->manager_.get());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", path),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(d->service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("gRPC cannot listen on unix:", path));
+  }
+  // Same uid only (the directory normally guarantees it already).
+  if (chmod(path.c_str(), 0600) != 0) {
+    return ErrnoStatus("cannot chmod socket", path);
+  }
+  return d;
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (down_) return;
+  down_ = true;
+  // Trainers first: they learn why before their connections go away.
+  if (manager_) manager_->Shutdown();
+  if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (listener_) listener_->Stop();
+  if (manager_) manager_->Stop();
+  if (server_) {
+    server_->Wait();
+    unlink(config_.socket_path().c_str());
+  }
+}
+
+}  // namespace gradd

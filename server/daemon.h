@@ -1,0 +1,69 @@
+// The gradd daemon: wires the session listener, the job manager (engine) and
+// the gRPC Node service on the configured Unix socket.
+//
+// Owns the reduce thread pool, the listener, the job manager, the gRPC
+// server and both socket files. Create() does everything that can fail
+// (directory, stale sockets, binds) and reports it; Shutdown() is the one
+// orderly way down, called by main on SIGTERM/SIGINT (or by the destructor).
+// Thread affinity: Create/Shutdown from the owning thread; the parts run
+// their own threads.
+#ifndef GRADD_SERVER_DAEMON_H_
+#define GRADD_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/thread_pool.h"
+#include "gradd/v1/config.pb.h"
+#include "grpcpp/server.h"
+#include "server/engine/job_manager.h"
+#include "server/rpc/node_service.h"
+#include "server/session_listener.h"
+
+namespace gradd {
+
+// Creates the socket's directory (and missing parents) mode 0700; refuses an
+// existing directory that others may write to (group/world-writable without
+// the sticky bit) or that belongs to another user (not us, not root).
+// FAILED_PRECONDITION / PERMISSION_DENIED naming the path.
+absl::Status PrepareSocketDirectory(const std::string& socket_path);
+
+// Removes `path` if it is a socket nobody listens on. FAILED_PRECONDITION
+// if a daemon answers there or the path is not a socket.
+absl::Status RemoveStaleSocket(const std::string& path, int socket_type);
+
+class Daemon {
+ public:
+  // `config` must have defaults applied (ApplyConfigDefaults) and be valid.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(
+      const v1::DaemonConfig& config);
+  ~Daemon();
+
+  // Attached trainers get `UNAVAILABLE: gradd daemon shutting down` in their
+  // control block, waiting Attach calls the same; the gRPC server drains for
+  // at most `grace`; sockets are closed and unlinked; every job's memory is
+  // released. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+
+  const std::string& socket_path() const { return config_.socket_path(); }
+  const std::string& session_path() const { return listener_->path(); }
+  JobManager& job_manager() { return *manager_; }
+
+ private:
+  explicit Daemon(const v1::DaemonConfig& config);
+
+  const v1::DaemonConfig config_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<SessionListener> listener_;
+  std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<NodeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  bool down_ = false;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_DAEMON_H_

@@ -1,0 +1,339 @@
+#include "server/engine/job.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/doorbell.h"
+#include "common/status_macros.h"
+
+namespace gradd {
+namespace {
+
+constexpr size_t kPage = 4096;
+// Upper bound on one engine sleep: liveness and stop are re-checked at least
+// this often even if no doorbell rings (they also ring it themselves).
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(
+    JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer) {
+  std::unique_ptr<Job> job(new Job(std::move(spec), std::move(reducer)));
+  const JobSpec& s = job->spec_;
+  const int world = s.local_world_size;
+
+  ASSIGN_OR_RETURN(job->control_fd_,
+                   CreateSealedMemfd(absl::StrCat("gradd-ctl-", s.job_id),
+                                     job->layout_.total_bytes()));
+  ASSIGN_OR_RETURN(job->control_, Mapping::Map(job->control_fd_.get(),
+                                               job->layout_.total_bytes()));
+  job->layout_.Initialize(job->control_.data());
+  job->header_ = job->layout_.header(job->control_.data());
+
+  job->rank_bytes_ = std::max(kPage, RoundUp(s.plan.total_bytes, kPage) +
+                                         RoundUp(s.broadcast_bytes, kPage));
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(
+                                      absl::StrCat("gradd-", s.job_id, "-r", r),
+                                      job->rank_bytes_));
+    ASSIGN_OR_RETURN(Mapping map, Mapping::Map(fd.get(), job->rank_bytes_));
+    job->rank_fds_.push_back(std::move(fd));
+    job->rank_maps_.push_back(std::move(map));
+  }
+  job->bucket_buffers_.resize(s.plan.buckets.size());
+  for (size_t b = 0; b < s.plan.buckets.size(); ++b) {
+    for (int r = 0; r < world; ++r) {
+      job->bucket_buffers_[b].push_back(
+          static_cast<char*>(job->rank_maps_[r].data()) +
+          s.plan.buckets[b].offset);
+    }
+  }
+  return job;
+}
+
+Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
+    : spec_(std::move(spec)),
+      layout_(spec_.local_world_size, spec_.plan.buckets.size()),
+      reducer_(std::move(reducer)),
+      rank_state_(new std::atomic<int>[spec_.local_world_size]),
+      started_(spec_.plan.buckets.size(), 0) {
+  for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
+}
+
+Job::~Job() { Stop(); }
+
+void Job::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Job::Stop() {
+  stop_.store(true, std::memory_order_release);
+  if (header_ != nullptr) {
+    header_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    FutexWakeAll(&header_->doorbell);
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<int> Job::FdsFor(int rank) const {
+  return {control_fd_.get(), rank_fds_[rank].get()};
+}
+
+void Job::ReleaseFds() {
+  control_fd_.reset();
+  rank_fds_.clear();
+}
+
+v1::AttachResponse Job::ResponseFor(int rank) const {
+  v1::AttachResponse resp;
+  for (const Bucket& b : spec_.plan.buckets) {
+    v1::BucketSpec* out = resp.add_buckets();
+    out->set_dtype(static_cast<v1::DType>(b.dtype));
+    out->set_offset(b.offset);
+    out->set_size_bytes(b.size_bytes);
+    for (int32_t p : b.params) out->add_param_indices(p);
+    for (size_t o : b.param_offsets) out->add_param_offsets(o);
+  }
+  resp.set_rank_memory_bytes(rank_bytes_);
+  resp.set_control_block_bytes(layout_.total_bytes());
+  resp.set_broadcast_offset(broadcast_offset());
+  resp.set_broadcast_bytes(spec_.broadcast_bytes);
+  resp.set_global_rank(rank);
+  resp.set_world_size(spec_.local_world_size);
+  resp.set_node_rank(0);
+  resp.set_num_nodes(1);
+  return resp;
+}
+
+void Job::RankGone(int rank, bool detached) {
+  int expected = kLive;
+  rank_state_[rank].compare_exchange_strong(
+      expected, detached ? kDetached : kDisconnected);
+  RingDaemon(header_);  // the engine re-checks who is stuck
+}
+
+int Job::live_ranks() const {
+  int n = 0;
+  for (int r = 0; r < spec_.local_world_size; ++r) {
+    n += rank_state_[r].load() == kLive;
+  }
+  return n;
+}
+
+void Job::Fail(absl::StatusCode code, absl::string_view message) {
+  FailJob(code, message);
+  RingDaemon(header_);
+}
+
+absl::Status Job::status() const { return ReadError(header_); }
+
+uint64_t Job::done_seq(int bucket) const {
+  return layout_.done_seq(control_.data())[bucket].load(
+      std::memory_order_acquire);
+}
+
+std::string Job::RankName(int rank) const {
+  return absl::StrCat("local rank ", rank, " of job '", spec_.job_id, "'");
+}
+
+void Job::FailJob(absl::StatusCode code, absl::string_view message) {
+  absl::MutexLock lock(&error_mu_);
+  PublishError(header_, code, std::string_view(message.data(), message.size()));
+}
+
+void Job::Loop() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    // Read the doorbell before scanning: a publish that lands after the scan
+    // moves it past `seen`, so the wait below returns at once.
+    uint32_t seen = header_->doorbell.load(std::memory_order_acquire);
+    if (!failed_ && header_->status.load(std::memory_order_acquire) != 0) {
+      failed_ = true;  // failed from outside (shutdown): stop reducing
+    }
+    bool progress = !failed_ && Scan();
+    if (progress) continue;
+    WaitDoorbell(header_, seen,
+                 failed_ ? std::chrono::nanoseconds(0) : spec_.spin, kMaxSleep);
+  }
+}
+
+bool Job::Scan() {
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  bool progress = false;
+  bool any_gone = false;
+  for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
+
+  for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) continue;  // still with the reducer
+    const uint64_t need = d + 1;
+    int ready = 0;
+    for (int r = 0; r < world; ++r) {
+      const uint64_t s =
+          layout_.ready_row(base, r)[b].load(std::memory_order_acquire);
+      if (s == need) {
+        ++ready;
+      } else if (s != d && rank_state_[r].load() == kLive) {
+        // The protocol allows only "done" (waiting) or "done + 1" (ready).
+        FailJob(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat(RankName(r), " published bucket ", b,
+                             " for iteration ", s, " while iteration ", need,
+                             " is in progress (the ready sequence must "
+                             "advance by one per iteration)"));
+        failed_ = true;
+        return false;
+      }
+    }
+    if (ready < world) continue;
+    started_[b] = need;
+    progress = true;
+    const Bucket& bucket = spec_.plan.buckets[b];
+    BucketWork work;
+    work.bucket = static_cast<int>(b);
+    work.iteration = need;
+    work.dtype = bucket.dtype;
+    work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
+    work.rank_buffers = &bucket_buffers_[b];
+    reducer_->Start(work, [this, b, need](absl::Status s) {
+      Complete(static_cast<int>(b), need, std::move(s));
+    });
+  }
+  if (failed_) return false;
+  progress |= ScanBroadcast();
+  if (any_gone && !failed_) CheckStuck();
+  return progress;
+}
+
+void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
+  if (!status.ok()) {
+    FailJob(status.code(),
+            absl::StrCat("job '", spec_.job_id, "' bucket ", bucket,
+                         " iteration ", iteration, ": ", status.message()));
+    return;
+  }
+  layout_.done_seq(control_.data())[bucket].store(iteration,
+                                                  std::memory_order_release);
+  WakeClients(header_);
+}
+
+bool Job::ScanBroadcast() {
+  void* base = control_.data();
+  const int world = spec_.local_world_size;
+  const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
+  const uint64_t need = d + 1;
+  int ready = 0;
+  for (int r = 0; r < world; ++r) {
+    const uint64_t s =
+        layout_.bcast(base, r)->ready_seq.load(std::memory_order_acquire);
+    if (s == need) {
+      ++ready;
+    } else if (s != d && rank_state_[r].load() == kLive) {
+      FailJob(absl::StatusCode::kFailedPrecondition,
+              absl::StrCat(RankName(r), " published broadcast ", s,
+                           " while broadcast ", need, " is next"));
+      failed_ = true;
+      return false;
+    }
+  }
+  if (ready < world) return false;
+
+  const BroadcastSlot* first = layout_.bcast(base, 0);
+  const int32_t root = first->root.load(std::memory_order_relaxed);
+  const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
+  for (int r = 1; r < world; ++r) {
+    const BroadcastSlot* slot = layout_.bcast(base, r);
+    const int32_t rr = slot->root.load(std::memory_order_relaxed);
+    const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
+    if (rr != root || rb != bytes) {
+      FailJob(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
+                       need, ": local rank 0 asks for root ", root, ", ", bytes,
+                       " bytes; local rank ", r, " for root ", rr, ", ", rb,
+                       " bytes"));
+      failed_ = true;
+      return false;
+    }
+  }
+  if (root < 0 || root >= world) {
+    FailJob(absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
+                         " has root ", root, ", outside ranks 0..", world - 1));
+    failed_ = true;
+    return false;
+  }
+  if (bytes > spec_.broadcast_bytes) {
+    FailJob(absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " of ",
+                         bytes, " bytes exceeds the job's broadcast area of ",
+                         spec_.broadcast_bytes, " bytes"));
+    failed_ = true;
+    return false;
+  }
+  const char* src =
+      static_cast<const char*>(rank_maps_[root].data()) + broadcast_offset();
+  for (int r = 0; r < world; ++r) {
+    if (r == root) continue;
+    std::memcpy(static_cast<char*>(rank_maps_[r].data()) + broadcast_offset(),
+                src, bytes);
+  }
+  header_->bcast_done_seq.store(need, std::memory_order_release);
+  WakeClients(header_);
+  return true;
+}
+
+void Job::CheckStuck() {
+  // A gone rank only matters when a live rank waits for something the gone
+  // rank will now never publish; ranks that finished the same iteration and
+  // leave one after the other get no error.
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  auto report = [&](int gone, absl::string_view what) {
+    const bool detached = rank_state_[gone].load() == kDetached;
+    FailJob(absl::StatusCode::kAborted,
+            absl::StrCat(RankName(gone),
+                         detached ? " detached" : " disconnected", " during ",
+                         what, "; the job cannot continue on this node"));
+    failed_ = true;
+  };
+  for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) continue;
+    bool waiting = false;
+    int missing = -1;
+    for (int r = 0; r < world; ++r) {
+      const bool ready = layout_.ready_row(base, r)[b].load(
+                             std::memory_order_acquire) == d + 1;
+      if (rank_state_[r].load() == kLive) {
+        waiting |= ready;
+      } else if (!ready && missing < 0) {
+        missing = r;
+      }
+    }
+    if (waiting && missing >= 0) {
+      report(missing, absl::StrCat("iteration ", d + 1));
+      return;
+    }
+  }
+  const uint64_t bd = header_->bcast_done_seq.load(std::memory_order_acquire);
+  bool waiting = false;
+  int missing = -1;
+  for (int r = 0; r < world; ++r) {
+    const bool ready = layout_.bcast(base, r)->ready_seq.load(
+                           std::memory_order_acquire) == bd + 1;
+    if (rank_state_[r].load() == kLive) {
+      waiting |= ready;
+    } else if (!ready && missing < 0) {
+      missing = r;
+    }
+  }
+  if (waiting && missing >= 0) {
+    report(missing, absl::StrCat("broadcast ", bd + 1));
+  }
+}
+
+}  // namespace gradd

@@ -1,0 +1,140 @@
+// Every job on this node: attach/registration, job formation, detach and
+// liveness. Implements the Node RPC handler (rpc/node_handler.h) and observes
+// session sockets (engine/session_registry.h).
+//
+// Threads: one control thread owns all state below (pending attaches, active
+// jobs, session bindings); HandleAttach/HandleDetach/OnSessionClosed only
+// post to it and return. Each active Job runs its own engine thread, so a
+// slow or failed job never holds up another. Callbacks run on the control
+// thread.
+//
+// A job's life:
+//
+//   (none) --first Attach--> pending --all local ranks, same model--> active
+//              ^               |  timeout / mismatch / session closed    |
+//              |               v                                         |
+//              +-------- (ranks answered with the error)                 |
+//              +------------- every rank detached or disconnected -------+
+//                             (memory released; the id may attach afresh)
+//
+// Errors (Attach): INVALID_ARGUMENT (bad request, model mismatch naming the
+// parameter and both ranks), ALREADY_EXISTS (rank taken), DEADLINE_EXCEEDED
+// (missing ranks named), RESOURCE_EXHAUSTED (max_jobs / memory),
+// FAILED_PRECONDITION (no live session, job running), UNAVAILABLE (shutting
+// down).
+#ifndef GRADD_SERVER_ENGINE_JOB_MANAGER_H_
+#define GRADD_SERVER_ENGINE_JOB_MANAGER_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/bucket_planner.h"
+#include "common/thread_pool.h"
+#include "gradd/v1/config.pb.h"
+#include "server/engine/job.h"
+#include "server/engine/session_registry.h"
+#include "server/rpc/node_handler.h"
+
+namespace gradd {
+
+// Static checks of one Attach request against the daemon's limits; returns
+// the parameters in planner form. Exposed for tests.
+absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
+    const v1::AttachRequest& request, const v1::DaemonConfig& config);
+
+class JobManager final : public NodeHandlerInterface,
+                         public SessionObserverInterface {
+ public:
+  // Makes the reducer of a job whose local ranks have all registered (control
+  // thread). The default is FusedReducer over the local ranks; the
+  // multi-node path plugs in its hierarchical reducer here.
+  using ReducerFactory = absl::AnyInvocable<absl::StatusOr<
+      std::unique_ptr<BucketReducerInterface>>(const JobSpec& spec)>;
+
+  // `config` has defaults applied. `sessions` and `pool` (may be null:
+  // reduce on the engine thread only) must outlive this object. Starts the
+  // control thread.
+  JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
+             ThreadPool* pool, ReducerFactory reducer_factory = nullptr);
+  ~JobManager() override;  // Stop()s
+
+  void HandleAttach(v1::AttachRequest request, absl::Time deadline,
+                    AttachCallback done) override;
+  void HandleDetach(v1::DetachRequest request, DetachCallback done) override;
+  void OnSessionClosed(uint64_t session_id) override;
+
+  // Publishes `message` (UNAVAILABLE) in every job's control block, answers
+  // every waiting Attach with it and refuses new ones. Blocks until done.
+  void Shutdown(absl::string_view message = "gradd daemon shutting down");
+  // Stops the control thread and every job's engine, releasing their
+  // memory. Idempotent.
+  void Stop();
+
+  // Pending + active jobs. Blocks briefly (runs on the control thread, after
+  // everything posted before it).
+  int NumJobs();
+
+ private:
+  struct PendingRank {
+    v1::AttachRequest request;
+    std::vector<ParamInfo> params;
+    absl::Time deadline;
+    AttachCallback done;
+  };
+  struct PendingJob {
+    int world = 0;
+    std::vector<std::optional<PendingRank>> ranks;
+    int count = 0;
+  };
+  struct ActiveJob {
+    std::unique_ptr<Job> job;
+    std::vector<uint64_t> sessions;  // by local rank; 0 once gone
+  };
+  using Task = absl::AnyInvocable<void() &&>;
+
+  void Post(Task task);
+  void Loop();
+  absl::Time NextDeadline() const;
+  void ExpireAttaches(absl::Time now);
+
+  void DoAttach(v1::AttachRequest request, absl::Time deadline,
+                AttachCallback done);
+  void DoDetach(const v1::DetachRequest& request, DetachCallback done);
+  void DoSessionClosed(uint64_t session_id);
+  void FormJob(const std::string& job_id);
+  void FailPending(const std::string& job_id, const absl::Status& status);
+  void RankGone(const std::string& job_id, int rank, bool detached);
+
+  const v1::DaemonConfig config_;
+  SessionRegistryInterface* const sessions_;
+  ThreadPool* const pool_;
+  ReducerFactory reducer_factory_;
+
+  absl::Mutex mu_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+
+  // Control thread only.
+  bool shutting_down_ = false;
+  std::string shutdown_message_;
+  uint64_t next_attach_id_ = 1;
+  absl::flat_hash_map<std::string, PendingJob> pending_;
+  absl::flat_hash_map<std::string, ActiveJob> jobs_;
+  // Session -> (job id, local rank) for pending and active ranks.
+  absl::flat_hash_map<uint64_t, std::pair<std::string, int>> bound_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_JOB_MANAGER_H_

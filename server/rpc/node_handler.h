@@ -1,0 +1,35 @@
+// The handler the gRPC Node service forwards to (rpc/node_service.h).
+// Implemented by the engine's JobManager; tests call it directly.
+//
+// Calls return at once; the result arrives through the callback, invoked
+// exactly once from the handler's own thread. The handler answers an Attach
+// by its deadline at the latest (DEADLINE_EXCEEDED), so callers may wait on
+// the callback without a timer of their own.
+#ifndef GRADD_SERVER_RPC_NODE_HANDLER_H_
+#define GRADD_SERVER_RPC_NODE_HANDLER_H_
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gradd/v1/node.pb.h"
+
+namespace gradd {
+
+class NodeHandlerInterface {
+ public:
+  using AttachCallback =
+      absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
+  using DetachCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+  virtual ~NodeHandlerInterface() = default;
+
+  // Thread-safe.
+  virtual void HandleAttach(v1::AttachRequest request, absl::Time deadline,
+                            AttachCallback done) = 0;
+  virtual void HandleDetach(v1::DetachRequest request, DetachCallback done) = 0;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_RPC_NODE_HANDLER_H_

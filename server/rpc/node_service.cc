@@ -1,0 +1,104 @@
+#include "server/rpc/node_service.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace gradd {
+namespace {
+
+// The handler answers by the deadline itself; this margin only keeps a
+// wedged handler from holding a gRPC thread forever.
+constexpr absl::Duration kHandlerGrace = absl::Seconds(5);
+// Detach is immediate; bound it even when the client set no deadline.
+constexpr absl::Duration kDetachLimit = absl::Seconds(30);
+
+absl::Time CallDeadline(const grpc::ServerContext* context) {
+  const auto deadline = context->deadline();
+  const auto now = std::chrono::system_clock::now();
+  if (deadline >= now + std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::Now() + absl::FromChrono(deadline - now);
+}
+
+// One call's result, shared with the handler's callback: the callback may
+// run after this call gave up waiting.
+template <typename T>
+struct Slot {
+  absl::Mutex mu;
+  std::optional<T> value ABSL_GUARDED_BY(mu);
+};
+
+// Waits for the handler's answer until `deadline`, or until the call is
+// cancelled (client gone, server shutting down), which is checked between
+// short slices because gRPC offers no wake-up for it in the sync API.
+template <typename T>
+std::optional<T> WaitFor(grpc::ServerContext* context,
+                         const std::shared_ptr<Slot<T>>& slot,
+                         absl::Time deadline) {
+  absl::MutexLock lock(&slot->mu);
+  auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot->mu) {
+    return slot->value.has_value();
+  };
+  while (!slot->mu.AwaitWithDeadline(
+      absl::Condition(&has),
+      std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+    if (absl::Now() >= deadline || context->IsCancelled()) break;
+  }
+  return std::move(slot->value);
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::Status NodeService::Attach(grpc::ServerContext* context,
+                                 const v1::AttachRequest* request,
+                                 v1::AttachResponse* response) {
+  const absl::Time deadline = CallDeadline(context);
+  auto slot = std::make_shared<Slot<absl::StatusOr<v1::AttachResponse>>>();
+  handler_->HandleAttach(*request, deadline,
+                         [slot](absl::StatusOr<v1::AttachResponse> result) {
+                           absl::MutexLock lock(&slot->mu);
+                           slot->value = std::move(result);
+                         });
+  std::optional<absl::StatusOr<v1::AttachResponse>> result =
+      WaitFor(context, slot,
+              deadline == absl::InfiniteFuture() ? absl::InfiniteFuture()
+                                                 : deadline + kHandlerGrace);
+  if (!result) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "gradd did not answer Attach in time");
+  }
+  if (!result->ok()) return ToGrpcStatus(result->status());
+  *response = *std::move(*result);
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeService::Detach(grpc::ServerContext* context,
+                                 const v1::DetachRequest* request,
+                                 v1::DetachResponse* response) {
+  auto slot = std::make_shared<Slot<absl::Status>>();
+  handler_->HandleDetach(*request, [slot](absl::Status status) {
+    absl::MutexLock lock(&slot->mu);
+    slot->value = std::move(status);
+  });
+  std::optional<absl::Status> result =
+      WaitFor(context, slot,
+              std::min(CallDeadline(context), absl::Now() + kDetachLimit));
+  if (!result) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "gradd did not answer Detach in time");
+  }
+  return ToGrpcStatus(*result);
+}
+
+}  // namespace gradd

@@ -1,0 +1,39 @@
+// gRPC adapter for gradd.v1.Node: forwards each call to a
+// NodeHandlerInterface and waits for its answer, bounded by the call's
+// deadline. No job logic runs here.
+//
+// Threads: gRPC's sync-server threads. Each call blocks its thread while the
+// handler works (an Attach waits for the job's other ranks), so the server's
+// thread limit bounds concurrent attaches; see Daemon.
+#ifndef GRADD_SERVER_RPC_NODE_SERVICE_H_
+#define GRADD_SERVER_RPC_NODE_SERVICE_H_
+
+#include "absl/status/status.h"
+#include "gradd/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/rpc/node_handler.h"
+
+namespace gradd {
+
+// absl -> gRPC status (the codes are numerically identical).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class NodeService final : public v1::Node::Service {
+ public:
+  // `handler` must outlive the service.
+  explicit NodeService(NodeHandlerInterface* handler) : handler_(handler) {}
+
+  grpc::Status Attach(grpc::ServerContext* context,
+                      const v1::AttachRequest* request,
+                      v1::AttachResponse* response) override;
+  grpc::Status Detach(grpc::ServerContext* context,
+                      const v1::DetachRequest* request,
+                      v1::DetachResponse* response) override;
+
+ private:
+  NodeHandlerInterface* const handler_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_RPC_NODE_SERVICE_H_

@@ -1,0 +1,158 @@
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradd {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(ConfigTest, EmptyTextGivesDefaults) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml("", "empty.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(c->bucket_cap_mb(), 25);
+  EXPECT_EQ(c->first_bucket_cap_mb(), 1);
+  EXPECT_EQ(c->attach_timeout_ms(), 60000u);
+  EXPECT_EQ(c->max_jobs(), 64u);
+  EXPECT_EQ(c->max_params(), 100000u);
+  EXPECT_EQ(c->max_job_memory_bytes(), uint64_t{64} << 30);
+  EXPECT_EQ(c->max_local_world_size(), 256u);
+  EXPECT_EQ(c->spin_us(), 50u);
+  EXPECT_GE(c->reduce_threads(), 1u);
+  EXPECT_FALSE(c->node_id().empty());
+  EXPECT_FALSE(c->socket_path().empty());
+  EXPECT_EQ(c->rendezvous().join_timeout_ms(), 60000u);
+  EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
+}
+
+TEST(ConfigTest, ParsesEveryKindOfField) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(R"(
+socket_path: /tmp/g/gradd.sock
+bucket_cap_mb: 12.5
+reduce_threads: 3
+max_job_memory_bytes: 1099511627776
+node_id: 42
+rendezvous:
+  coordinator_address: "10.0.0.1:29400"
+  join_timeout_ms: 5000
+metrics:
+  listen_address: ":9400"
+)",
+                                                       "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->socket_path(), "/tmp/g/gradd.sock");
+  EXPECT_EQ(c->bucket_cap_mb(), 12.5);
+  EXPECT_EQ(c->first_bucket_cap_mb(), 1);  // default kept
+  EXPECT_EQ(c->reduce_threads(), 3u);
+  EXPECT_EQ(c->max_job_memory_bytes(), uint64_t{1} << 40);
+  EXPECT_EQ(c->node_id(), "42");  // a number where a string is expected
+  EXPECT_EQ(c->rendezvous().coordinator_address(), "10.0.0.1:29400");
+  EXPECT_EQ(c->rendezvous().join_timeout_ms(), 5000u);
+  EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
+  EXPECT_EQ(c->metrics().listen_address(), ":9400");
+}
+
+TEST(ConfigTest, UnknownKeyNamesKeyFileAndLine) {
+  absl::StatusOr<v1::DaemonConfig> c =
+      ParseConfigYaml("spin_us: 10\nbucket_cap: 5\n", "/etc/gradd.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(c.status()),
+              AllOf(HasSubstr("/etc/gradd.yaml:2"),
+                    HasSubstr("key 'bucket_cap' is not a known setting"),
+                    HasSubstr("bucket_cap_mb")));
+}
+
+TEST(ConfigTest, UnknownNestedKeyIsDotted) {
+  absl::StatusOr<v1::DaemonConfig> c =
+      ParseConfigYaml("rendezvous:\n  join_timeout: 5\n", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(Message(c.status()),
+              HasSubstr("key 'rendezvous.join_timeout' is not a known"));
+}
+
+TEST(ConfigTest, BadValuesAreRejected) {
+  struct Case {
+    const char* yaml;
+    const char* expect;
+  } cases[] = {
+      {"max_jobs: -1", "key 'max_jobs': '-1' is not a non-negative integer"},
+      {"max_jobs: lots", "'lots' is not a non-negative integer"},
+      {"max_jobs: 4294967296", "below 2^32"},
+      {"bucket_cap_mb: fast", "'fast' is not a finite number"},
+      {"bucket_cap_mb: .nan", "is not a finite number"},
+      {"rendezvous: 5", "key 'rendezvous': expected a map"},
+      {"spin_us: [1, 2]", "expected a uint32 value"},
+      {"- a\n- b", "the top level must be a map"},
+      {"a: [unclosed", "invalid YAML"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<v1::DaemonConfig> r = ParseConfigYaml(c.yaml, "bad.yaml");
+    ASSERT_FALSE(r.ok()) << c.yaml;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_THAT(Message(r.status()), HasSubstr(c.expect)) << c.yaml;
+  }
+}
+
+TEST(ConfigTest, ValidationCatchesOutOfRangeValues) {
+  v1::DaemonConfig c = DefaultConfig();
+  c.set_bucket_cap_mb(-2);
+  EXPECT_THAT(Message(ValidateConfig(c)),
+              HasSubstr("bucket_cap_mb = -2 is out of range"));
+  c = DefaultConfig();
+  c.set_socket_path("relative.sock");
+  EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("absolute path"));
+  c = DefaultConfig();
+  c.set_socket_path("/" + std::string(120, 'x'));
+  EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("limited to"));
+  c = DefaultConfig();
+  c.set_spin_us(5000000);
+  EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("spin_us"));
+}
+
+TEST(ConfigTest, LoadConfigFileAppliesDefaultsAndNamesTheFile) {
+  char path[] = "/tmp/gradd-config-test-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  { std::ofstream(path) << "max_jobs: 7\nfirst_bucket_cap_mb: 0\n"; }
+  absl::StatusOr<v1::DaemonConfig> c = LoadConfigFile(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_jobs(), 7u);
+  EXPECT_EQ(c->first_bucket_cap_mb(), 1);  // explicit 0 = default
+  { std::ofstream(path) << "bucket_cap_mb: -1\n"; }
+  c = LoadConfigFile(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(Message(c.status()),
+              AllOf(HasSubstr(path), HasSubstr("bucket_cap_mb")));
+  unlink(path);
+  c = LoadConfigFile(path);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(c.status()), HasSubstr(path));
+}
+
+TEST(ConfigTest, ConfigToTextRoundTrips) {
+  v1::DaemonConfig c = DefaultConfig();
+  c.set_max_jobs(9);
+  absl::StatusOr<v1::DaemonConfig> back =
+      ParseConfigYaml(ConfigToText(c), "printed");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ConfigToText(c);
+  EXPECT_EQ(back->max_jobs(), 9u);
+  EXPECT_EQ(back->socket_path(), c.socket_path());
+}
+
+}  // namespace
+}  // namespace gradd
