@@ -1,7 +1,7 @@
 // DDP's bucket assignment (torch.distributed._compute_bucket_assignment_by_size
 // in c10d's reducer), computed by the daemon and agreed by all nodes.
 //
-// Rules (DDP's, unit-tested in tests/unit/bucket_planner_test.cc):
+// Rules (DDP's, unit-tested in tests/unit/common/bucket_planner_test.cc):
 //   * parameters are taken in reverse registration order (gradients become
 //     ready roughly back to front);
 //   * one open bucket per dtype; a parameter goes into its dtype's open
@@ -9,11 +9,19 @@
 //   * the first bucket closed (per dtype: DDP keeps one cap list per key, so
 //     each dtype's first bucket) is capped at first_bucket_cap bytes, later
 //     ones at bucket_cap bytes;
-//   * a parameter larger than the cap therefore ends up alone in its bucket;
+//   * a parameter larger than the cap therefore closes its bucket at once:
+//     it is alone unless its dtype's open bucket already held smaller ones
+//     (exactly DDP's behaviour), and nothing is ever added after it;
 //   * buckets are ordered by the (reverse-order) index of their first
 //     parameter, the order in which they become ready.
 // Inside a bucket, parameters are laid out contiguously in bucket order,
 // each one's offset aligned to its element size.
+//
+// Note: DDP's first, pre-rebuild assignment runs in registration order and
+// then reverses the bucket list (so its 1 MiB bucket is the last to become
+// ready); gradd plans directly in reverse order, which is what DDP's bucket
+// rebuild after the first iteration produces when gradients arrive back to
+// front, so the small first bucket is the first to go to the network.
 #ifndef GRADD_COMMON_BUCKET_PLANNER_H_
 #define GRADD_COMMON_BUCKET_PLANNER_H_
 
@@ -58,7 +66,9 @@ struct PlannerOptions {
   size_t bucket_cap_bytes = 25 << 20;
 };
 
-// INVALID_ARGUMENT on an empty list, a negative dimension, or an empty name.
+// INVALID_ARGUMENT on an empty list, a negative dimension, an empty or
+// duplicate name, an unknown dtype or a size that overflows; the message
+// names the parameter.
 absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
                                        const PlannerOptions& options);
 

@@ -17,13 +17,12 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 ControlLayout::ControlLayout(uint32_t local_world_size, uint32_t num_buckets)
     : world_(local_world_size), buckets_(num_buckets) {
   // Each rank's ready row on its own cache lines: ranks never share a line.
-  row_bytes_ = RoundUp(std::max<size_t>(1, buckets_) * sizeof(uint64_t),
-                       kCacheLine);
+  row_bytes_ =
+      RoundUp(std::max<size_t>(1, buckets_) * sizeof(uint64_t), kCacheLine);
   ready_offset_ = RoundUp(sizeof(ControlHeader), kCacheLine);
   done_offset_ = ready_offset_ + row_bytes_ * world_;
   bcast_offset_ = done_offset_ + row_bytes_;
-  total_bytes_ =
-      RoundUp(bcast_offset_ + sizeof(BroadcastSlot) * world_, 4096);
+  total_bytes_ = RoundUp(bcast_offset_ + sizeof(BroadcastSlot) * world_, 4096);
 }
 
 ControlHeader* ControlLayout::header(void* base) const {
@@ -71,10 +70,10 @@ absl::Status ControlLayout::Validate(const void* base,
         "; this library speaks version ", kControlVersion));
   }
   if (h->num_buckets != buckets_ || h->local_world_size != world_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "control block shape (", h->local_world_size, " ranks, ",
-        h->num_buckets, " buckets) does not match the plan (", world_,
-        " ranks, ", buckets_, " buckets)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("control block shape (", h->local_world_size, " ranks, ",
+                     h->num_buckets, " buckets) does not match the plan (",
+                     world_, " ranks, ", buckets_, " buckets)"));
   }
   return absl::OkStatus();
 }

@@ -12,7 +12,8 @@
 #define GRADD_COMMON_REDUCE_H_
 
 #include <cstddef>
-#include <functional>
+#include <cstdint>
+#include <string_view>
 
 #include "common/dtype.h"
 
@@ -31,8 +32,14 @@ void SumToAccumulator(DType dtype, const void* const* srcs, int n, void* acc,
 // outs[k][i] = acc[i] / divisor for every k, converting from
 // AccumulatorDType(dtype) back to dtype (multi-node write-back).
 void ScatterFromAccumulator(DType dtype, const void* acc, double divisor,
-                            void* const* outs, int n, size_t begin,
-                            size_t end);
+                            void* const* outs, int n, size_t begin, size_t end);
+
+// The kernel set in use: "avx2+f16c" (chosen at run time when the CPU has
+// it) or "baseline" (plain x86-64 / other CPUs). For logs and benchmarks.
+std::string_view ReduceKernelIsa();
+// Tests only: run the baseline kernels even on an AVX2 machine (false goes
+// back to the best set). Not thread-safe against concurrent reductions.
+void ForceBaselineReduceKernelsForTesting(bool baseline);
 
 // 16-bit conversions (round to nearest even; NaN stays NaN).
 float HalfToFloat(uint16_t h);

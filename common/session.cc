@@ -22,7 +22,7 @@ std::string ClientSocketPath() {
 }
 
 std::string SessionSocketPath(std::string_view socket_path) {
-  return absl::StrCat(socket_path, ".session");
+  return absl::StrCat(std::string(socket_path), ".session");
 }
 
 }  // namespace gradd

@@ -8,10 +8,10 @@
 #define GRADD_STATUS_CONCAT_INNER_(a, b) a##b
 #define GRADD_STATUS_CONCAT_(a, b) GRADD_STATUS_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                             \
-  do {                                                    \
-    ::absl::Status gradd_status_ = (expr);                \
-    if (!gradd_status_.ok()) return gradd_status_;        \
+#define RETURN_IF_ERROR(expr)                      \
+  do {                                             \
+    ::absl::Status gradd_status_ = (expr);         \
+    if (!gradd_status_.ok()) return gradd_status_; \
   } while (0)
 
 #define GRADD_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -1,0 +1,101 @@
+// Template part of common/doorbell.h; include that header, not this one.
+#ifndef GRADD_COMMON_DOORBELL_INL_H_
+#define GRADD_COMMON_DOORBELL_INL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace gradd {
+namespace doorbell_internal {
+
+// Tells the core we are spinning (frees pipeline resources for the sibling
+// hyperthread and avoids the memory-order mis-speculation flush on exit).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+using Clock = std::chrono::steady_clock;
+
+// now + d without overflowing when callers pass "forever"
+// (nanoseconds::max()).
+inline Clock::time_point SaturatingDeadline(Clock::time_point now,
+                                            std::chrono::nanoseconds d) {
+  if (d <= std::chrono::nanoseconds::zero()) return now;
+  if (d >= Clock::time_point::max() - now) return Clock::time_point::max();
+  return now + std::chrono::duration_cast<Clock::duration>(d);
+}
+
+// Spin iterations between clock reads and yields: a steady_clock read costs
+// ~20 ns, a pause ~40-140 cycles, so the clock is a small fraction, while
+// the yield lets a trainer or the daemon run when cores are oversubscribed.
+inline constexpr int kSpinsPerCheck = 64;
+
+}  // namespace doorbell_internal
+
+template <typename Pred>
+bool WaitForDaemon(ControlHeader* header, Pred ready,
+                   std::chrono::nanoseconds spin,
+                   std::chrono::nanoseconds timeout) {
+  using doorbell_internal::Clock;
+  auto failed = [header] {
+    return header->status.load(std::memory_order_acquire) != 0;
+  };
+  if (ready()) return true;
+  if (failed()) return false;
+
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline =
+      doorbell_internal::SaturatingDeadline(start, timeout);
+  const Clock::time_point spin_until =
+      std::min(deadline, doorbell_internal::SaturatingDeadline(start, spin));
+
+  // Phase 1: spin. Small buckets finish within microseconds; a futex sleep
+  // and wake would cost more than the reduction itself.
+  while (true) {
+    for (int i = 0; i < doorbell_internal::kSpinsPerCheck; ++i) {
+      if (ready()) return true;
+      if (failed()) return false;
+      doorbell_internal::CpuRelax();
+    }
+    if (Clock::now() >= spin_until) break;
+    std::this_thread::yield();
+  }
+
+  // Phase 2: sleep on done_gen. The generation is read *before* the
+  // condition: the daemon publishes done/error first and bumps done_gen
+  // after, so if the condition is still false, a later publish changes
+  // done_gen away from `gen` and the futex returns at once. `sleepers` is
+  // raised before the final check (seq_cst against the daemon's seq_cst
+  // done_gen bump and sleepers load) so the daemon cannot skip the wake.
+  while (true) {
+    uint32_t gen = header->done_gen.load(std::memory_order_seq_cst);
+    if (ready()) return true;
+    if (failed()) return false;
+    Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    header->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (header->done_gen.load(std::memory_order_seq_cst) == gen) {
+      FutexWait(&header->done_gen, gen,
+                deadline == Clock::time_point::max()
+                    ? std::chrono::nanoseconds::max()
+                    : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          deadline - now));
+    }
+    header->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace gradd
+
+#endif  // GRADD_COMMON_DOORBELL_INL_H_
