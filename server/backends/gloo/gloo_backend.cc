@@ -1,0 +1,346 @@
+#include "server/backends/gloo/gloo_backend.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/address.h"
+#include "gloo/transport/tcp/device.h"
+#include "server/rendezvous/gloo_store.h"
+
+namespace gradd {
+namespace {
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+std::string ArrivedKey(const std::string& prefix, int rank) {
+  return absl::StrCat(prefix, "/arrived/", rank);
+}
+
+// Gloo's reduction functions have the signature AllreduceOptions::Func wants.
+template <typename T>
+void SumInto(void* c, const void* a, const void* b, size_t n) {
+  gloo::sum<T>(c, a, b, n);
+}
+
+}  // namespace
+
+GlooBackend::GlooBackend(const Options& options)
+    : node_rank_(options.node_rank),
+      num_nodes_(options.num_nodes),
+      store_(options.store),
+      store_prefix_(options.store_prefix),
+      failure_probe_timeout_(options.failure_probe_timeout),
+      job_id_(options.job_id),
+      collective_timeout_(options.collective_timeout),
+      algorithm_(options.algorithm),
+      bcube_max_bytes_(options.bcube_max_bytes),
+      max_segment_bytes_(options.max_segment_bytes),
+      node_names_(options.node_names),
+      peer_addresses_(options.num_nodes) {
+  node_names_.resize(num_nodes_);
+  for (int r = 0; r < num_nodes_; ++r) {
+    if (node_names_[r].empty()) node_names_[r] = absl::StrCat("node ", r);
+  }
+}
+
+GlooBackend::~GlooBackend() { Close(); }
+
+std::string GlooBackend::NodeName(int node_rank) const {
+  if (node_rank < 0 || node_rank >= num_nodes_) {
+    return absl::StrCat("node rank ", node_rank);
+  }
+  return absl::StrCat("'", node_names_[node_rank], "' (node rank ", node_rank,
+                      ")");
+}
+
+absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
+    const Options& options) {
+  if (options.num_nodes < 1 || options.node_rank < 0 ||
+      options.node_rank >= options.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: node rank ", options.node_rank,
+                     " outside [0, ", options.num_nodes, ")"));
+  }
+  if (!options.node_names.empty() &&
+      static_cast<int>(options.node_names.size()) != options.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: ", options.node_names.size(),
+                     " node names for ", options.num_nodes, " nodes"));
+  }
+  if (options.collective_timeout <= absl::ZeroDuration() ||
+      options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("gloo backend: timeouts must be > 0");
+  }
+  std::unique_ptr<GlooBackend> backend(new GlooBackend(options));
+  if (options.num_nodes == 1) return backend;  // Nothing to connect.
+  if (options.store == nullptr || options.job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "gloo backend: a rendezvous store and a job id are required for "
+        "more than one node");
+  }
+  RendezvousStoreInterface& store = *options.store;
+  const std::string& prefix = options.store_prefix;
+
+  // 1. Everyone arrives (so a missing node is reported as such, not as a
+  //    Gloo connect timeout).
+  const int me = options.node_rank;
+  if (absl::Status s = store.Set(options.job_id, ArrivedKey(prefix, me),
+                                 backend->node_names_[me]);
+      !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "gloo backend of job '", options.job_id, "': ", s.message()));
+  }
+  std::vector<std::string> arrived_keys;
+  for (int r = 0; r < options.num_nodes; ++r) {
+    arrived_keys.push_back(ArrivedKey(prefix, r));
+  }
+  if (absl::Status s =
+          store.Wait(options.job_id, arrived_keys, options.connect_timeout);
+      !s.ok()) {
+    std::vector<std::string> missing;
+    for (int r = 0; r < options.num_nodes; ++r) {
+      if (!store.Get(options.job_id, arrived_keys[r], absl::Milliseconds(200))
+               .ok()) {
+        missing.push_back(backend->NodeName(r));
+      }
+    }
+    return absl::Status(
+        s.code() == absl::StatusCode::kDeadlineExceeded
+            ? absl::StatusCode::kDeadlineExceeded
+            : absl::StatusCode::kUnavailable,
+        absl::StrCat(
+            "gloo backend of job '", options.job_id,
+            "': nodes did not arrive within ",
+            absl::FormatDuration(options.connect_timeout), ": ",
+            missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", "), " [",
+            s.message(), "]"));
+  }
+
+  // 2. Full mesh over TCP. Gloo throws; nothing escapes this block.
+  const std::string mesh_prefix = absl::StrCat(prefix, "/mesh");
+  GlooStore gloo_store(&store, options.job_id, mesh_prefix,
+                       ToMillis(options.connect_timeout));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.advertise_host;
+    backend->device_ = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(
+        options.node_rank, options.num_nodes);
+    // Pairs take their I/O timeout from the context when they are created.
+    context->setTimeout(ToMillis(options.collective_timeout));
+    context->connectFullMesh(gloo_store, backend->device_);
+    backend->context_ = std::move(context);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("gloo backend of job '", options.job_id,
+                     "': connecting the full mesh failed: ", e.what()));
+  }
+
+  // 3. Learn how Gloo's errors will name each peer: the listening address
+  //    that peer published for its pair with us.
+  for (int r = 0; r < options.num_nodes; ++r) {
+    if (r == me) continue;
+    std::optional<std::vector<char>> all =
+        gloo_store.Published(std::to_string(r));
+    if (!all.has_value() || all->empty()) continue;
+    const size_t per = all->size() / (options.num_nodes - 1);
+    const size_t index = me > r ? me - 1 : me;
+    if (per == 0 || (index + 1) * per > all->size()) continue;
+    try {
+      std::vector<char> bytes(all->begin() + index * per,
+                              all->begin() + (index + 1) * per);
+      gloo::transport::tcp::Address address(bytes);
+      std::string text = address.str();
+      backend->peer_addresses_[r].push_back(text);
+      // str() may append a sequence number ("[h]:p$seq"); match on host:port.
+      const size_t dollar = text.find('$');
+      if (dollar != std::string::npos) {
+        backend->peer_addresses_[r].push_back(text.substr(0, dollar));
+      }
+    } catch (const std::exception&) {
+      // Best effort: errors then name no peer.
+    }
+  }
+  return backend;
+}
+
+absl::Status GlooBackend::CheckUsable() const {
+  if (!broken_.ok()) return broken_;
+  return absl::OkStatus();
+}
+
+std::vector<int> GlooBackend::SilentPeers(absl::Time op_start) {
+  std::vector<int> silent;
+  if (store_ == nullptr || num_nodes_ < 3) return silent;
+  const absl::Time now = absl::Now();
+  const absl::Time deadline =
+      now + std::min(failure_probe_timeout_,
+                     std::max(absl::Milliseconds(200),
+                              op_start + collective_timeout_ - now));
+  auto key = [&](int r) { return absl::StrCat(store_prefix_, "/failed/", r); };
+  if (!store_->Set(job_id_, key(node_rank_), "1").ok()) return silent;
+  std::vector<bool> seen(num_nodes_, false);
+  seen[node_rank_] = true;
+  int unseen = num_nodes_ - 1;
+  while (true) {
+    for (int r = 0; r < num_nodes_; ++r) {
+      if (seen[r]) continue;
+      absl::StatusOr<std::string> mark =
+          store_->Get(job_id_, key(r), absl::Milliseconds(1));
+      if (mark.ok()) {
+        seen[r] = true;
+        --unseen;
+      } else if (mark.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        return silent;  // The store itself is unwell: no verdict.
+      }
+    }
+    if (unseen == 0 || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  for (int r = 0; r < num_nodes_; ++r) {
+    if (!seen[r]) silent.push_back(r);
+  }
+  return silent;
+}
+
+absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
+                               absl::Time op_start) {
+  // Close our side first so peers still waiting on us fail now, not at their
+  // timeout, and can take part in the probe below.
+  if (context_ != nullptr) {
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+    }
+  }
+  std::string peer;
+  if (num_nodes_ == 2) peer = NodeName(1 - node_rank_);
+  if (peer.empty()) {
+    std::vector<int> silent = SilentPeers(op_start);
+    if (!silent.empty() && static_cast<int>(silent.size()) < num_nodes_ - 1) {
+      std::vector<std::string> names;
+      for (int r : silent) names.push_back(NodeName(r));
+      peer = absl::StrJoin(names, ", ");
+    }
+  }
+  for (int r = 0; r < num_nodes_ && peer.empty(); ++r) {
+    for (const std::string& address : peer_addresses_[r]) {
+      if (!address.empty() && absl::StrContains(what, address)) {
+        peer = NodeName(r);
+        break;
+      }
+    }
+  }
+  const bool timed_out =
+      absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout");
+  std::string message = absl::StrCat("job '", job_id_, "', node ",
+                                     NodeName(node_rank_), ": gloo ", op);
+  if (timed_out) {
+    absl::StrAppend(&message, " timed out after ",
+                    absl::FormatDuration(collective_timeout_));
+    absl::StrAppend(&message, peer.empty() ? "" : " waiting for peer ", peer);
+  } else {
+    absl::StrAppend(&message, " failed: ",
+                    peer.empty() ? "a peer node" : "peer node " + peer,
+                    " is gone or not responding (connection closed or reset)");
+  }
+  absl::StrAppend(&message, " [", what, "]");
+  broken_ = timed_out ? absl::DeadlineExceededError(message)
+                      : absl::UnavailableError(message);
+  return broken_;
+}
+
+absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo AllreduceSum: dtype ", static_cast<int>(dtype),
+                     " is not an accumulator type (float32/float64)"));
+  }
+  if (count == 0 || num_nodes_ == 1) return absl::OkStatus();
+  if (context_ == nullptr) {
+    return absl::FailedPreconditionError("gloo backend is closed");
+  }
+  const absl::Time start = absl::Now();
+  const size_t elem = dtype == DType::kFloat32 ? 4 : 8;
+  Algorithm algorithm = algorithm_;
+  if (algorithm == Algorithm::kAuto) {
+    algorithm =
+        count * elem <= bcube_max_bytes_ ? Algorithm::kBcube : Algorithm::kRing;
+  }
+  try {
+    gloo::AllreduceOptions opts(context_);
+    if (dtype == DType::kFloat32) {
+      opts.setOutput(static_cast<float*>(data), count);
+      opts.setReduceFunction(&SumInto<float>);
+    } else {
+      opts.setOutput(static_cast<double*>(data), count);
+      opts.setReduceFunction(&SumInto<double>);
+    }
+    opts.setAlgorithm(algorithm == Algorithm::kBcube
+                          ? gloo::AllreduceOptions::Algorithm::BCUBE
+                          : gloo::AllreduceOptions::Algorithm::RING);
+    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(ToMillis(collective_timeout_));
+    gloo::allreduce(opts);
+  } catch (const std::exception& e) {
+    return Fail("allreduce", e.what(), start);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (root_node < 0 || root_node >= num_nodes_) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo Broadcast: root node ",
+                                                   root_node, " outside [0, ",
+                                                   num_nodes_, ")"));
+  }
+  if (bytes == 0 || num_nodes_ == 1) return absl::OkStatus();
+  if (context_ == nullptr) {
+    return absl::FailedPreconditionError("gloo backend is closed");
+  }
+  const absl::Time start = absl::Now();
+  try {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root_node);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(ToMillis(collective_timeout_));
+    gloo::broadcast(opts);
+  } catch (const std::exception& e) {
+    return Fail("broadcast", e.what(), start);
+  }
+  return absl::OkStatus();
+}
+
+void GlooBackend::Close() {
+  if (context_ != nullptr) {
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+    }
+    context_.reset();
+  }
+  device_.reset();
+  if (broken_.ok() && num_nodes_ > 1) {
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("gloo backend of job '", job_id_, "' is closed"));
+  }
+}
+
+}  // namespace gradd

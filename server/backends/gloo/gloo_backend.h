@@ -1,0 +1,141 @@
+// GlooBackend: CollectiveBackendInterface on Gloo over TCP, one participant
+// per node.
+//
+// Create() forms the Gloo full mesh through the rendezvous store:
+//   1. every node sets "<prefix>/arrived/<rank>" and waits (connect_timeout)
+//      for all of them, so a missing node fails here naming its rank/name;
+//   2. gloo::rendezvous::Context::connectFullMesh through a GlooStore under
+//      "<prefix>/mesh" (TCP device bound to advertise_host);
+//   3. the context's timeout is the collective timeout from then on.
+// Use a fresh `store_prefix` every time a job re-creates its backend.
+//
+// Algorithms: AllreduceSum uses Gloo's bcube allreduce for small buffers and
+// ring for large ones (see Options); Broadcast uses gloo::broadcast. Each
+// call is bounded by collective_timeout.
+//
+// Errors: every Gloo exception is caught here and returned as a status:
+// DEADLINE_EXCEEDED when a peer did not answer within the collective timeout,
+// UNAVAILABLE when a peer closed its connection or died. To name the peer,
+// a failed node closes its connections (so every peer's collective fails
+// promptly too), marks "<prefix>/failed/<rank>" in the store and waits up to
+// failure_probe_timeout (never past the collective timeout by more than
+// 200 ms) for the other nodes' marks: nodes that do not mark are the ones
+// gone or hung, and the error names them. Failing that, a peer address
+// found in Gloo's message names the peer. After the first error every later
+// call returns that error again: the job must create a new backend.
+//
+// Thread affinity: one thread calls AllreduceSum/Broadcast/Close (the job's
+// network thread); node_rank/num_nodes/NodeName are safe from any thread.
+#ifndef GRADD_SERVER_BACKENDS_GLOO_GLOO_BACKEND_H_
+#define GRADD_SERVER_BACKENDS_GLOO_GLOO_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "server/backends/collective_backend.h"
+#include "server/rendezvous/store_interface.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
+namespace gradd {
+
+class GlooBackend final : public CollectiveBackendInterface {
+ public:
+  enum class Algorithm { kAuto, kRing, kBcube };
+
+  struct Options {
+    // Must outlive the backend: used by Create() and, after a collective
+    // fails, to find out which peer is gone (see "Errors" above).
+    RendezvousStoreInterface* store = nullptr;
+    std::string job_id;
+    // Key prefix inside the job's namespace; unique per backend incarnation.
+    std::string store_prefix = "gloo";
+    int node_rank = 0;
+    int num_nodes = 1;
+    // Host/IP the other nodes reach this node's Gloo transport on.
+    std::string advertise_host = "127.0.0.1";
+    // How long Create() waits for every node to arrive and connect.
+    absl::Duration connect_timeout = absl::Seconds(60);
+    // Bound of every collective.
+    absl::Duration collective_timeout = absl::Seconds(30);
+    // Node names for error messages, indexed by node rank (optional).
+    std::vector<std::string> node_names;
+    // Algorithm choice. kAuto: bcube (latency-bound, log rounds) up to
+    // bcube_max_bytes, ring (bandwidth-optimal) above. Measured on loopback
+    // with 2 and 3 nodes on 16 idle cores: bcube is 20-50% faster up to
+    // 512 KiB, even at 1 MiB, and ring is ahead from 4 MiB (2x at 128 MiB).
+    // Segment sizes of 256 KiB / 4 MiB made no consistent difference.
+    Algorithm algorithm = Algorithm::kAuto;
+    size_t bcube_max_bytes = 512 << 10;
+    // Largest send/recv per step (0: Gloo's default, 1 MiB).
+    size_t max_segment_bytes = 0;
+    // Longest the post-failure "who is still here" round may take.
+    absl::Duration failure_probe_timeout = absl::Seconds(1);
+  };
+
+  // Errors: INVALID_ARGUMENT (bad options), DEADLINE_EXCEEDED (a node did not
+  // arrive; the message lists them), UNAVAILABLE (store or transport failure).
+  static absl::StatusOr<std::unique_ptr<GlooBackend>> Create(
+      const Options& options);
+
+  ~GlooBackend() override;
+  GlooBackend(const GlooBackend&) = delete;
+  GlooBackend& operator=(const GlooBackend&) = delete;
+
+  int node_rank() const override { return node_rank_; }
+  int num_nodes() const override { return num_nodes_; }
+  [[nodiscard]] absl::Status AllreduceSum(void* data, size_t count,
+                                          DType dtype) override;
+  [[nodiscard]] absl::Status Broadcast(void* data, size_t bytes,
+                                       int root_node) override;
+  std::string NodeName(int node_rank) const override;
+
+  // Closes the connections: peers' pending and later collectives fail
+  // promptly with UNAVAILABLE. Later calls here return FAILED_PRECONDITION.
+  void Close();
+
+ private:
+  GlooBackend(const Options& options);
+
+  // Turns a Gloo exception message into a status naming the peer if the
+  // message carries one of the peers' addresses; marks the backend broken.
+  absl::Status Fail(absl::string_view op, const std::string& what,
+                    absl::Time op_start);
+  // Nodes that did not mark themselves failed within the probe budget.
+  std::vector<int> SilentPeers(absl::Time op_start);
+  absl::Status CheckUsable() const;
+
+  const int node_rank_;
+  const int num_nodes_;
+  RendezvousStoreInterface* const store_;
+  const std::string store_prefix_;
+  const absl::Duration failure_probe_timeout_;
+  const std::string job_id_;
+  const absl::Duration collective_timeout_;
+  const Algorithm algorithm_;
+  const size_t bcube_max_bytes_;
+  const size_t max_segment_bytes_;
+  std::vector<std::string> node_names_;
+  // peer_addresses_[r]: the "host:port" texts by which Gloo errors name node r.
+  std::vector<std::vector<std::string>> peer_addresses_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_BACKENDS_GLOO_GLOO_BACKEND_H_

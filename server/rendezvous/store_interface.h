@@ -1,0 +1,57 @@
+// The rendezvous key-value store as the rest of the daemon sees it: the
+// in-process KvStore (the coordinator's own store, and tests) and the gRPC
+// RendezvousClient (every other daemon) both implement it, so GlooStore and
+// FormJob run on either.
+//
+// Every key belongs to one job's namespace (`job_id`, non-empty); jobs never
+// see each other's keys. Implementations are thread-safe.
+//
+// Errors: INVALID_ARGUMENT (empty job id or key, malformed counter),
+// DEADLINE_EXCEEDED (a blocking call's timeout passed), UNAVAILABLE (the
+// coordinator cannot be reached / is shutting down), RESOURCE_EXHAUSTED (too
+// many concurrent waiters or too large a value).
+#ifndef GRADD_SERVER_RENDEZVOUS_STORE_INTERFACE_H_
+#define GRADD_SERVER_RENDEZVOUS_STORE_INTERFACE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace gradd {
+
+class RendezvousStoreInterface {
+ public:
+  virtual ~RendezvousStoreInterface() = default;
+
+  // Creates or overwrites `key`; wakes everyone waiting for it.
+  [[nodiscard]] virtual absl::Status Set(absl::string_view job_id,
+                                         absl::string_view key,
+                                         absl::string_view value) = 0;
+  // The value of `key`, waiting up to `timeout` for it to be set.
+  [[nodiscard]] virtual absl::StatusOr<std::string> Get(
+      absl::string_view job_id, absl::string_view key,
+      absl::Duration timeout) = 0;
+  // Atomically adds `delta` to the counter `key` (missing = 0) and returns
+  // the new value. The counter is stored as decimal text, so Get sees it.
+  [[nodiscard]] virtual absl::StatusOr<int64_t> Add(absl::string_view job_id,
+                                                    absl::string_view key,
+                                                    int64_t delta) = 0;
+  // Waits up to `timeout` until every key in `keys` exists.
+  [[nodiscard]] virtual absl::Status Wait(absl::string_view job_id,
+                                          absl::Span<const std::string> keys,
+                                          absl::Duration timeout) = 0;
+  // Removes `key`; returns whether it existed.
+  [[nodiscard]] virtual absl::StatusOr<bool> Delete(absl::string_view job_id,
+                                                    absl::string_view key) = 0;
+  // Where the store lives, for error messages ("coordinator 10.0.0.1:29400").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_RENDEZVOUS_STORE_INTERFACE_H_
