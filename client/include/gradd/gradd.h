@@ -1,0 +1,130 @@
+/* gradd client library, C ABI (C99-compatible header; C++ callers may use
+ * gradd/client.h instead).
+ *
+ * Every function that can fail returns an int status code with the numeric
+ * values of absl::StatusCode / gRPC codes (GRADD_OK = 0); the message of the
+ * last failure on the calling thread is gradd_last_error(). The library
+ * never aborts the process.
+ *
+ *   gradd_options opts;
+ *   gradd_options_init(&opts);
+ *   opts.job_id = "job"; opts.local_rank = r; opts.local_world_size = n;
+ *   gradd_client* c;
+ *   if (gradd_attach(&opts, params, num_params, &c) != GRADD_OK) {
+ *     fprintf(stderr, "%s\n", gradd_last_error());
+ *   }
+ *   for (...) {
+ *     write gradients into gradd_gradient(c, i); gradd_mark_ready(c, i);
+ *     gradd_wait_all(c);      averaged gradients are now in place
+ *   }
+ *   gradd_free(c);            detaches too
+ *
+ * Thread safety: as gradd::Client (gradd_mark_ready from several threads at
+ * once; everything else from one thread at a time).
+ */
+#ifndef GRADD_CLIENT_INCLUDE_GRADD_GRADD_H_
+#define GRADD_CLIENT_INCLUDE_GRADD_GRADD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes (absl::StatusCode values). */
+enum {
+  GRADD_OK = 0,
+  GRADD_CANCELLED = 1,
+  GRADD_UNKNOWN = 2,
+  GRADD_INVALID_ARGUMENT = 3,
+  GRADD_DEADLINE_EXCEEDED = 4,
+  GRADD_NOT_FOUND = 5,
+  GRADD_ALREADY_EXISTS = 6,
+  GRADD_PERMISSION_DENIED = 7,
+  GRADD_RESOURCE_EXHAUSTED = 8,
+  GRADD_FAILED_PRECONDITION = 9,
+  GRADD_ABORTED = 10,
+  GRADD_OUT_OF_RANGE = 11,
+  GRADD_UNIMPLEMENTED = 12,
+  GRADD_INTERNAL = 13,
+  GRADD_UNAVAILABLE = 14,
+  GRADD_DATA_LOSS = 15,
+  GRADD_UNAUTHENTICATED = 16
+};
+
+/* Element types (gradd.v1.DType values). */
+enum {
+  GRADD_FLOAT32 = 1,
+  GRADD_FLOAT64 = 2,
+  GRADD_FLOAT16 = 3,
+  GRADD_BFLOAT16 = 4
+};
+
+typedef struct gradd_client gradd_client;
+
+/* Fill with gradd_options_init() first, then set what you need: fields added
+ * in later versions go at the end and struct_size tells the library which
+ * ones the caller knows about. Strings are copied by gradd_attach. */
+typedef struct gradd_options {
+  size_t struct_size;
+  const char* socket_path; /* NULL or "": $GRADD_SOCKET, else the default */
+  const char* job_id;      /* NULL: "default" */
+  int32_t local_rank;
+  int32_t local_world_size;
+  double bucket_cap_mb;       /* 0: the daemon's default (25) */
+  double first_bucket_cap_mb; /* 0: the daemon's default (1) */
+  size_t broadcast_bytes;     /* 0: no gradd_broadcast */
+  int64_t connect_timeout_ms; /* defaults 10000 / 120000 / 600000 */
+  int64_t attach_timeout_ms;
+  int64_t wait_timeout_ms;
+} gradd_options;
+
+typedef struct gradd_param {
+  const char* name;
+  const int64_t* shape;
+  size_t ndim;
+  int32_t dtype; /* GRADD_FLOAT32, ... */
+} gradd_param;
+
+void gradd_options_init(gradd_options* options);
+
+/* Attaches as one local rank and registers `num_params` parameters; blocks
+ * until every local rank of the job attached. On success *out owns the
+ * client (release with gradd_free). */
+int gradd_attach(const gradd_options* options, const gradd_param* params,
+                 size_t num_params, gradd_client** out);
+
+/* Message of the last failed call on this thread ("" if none). Valid until
+ * the next gradd call on this thread. */
+const char* gradd_last_error(void);
+
+/* Parameter `param`'s gradient in shared bucket memory; NULL / 0 for an
+ * unknown index. Stable until gradd_free. */
+void* gradd_gradient(const gradd_client* client, int param);
+size_t gradd_gradient_bytes(const gradd_client* client, int param);
+int gradd_num_params(const gradd_client* client);
+int gradd_num_buckets(const gradd_client* client);
+
+int gradd_mark_ready(gradd_client* client, int param);
+int gradd_wait_all(gradd_client* client);
+int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root);
+
+/* Current (not yet waited) iteration, from 1. */
+uint64_t gradd_iteration(const gradd_client* client);
+int gradd_rank(const gradd_client* client);
+int gradd_world_size(const gradd_client* client);
+int gradd_local_rank(const gradd_client* client);
+int gradd_local_world_size(const gradd_client* client);
+
+/* Clean goodbye; the client stays valid until gradd_free (further calls
+ * fail with GRADD_FAILED_PRECONDITION). */
+int gradd_detach(gradd_client* client);
+/* Detaches (if needed) and releases the client; NULL is allowed. */
+void gradd_free(gradd_client* client);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GRADD_CLIENT_INCLUDE_GRADD_GRADD_H_ */

@@ -1,0 +1,163 @@
+// C ABI over gradd::Client (include/gradd/gradd.h): status codes as ints,
+// the message of the last failure kept per thread.
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gradd/client.h"
+#include "gradd/gradd.h"
+
+struct gradd_client {
+  std::unique_ptr<gradd::Client> impl;
+};
+
+namespace {
+
+// Per thread, so that concurrent gradd_mark_ready callers each see their
+// own failure.
+thread_local std::string last_error;
+
+int Report(const absl::Status& status) {
+  if (status.ok()) return GRADD_OK;
+  last_error = std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+int NullClient(const char* fn) {
+  last_error = absl::StrCat(fn, ": client is NULL");
+  return GRADD_INVALID_ARGUMENT;
+}
+
+// Reads a field of the caller's options only if the caller's struct is
+// large enough to hold it (older callers pass a shorter struct).
+#define GRADD_HAS_FIELD(opts, field) \
+  ((opts)->struct_size >=            \
+   offsetof(gradd_options, field) + sizeof((opts)->field))
+
+}  // namespace
+
+extern "C" {
+
+void gradd_options_init(gradd_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  const gradd::ClientOptions defaults;
+  options->struct_size = sizeof(*options);
+  options->local_rank = 0;
+  options->local_world_size = 1;
+  options->connect_timeout_ms = defaults.connect_timeout.count();
+  options->attach_timeout_ms = defaults.attach_timeout.count();
+  options->wait_timeout_ms = defaults.wait_timeout.count();
+}
+
+int gradd_attach(const gradd_options* options, const gradd_param* params,
+                 size_t num_params, gradd_client** out) {
+  if (out == nullptr || options == nullptr ||
+      (params == nullptr && num_params > 0)) {
+    last_error = "gradd_attach: options, params and out must not be NULL";
+    return GRADD_INVALID_ARGUMENT;
+  }
+  *out = nullptr;
+  if (options->struct_size < offsetof(gradd_options, wait_timeout_ms)) {
+    last_error =
+        "gradd_attach: options not initialised (call gradd_options_init)";
+    return GRADD_INVALID_ARGUMENT;
+  }
+  gradd::ClientOptions o;
+  if (options->socket_path != nullptr) o.socket_path = options->socket_path;
+  if (options->job_id != nullptr) o.job_id = options->job_id;
+  o.local_rank = options->local_rank;
+  o.local_world_size = options->local_world_size;
+  o.bucket_cap_mb = options->bucket_cap_mb;
+  o.first_bucket_cap_mb = options->first_bucket_cap_mb;
+  o.broadcast_bytes = options->broadcast_bytes;
+  o.connect_timeout = std::chrono::milliseconds(options->connect_timeout_ms);
+  o.attach_timeout = std::chrono::milliseconds(options->attach_timeout_ms);
+  if (GRADD_HAS_FIELD(options, wait_timeout_ms)) {
+    o.wait_timeout = std::chrono::milliseconds(options->wait_timeout_ms);
+  }
+
+  std::vector<gradd::ClientParam> list(num_params);
+  for (size_t i = 0; i < num_params; ++i) {
+    const gradd_param& p = params[i];
+    if (p.name == nullptr || (p.shape == nullptr && p.ndim > 0)) {
+      last_error = absl::StrCat("gradd_attach: parameter ", i,
+                                " has a NULL name or shape");
+      return GRADD_INVALID_ARGUMENT;
+    }
+    list[i].name = p.name;
+    list[i].shape.assign(p.shape, p.shape + p.ndim);
+    list[i].dtype = p.dtype;
+  }
+  auto client = gradd::Client::Attach(o, list);
+  if (!client.ok()) return Report(client.status());
+  *out = new gradd_client{std::move(client).value()};
+  return GRADD_OK;
+}
+
+const char* gradd_last_error(void) { return last_error.c_str(); }
+
+void* gradd_gradient(const gradd_client* client, int param) {
+  return client == nullptr ? nullptr : client->impl->gradient(param);
+}
+
+size_t gradd_gradient_bytes(const gradd_client* client, int param) {
+  return client == nullptr ? 0 : client->impl->gradient_bytes(param);
+}
+
+int gradd_num_params(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->num_params();
+}
+
+int gradd_num_buckets(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->num_buckets();
+}
+
+int gradd_mark_ready(gradd_client* client, int param) {
+  if (client == nullptr) return NullClient("gradd_mark_ready");
+  return Report(client->impl->MarkReady(param));
+}
+
+int gradd_wait_all(gradd_client* client) {
+  if (client == nullptr) return NullClient("gradd_wait_all");
+  return Report(client->impl->WaitAll());
+}
+
+int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root) {
+  if (client == nullptr) return NullClient("gradd_broadcast");
+  return Report(client->impl->Broadcast(data, bytes, root));
+}
+
+uint64_t gradd_iteration(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->iteration();
+}
+
+int gradd_rank(const gradd_client* client) {
+  return client == nullptr ? -1 : client->impl->global_rank();
+}
+
+int gradd_world_size(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->world_size();
+}
+
+int gradd_local_rank(const gradd_client* client) {
+  return client == nullptr ? -1 : client->impl->local_rank();
+}
+
+int gradd_local_world_size(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->local_world_size();
+}
+
+int gradd_detach(gradd_client* client) {
+  if (client == nullptr) return NullClient("gradd_detach");
+  return Report(client->impl->Detach());
+}
+
+void gradd_free(gradd_client* client) { delete client; }
+
+}  // extern "C"

@@ -1,0 +1,706 @@
+// gradd::Client: attach over the session socket + gRPC, then a pure
+// shared-memory data path (control block + bucket memory, doorbells).
+//
+// Life of a client:
+//
+//   Attach():  connect <socket>.session (retry until connect_timeout)
+//                -> SessionHello (session id)
+//                -> Node.Attach RPC over unix:<socket> (blocks for all ranks)
+//                -> SessionFds + [control block fd, rank memory fd]
+//                -> validate seals, sizes, layout and plan; map
+//   iterate:   MarkReady(i)... (any thread)  WaitAll() (one thread)
+//   Detach():  Detach RPC (best effort), close the session socket.
+//
+// The session socket stays open for the client's life: its closing is how
+// the daemon learns that this rank died, and its hang-up is how we learn
+// that the daemon died (checked while waiting, so a crashed daemon is an
+// UNAVAILABLE error within a fraction of a second, not a wait_timeout hang).
+#include "gradd/client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/control_block.h"
+#include "common/doorbell.h"
+#include "common/dtype.h"
+#include "common/session.h"
+#include "common/shm.h"
+#include "common/status_macros.h"
+#include "gradd/v1/node.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gradd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Spin before sleeping on the futex. Small buckets finish within tens of
+// microseconds; longer spinning would take a core away from the daemon on
+// small machines (2 cores shared by the daemon and every trainer).
+constexpr std::chrono::microseconds kSpin{30};
+// While blocked, how often we check that the daemon is still there.
+constexpr std::chrono::milliseconds kLivenessSlice{200};
+// The daemon sends the fds before the Attach RPC returns, so they are
+// already queued; this only guards against a broken daemon.
+constexpr std::chrono::milliseconds kFdsTimeout{5000};
+constexpr std::chrono::milliseconds kDetachDeadline{1000};
+constexpr std::chrono::milliseconds kConnectRetry{20};
+// How many unmarked parameters an error message names.
+constexpr size_t kNamedInErrors = 5;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  // gRPC and absl share the canonical code numbers.
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+// now + d for a caller-supplied duration: negative means "no time",
+// anything beyond a year is treated as a year, so that "wait forever"
+// (milliseconds::max()) cannot overflow the clock.
+template <typename C>
+typename C::time_point After(std::chrono::milliseconds d) {
+  constexpr std::chrono::milliseconds kYear = std::chrono::hours(24 * 365);
+  return C::now() + std::clamp(d, std::chrono::milliseconds(0), kYear);
+}
+
+std::chrono::milliseconds Left(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+// Connects to the daemon's session socket, retrying while nobody listens
+// (the daemon may still be starting) until `timeout` has passed.
+absl::StatusOr<UniqueFd> ConnectSession(const std::string& socket_path,
+                                        std::chrono::milliseconds timeout) {
+  const std::string session_path = SessionSocketPath(socket_path);
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (session_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradd socket path '", socket_path, "' is too long for a Unix socket (",
+        sizeof(addr.sun_path) - 1 - (session_path.size() - socket_path.size()),
+        " bytes at most)"));
+  }
+  std::memcpy(addr.sun_path, session_path.data(), session_path.size());
+
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = After<Clock>(timeout);
+  int last_errno = 0;
+  while (true) {
+    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("socket(AF_UNIX) failed: ", std::strerror(errno)));
+    }
+    int r;
+    do {
+      r = connect(fd.get(), reinterpret_cast<struct sockaddr*>(&addr),
+                  sizeof(addr));
+    } while (r != 0 && errno == EINTR);
+    if (r == 0) return fd;
+    last_errno = errno;
+    // Nothing there yet (ENOENT), a stale socket file or a daemon still
+    // starting (ECONNREFUSED), a full backlog (EAGAIN): worth retrying.
+    // Anything else (EACCES, ENOTDIR, ...) will not fix itself.
+    const bool retryable = last_errno == ENOENT || last_errno == ECONNREFUSED ||
+                           last_errno == EAGAIN;
+    if (!retryable || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::min(kConnectRetry, Left(deadline)));
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::now() - start);
+  std::string what = absl::StrCat(
+      "no gradd daemon at ", socket_path, ": connecting to ", session_path,
+      " failed (", std::strerror(last_errno), ") for ", waited.count(),
+      " ms; start gradd with --socket ", socket_path,
+      " or point GRADD_SOCKET at the daemon's socket");
+  if (last_errno == EACCES || last_errno == EPERM) {
+    return absl::PermissionDeniedError(what);
+  }
+  return absl::UnavailableError(what);
+}
+
+struct ParamSlot {
+  std::string name;
+  char* data = nullptr;
+  size_t bytes = 0;
+  int bucket = -1;
+};
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(const ClientOptions& options, std::string socket_path,
+             ControlLayout layout)
+      : options_(options),
+        socket_path_(std::move(socket_path)),
+        layout_(layout) {}
+
+  ~ClientImpl() override { Detach().IgnoreError(); }
+
+  // Everything Attach() does after the fds arrived: validation of what the
+  // daemon sent and construction of the per-parameter views. Any
+  // inconsistency is INTERNAL: it means a daemon/library version mismatch
+  // or a bug, and we must not write outside the mapping.
+  absl::Status Init(const std::vector<ClientParam>& params,
+                    const v1::AttachResponse& response, UniqueFd control_fd,
+                    UniqueFd memory_fd);
+
+  void* gradient(int param) const override {
+    if (param < 0 || param >= num_params()) return nullptr;
+    return params_[param].data;
+  }
+  size_t gradient_bytes(int param) const override {
+    if (param < 0 || param >= num_params()) return 0;
+    return params_[param].bytes;
+  }
+  int num_params() const override { return static_cast<int>(params_.size()); }
+
+  absl::Status MarkReady(int param) override;
+  absl::Status WaitAll() override;
+  bool BucketDone(int bucket) const override;
+  absl::Status Broadcast(void* data, size_t bytes, int root) override;
+  absl::Status Detach() override;
+
+  int num_buckets() const override { return static_cast<int>(buckets_.size()); }
+  const BucketInfo& bucket(int b) const override {
+    static const BucketInfo kNone{};
+    if (b < 0 || b >= num_buckets()) return kNone;
+    return buckets_[b];
+  }
+  uint64_t iteration() const override {
+    return iteration_.load(std::memory_order_relaxed);
+  }
+  int global_rank() const override { return global_rank_; }
+  int world_size() const override { return world_size_; }
+  int local_rank() const override { return options_.local_rank; }
+  int local_world_size() const override { return options_.local_world_size; }
+
+  void SetConnection(UniqueFd session, uint64_t session_id,
+                     std::shared_ptr<grpc::Channel> channel) {
+    session_ = std::move(session);
+    session_id_ = session_id;
+    channel_ = std::move(channel);
+    stub_ = v1::Node::NewStub(channel_);
+  }
+
+ private:
+  // The first error that ended this client (job failure, daemon gone,
+  // timeout, detach); OK while healthy. Two atomic loads on the fast path.
+  absl::Status CheckFailed() const;
+  // Records `status` as this client's terminal error (first one wins) and
+  // returns the terminal error.
+  absl::Status Fail(absl::Status status) const;
+  // Whether the daemon still holds our session socket open.
+  bool DaemonAlive() const;
+  // Blocks until `ready()`; sliced so that a dead daemon is noticed even if
+  // it could not publish an error. `what` describes the wait for errors.
+  template <typename Pred>
+  absl::Status Wait(Pred ready, const std::string& what);
+  std::string Who() const {
+    return absl::StrCat("job '", options_.job_id, "', local rank ",
+                        options_.local_rank);
+  }
+
+  const ClientOptions options_;
+  const std::string socket_path_;
+  const ControlLayout layout_;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Node::Stub> stub_;
+  UniqueFd session_;
+  uint64_t session_id_ = 0;
+  bool detached_ = false;
+
+  Mapping control_;
+  Mapping memory_;
+  ControlHeader* header_ = nullptr;
+  std::atomic<uint64_t>* ready_row_ = nullptr;
+  std::atomic<uint64_t>* done_seq_ = nullptr;
+  char* broadcast_area_ = nullptr;
+  size_t broadcast_bytes_ = 0;
+  uint64_t broadcast_seq_ = 0;
+
+  std::vector<ParamSlot> params_;
+  std::vector<BucketInfo> buckets_;
+  // Parameters still to be marked in each bucket this iteration.
+  std::unique_ptr<std::atomic<int32_t>[]> pending_;
+  // The iteration in which each parameter was last marked (0 = never), so
+  // a new iteration needs no reset pass over all parameters.
+  std::unique_ptr<std::atomic<uint64_t>[]> marked_;
+  std::atomic<uint64_t> iteration_{1};
+  int global_rank_ = 0;
+  int world_size_ = 0;
+
+  mutable std::atomic<bool> failed_{false};
+  mutable absl::Mutex mu_;
+  mutable absl::Status terminal_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
+                              const v1::AttachResponse& response,
+                              UniqueFd control_fd, UniqueFd memory_fd) {
+  auto bad = [](absl::string_view what) {
+    return absl::InternalError(absl::StrCat(
+        "gradd sent an inconsistent attach response (daemon and client "
+        "library versions differ?): ",
+        what));
+  };
+  // The control block.
+  if (response.control_block_bytes() < layout_.total_bytes()) {
+    return bad(absl::StrCat("control block of ", response.control_block_bytes(),
+                            " bytes, the layout needs ",
+                            layout_.total_bytes()));
+  }
+  RETURN_IF_ERROR(
+      CheckSealedMemfd(control_fd.get(), response.control_block_bytes()));
+  ASSIGN_OR_RETURN(
+      control_, Mapping::Map(control_fd.get(), response.control_block_bytes()));
+  RETURN_IF_ERROR(layout_.Validate(control_.data(), control_.size()));
+  header_ = layout_.header(control_.data());
+  ready_row_ = layout_.ready_row(control_.data(),
+                                 static_cast<uint32_t>(options_.local_rank));
+  done_seq_ = layout_.done_seq(control_.data());
+
+  // This rank's bucket memory (+ broadcast area).
+  const uint64_t mem_bytes = response.rank_memory_bytes();
+  RETURN_IF_ERROR(CheckSealedMemfd(memory_fd.get(), mem_bytes));
+  if (mem_bytes > 0) {
+    ASSIGN_OR_RETURN(memory_, Mapping::Map(memory_fd.get(), mem_bytes));
+  }
+  char* base = static_cast<char*>(memory_.data());
+  auto fits = [mem_bytes](uint64_t offset, uint64_t size) {
+    return offset <= mem_bytes && size <= mem_bytes - offset;
+  };
+  if (response.broadcast_bytes() > 0) {
+    if (!fits(response.broadcast_offset(), response.broadcast_bytes())) {
+      return bad("broadcast area outside the rank memory");
+    }
+    broadcast_area_ = base + response.broadcast_offset();
+    broadcast_bytes_ = response.broadcast_bytes();
+  }
+
+  // Parameters: sizes from what we registered, places from the plan.
+  params_.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ClientParam& p = params[i];
+    auto dtype = DTypeFromInt(p.dtype);
+    if (!dtype.ok()) return bad(dtype.status().message());
+    size_t numel = 1;
+    for (int64_t d : p.shape) {
+      if (d < 0) return bad(absl::StrCat("negative dimension in ", p.name));
+      if (d != 0 && numel > SIZE_MAX / static_cast<size_t>(d)) {
+        return bad(absl::StrCat("size of ", p.name, " overflows"));
+      }
+      numel *= static_cast<size_t>(d);
+    }
+    if (numel > mem_bytes) return bad(absl::StrCat(p.name, " is too large"));
+    params_[i].name = p.name;
+    params_[i].bytes = numel * DTypeSize(*dtype);
+  }
+
+  buckets_.resize(response.buckets_size());
+  pending_ = std::make_unique<std::atomic<int32_t>[]>(buckets_.size());
+  marked_ = std::make_unique<std::atomic<uint64_t>[]>(params_.size());
+  for (int b = 0; b < response.buckets_size(); ++b) {
+    const v1::BucketSpec& spec = response.buckets(b);
+    if (!fits(spec.offset(), spec.size_bytes())) {
+      return bad(absl::StrCat("bucket ", b, " outside the rank memory"));
+    }
+    if (spec.param_indices_size() == 0 ||
+        spec.param_indices_size() != spec.param_offsets_size()) {
+      return bad(absl::StrCat("bucket ", b, " has a malformed parameter list"));
+    }
+    BucketInfo& info = buckets_[b];
+    info.dtype = static_cast<int32_t>(spec.dtype());
+    info.size_bytes = spec.size_bytes();
+    for (int k = 0; k < spec.param_indices_size(); ++k) {
+      const int32_t i = spec.param_indices(k);
+      if (i < 0 || static_cast<size_t>(i) >= params_.size()) {
+        return bad(absl::StrCat("bucket ", b, " names parameter ", i));
+      }
+      ParamSlot& slot = params_[i];
+      if (slot.bucket >= 0) {
+        return bad(absl::StrCat("parameter ", slot.name, " is in buckets ",
+                                slot.bucket, " and ", b));
+      }
+      if (params[i].dtype != info.dtype) {
+        return bad(absl::StrCat("parameter ", slot.name, " in a bucket of ",
+                                "another dtype"));
+      }
+      const uint64_t off = spec.param_offsets(k);
+      if (off > spec.size_bytes() || slot.bytes > spec.size_bytes() - off) {
+        return bad(
+            absl::StrCat("parameter ", slot.name, " lies outside bucket ", b));
+      }
+      slot.bucket = b;
+      slot.data = base + spec.offset() + off;
+      info.params.push_back(i);
+    }
+    pending_[b].store(spec.param_indices_size(), std::memory_order_relaxed);
+  }
+  for (const ParamSlot& slot : params_) {
+    if (slot.bucket < 0) {
+      return bad(absl::StrCat("parameter ", slot.name, " is in no bucket"));
+    }
+  }
+  global_rank_ = response.global_rank();
+  world_size_ = response.world_size();
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::Fail(absl::Status status) const {
+  absl::MutexLock lock(&mu_);
+  if (terminal_.ok()) {
+    terminal_ = std::move(status);
+    failed_.store(true, std::memory_order_release);
+  }
+  return terminal_;
+}
+
+absl::Status ClientImpl::CheckFailed() const {
+  if (failed_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&mu_);
+    return terminal_;
+  }
+  if (header_->status.load(std::memory_order_acquire) != 0) {
+    return Fail(ReadError(header_));
+  }
+  return absl::OkStatus();
+}
+
+bool ClientImpl::DaemonAlive() const {
+  if (!session_.valid()) return false;
+  struct pollfd p = {session_.get(), POLLRDHUP, 0};
+  int r;
+  do {
+    r = poll(&p, 1, 0);
+  } while (r < 0 && errno == EINTR);
+  return !(r > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)));
+}
+
+template <typename Pred>
+absl::Status ClientImpl::Wait(Pred ready, const std::string& what) {
+  const Clock::time_point deadline = After<Clock>(options_.wait_timeout);
+  while (true) {
+    const auto slice = std::min<std::chrono::nanoseconds>(
+        kLivenessSlice, deadline - Clock::now());
+    if (WaitForDaemon(header_, ready, kSpin, slice)) return absl::OkStatus();
+    if (header_->status.load(std::memory_order_acquire) != 0) {
+      return Fail(ReadError(header_));
+    }
+    if (!DaemonAlive()) {
+      // The daemon may have published its error just before closing.
+      if (header_->status.load(std::memory_order_acquire) != 0) {
+        return Fail(ReadError(header_));
+      }
+      return Fail(absl::UnavailableError(
+          absl::StrCat("gradd daemon at ", socket_path_, " went away (", Who(),
+                       ") while waiting for ", what)));
+    }
+    if (Clock::now() >= deadline) {
+      return Fail(absl::DeadlineExceededError(
+          absl::StrCat("gradd did not finish ", what, " within ",
+                       options_.wait_timeout.count(), " ms (", Who(), ")")));
+    }
+  }
+}
+
+absl::Status ClientImpl::MarkReady(int param) {
+  if (param < 0 || param >= num_params()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("MarkReady(", param, "): unknown parameter index; ", Who(),
+                     " registered ", num_params(), " parameters (indices 0..",
+                     num_params() - 1, ")"));
+  }
+  RETURN_IF_ERROR(CheckFailed());
+  const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  if (marked_[param].exchange(it, std::memory_order_acq_rel) == it) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", params_[param].name, "' (index ", param,
+        ") marked ready twice in iteration ", it, " (", Who(),
+        "); a parameter's gradient may be marked ready only once per "
+        "iteration (a parameter shared by several modules, or reentrant "
+        "backward, can cause this)"));
+  }
+  const int b = params_[param].bucket;
+  // acq_rel: the last marker's release store below must carry every other
+  // marker's gradient writes with it (they precede their fetch_sub).
+  if (pending_[b].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    ready_row_[b].store(it, std::memory_order_release);
+    RingDaemon(header_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::WaitAll() {
+  RETURN_IF_ERROR(CheckFailed());
+  const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  bool all_marked = true;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (pending_[b].load(std::memory_order_acquire) != 0) all_marked = false;
+  }
+  if (!all_marked) {
+    std::vector<int> missing;
+    for (int i = 0; i < num_params(); ++i) {
+      if (marked_[i].load(std::memory_order_acquire) != it) {
+        missing.push_back(i);
+      }
+    }
+    std::string names;
+    for (size_t k = 0; k < std::min(missing.size(), kNamedInErrors); ++k) {
+      absl::StrAppend(&names, k ? ", '" : "'", params_[missing[k]].name,
+                      "' (index ", missing[k], ")");
+    }
+    if (missing.size() > kNamedInErrors) {
+      absl::StrAppend(&names, " and ", missing.size() - kNamedInErrors,
+                      " more");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        missing.size(), " of ", num_params(),
+        " parameters were not marked ready in iteration ", it, " (", Who(),
+        "): ", names,
+        "; every parameter must be marked ready each iteration (mark unused "
+        "parameters ready too, as DDP's find_unused_parameters does)"));
+  }
+
+  size_t next = 0;
+  auto all_done = [this, it, &next] {
+    while (next < buckets_.size() &&
+           done_seq_[next].load(std::memory_order_acquire) >= it) {
+      ++next;
+    }
+    return next == buckets_.size();
+  };
+  RETURN_IF_ERROR(Wait(all_done, absl::StrCat("iteration ", it)));
+
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b].store(static_cast<int32_t>(buckets_[b].params.size()),
+                      std::memory_order_relaxed);
+  }
+  iteration_.store(it + 1, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+bool ClientImpl::BucketDone(int bucket) const {
+  if (bucket < 0 || bucket >= num_buckets()) return false;
+  return done_seq_[bucket].load(std::memory_order_acquire) >=
+         iteration_.load(std::memory_order_relaxed);
+}
+
+absl::Status ClientImpl::Broadcast(void* data, size_t bytes, int root) {
+  RETURN_IF_ERROR(CheckFailed());
+  if (broadcast_bytes_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Broadcast needs a broadcast area: attach with "
+                     "ClientOptions::broadcast_bytes > 0 (",
+                     Who(), ")"));
+  }
+  if (bytes > broadcast_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Broadcast of ", bytes, " bytes exceeds the broadcast area of ",
+        broadcast_bytes_, " bytes; send it in rounds (", Who(), ")"));
+  }
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Broadcast root ", root, " is not a rank of the job (world size ",
+        world_size_, ", ", Who(), ")"));
+  }
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError("Broadcast of a null buffer");
+  }
+  if (root == global_rank_ && bytes > 0) {
+    std::memcpy(broadcast_area_, data, bytes);
+  }
+  const uint64_t k = ++broadcast_seq_;
+  BroadcastSlot* slot = layout_.bcast(
+      control_.data(), static_cast<uint32_t>(options_.local_rank));
+  slot->root.store(root, std::memory_order_relaxed);
+  slot->bytes.store(bytes, std::memory_order_relaxed);
+  // Release: the daemon reading ready_seq == k sees root, bytes and the
+  // root's data.
+  slot->ready_seq.store(k, std::memory_order_release);
+  RingDaemon(header_);
+  RETURN_IF_ERROR(Wait(
+      [this, k] {
+        return header_->bcast_done_seq.load(std::memory_order_acquire) >= k;
+      },
+      absl::StrCat("broadcast ", k, " from rank ", root)));
+  if (root != global_rank_ && bytes > 0) {
+    std::memcpy(data, broadcast_area_, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::Detach() {
+  if (detached_) return absl::OkStatus();
+  detached_ = true;
+  if (stub_ != nullptr) {
+    v1::DetachRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_local_rank(options_.local_rank);
+    request.set_session_id(session_id_);
+    v1::DetachResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kDetachDeadline);
+    // Best effort: closing the session socket below says the same thing.
+    (void)stub_->Detach(&context, request, &response);
+  }
+  session_.reset();
+  Fail(absl::FailedPreconditionError(
+           absl::StrCat("client detached from gradd (", Who(), ")")))
+      .IgnoreError();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
+    const ClientOptions& options, const std::vector<ClientParam>& params) {
+  const std::string socket_path =
+      options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
+  if (options.local_world_size < 1 || options.local_rank < 0) {
+    // The daemon checks ranks too; these would not even index the layout.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local rank ", options.local_rank, " of local world size ",
+        options.local_world_size, " is invalid (job '", options.job_id, "')"));
+  }
+  const Clock::time_point connect_deadline =
+      After<Clock>(options.connect_timeout);
+
+  ASSIGN_OR_RETURN(UniqueFd session,
+                   ConnectSession(socket_path, options.connect_timeout));
+  ASSIGN_OR_RETURN(
+      ReceivedMessage hello_msg,
+      ReceiveWithFds(session.get(), sizeof(SessionHello), 0,
+                     std::max(Left(connect_deadline), kFdsTimeout)));
+  SessionHello hello;
+  if (hello_msg.payload.size() != sizeof(hello)) {
+    return absl::InternalError(absl::StrCat(
+        "unexpected greeting from ", SessionSocketPath(socket_path), " (",
+        hello_msg.payload.size(), " bytes); is it a gradd daemon?"));
+  }
+  std::memcpy(&hello, hello_msg.payload.data(), sizeof(hello));
+  if (hello.magic != kSessionMagic ||
+      hello.kind != static_cast<uint32_t>(SessionMessageKind::kHello) ||
+      hello.version != kSessionVersion) {
+    return absl::InternalError(absl::StrCat(
+        "unexpected greeting from ", SessionSocketPath(socket_path), " (magic ",
+        hello.magic, ", version ", hello.version,
+        "); this library speaks session protocol version ", kSessionVersion));
+  }
+
+  grpc::ChannelArguments args;
+  // Plans for models with many parameters exceed gRPC's 4 MiB default.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(absl::StrCat("unix:", socket_path),
+                                grpc::InsecureChannelCredentials(), args);
+  const auto connect_left =
+      std::max<std::chrono::milliseconds>(Left(connect_deadline), kFdsTimeout);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                 connect_left)) {
+    return absl::UnavailableError(absl::StrCat(
+        "gradd at ", socket_path,
+        " accepted the session but its gRPC endpoint unix:", socket_path,
+        " did not become ready within ", connect_left.count(), " ms"));
+  }
+  std::unique_ptr<v1::Node::Stub> stub = v1::Node::NewStub(channel);
+
+  v1::AttachRequest request;
+  request.set_job_id(options.job_id);
+  request.set_local_rank(options.local_rank);
+  request.set_local_world_size(options.local_world_size);
+  request.set_session_id(hello.session_id);
+  request.set_bucket_cap_mb(options.bucket_cap_mb);
+  request.set_first_bucket_cap_mb(options.first_bucket_cap_mb);
+  request.set_broadcast_bytes(options.broadcast_bytes);
+  request.set_node_id(options.node_id);
+  if (options.node_rank.has_value()) request.set_node_rank(*options.node_rank);
+  request.set_num_nodes(options.num_nodes);
+  request.set_coordinator(options.coordinator);
+  for (const ClientParam& p : params) {
+    v1::ParamSpec* spec = request.add_params();
+    spec->set_name(p.name);
+    for (int64_t d : p.shape) spec->add_shape(d);
+    // Unchecked on purpose: the daemon validates and names bad dtypes.
+    spec->set_dtype(static_cast<v1::DType>(p.dtype));
+  }
+  v1::AttachResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      After<std::chrono::system_clock>(options.attach_timeout));
+  grpc::Status rpc = stub->Attach(&context, request, &response);
+  if (!rpc.ok()) {
+    absl::Status s = FromGrpc(rpc);
+    if (s.code() == absl::StatusCode::kDeadlineExceeded &&
+        rpc.error_message() == "Deadline Exceeded") {
+      // gRPC's own deadline beat the daemon's answer (which names the
+      // missing ranks); say at least what we were waiting for.
+      return absl::DeadlineExceededError(absl::StrCat(
+          "attach to gradd at ", socket_path, " did not complete within ",
+          "attach_timeout (", options.attach_timeout.count(),
+          " ms): local rank ", options.local_rank, " of job '", options.job_id,
+          "' waited for the other local ranks (local world ", "size ",
+          options.local_world_size, ") to attach"));
+    }
+    return absl::Status(
+        s.code(), absl::StrCat("attach to gradd at ", socket_path, " (job '",
+                               options.job_id, "', local rank ",
+                               options.local_rank, ") failed: ", s.message()));
+  }
+
+  ASSIGN_OR_RETURN(
+      ReceivedMessage fds_msg,
+      ReceiveWithFds(session.get(), sizeof(SessionFds), 2, kFdsTimeout));
+  SessionFds fds_header;
+  if (fds_msg.payload.size() != sizeof(fds_header) || fds_msg.fds.size() != 2) {
+    return absl::InternalError(absl::StrCat(
+        "gradd sent a malformed fd message (", fds_msg.payload.size(),
+        " bytes, ", fds_msg.fds.size(), " fds)"));
+  }
+  std::memcpy(&fds_header, fds_msg.payload.data(), sizeof(fds_header));
+  if (fds_header.magic != kSessionMagic ||
+      fds_header.kind != static_cast<uint32_t>(SessionMessageKind::kFds) ||
+      fds_header.attach_id != response.attach_id()) {
+    return absl::InternalError(absl::StrCat(
+        "gradd's fd message does not match the attach (attach id ",
+        fds_header.attach_id, ", expected ", response.attach_id(), ")"));
+  }
+
+  if (response.buckets_size() == 0) {
+    return absl::InternalError("gradd returned a plan without buckets");
+  }
+  auto client = std::make_unique<ClientImpl>(
+      options, socket_path,
+      ControlLayout(static_cast<uint32_t>(options.local_world_size),
+                    static_cast<uint32_t>(response.buckets_size())));
+  client->SetConnection(std::move(session), hello.session_id, channel);
+  RETURN_IF_ERROR(client->Init(params, response, std::move(fds_msg.fds[0]),
+                               std::move(fds_msg.fds[1])));
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+}  // namespace gradd

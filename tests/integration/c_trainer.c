@@ -1,0 +1,130 @@
+/* Proves the C ABI (gradd/gradd.h) is usable from C: compiled as C11.
+ *
+ *   gradd_c_trainer nodaemon SOCKET      attach must fail with
+ *                                        GRADD_UNAVAILABLE naming SOCKET
+ *   gradd_c_trainer train SOCKET JOB RANK WORLD ITERATIONS
+ *                                        float32 + float64 params, every
+ *                                        average checked exactly
+ * Prints PASS and exits 0, or prints why and exits 1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradd/gradd.h"
+
+static int NoDaemon(const char* socket) {
+  gradd_options opts;
+  gradd_options_init(&opts);
+  opts.socket_path = socket;
+  opts.connect_timeout_ms = 300;
+  gradd_client* client = (gradd_client*)1;
+  int rc = gradd_attach(&opts, NULL, 0, &client);
+  if (rc != GRADD_UNAVAILABLE || client != NULL) {
+    printf("FAIL: attach returned %d (%s)\n", rc, gradd_last_error());
+    return 1;
+  }
+  if (strstr(gradd_last_error(), socket) == NULL) {
+    printf("FAIL: error does not name %s: %s\n", socket, gradd_last_error());
+    return 1;
+  }
+  printf("PASS %s\n", gradd_last_error());
+  return 0;
+}
+
+/* g = c + (2r - (L-1)) / 2 with c a small multiple of 1/2: the average is
+ * exactly c (see test_trainer.cc). */
+static double Expected(unsigned long long t, int p, size_t j) {
+  return (double)((long long)((j + 5 * t + 11 * (unsigned)p) % 41) - 20) * 0.5;
+}
+
+static int Train(const char* socket, const char* job, int rank, int world,
+                 int iterations) {
+  static const int64_t shape0[] = {3, 5};
+  static const int64_t shape1[] = {1000};
+  static const int64_t shape2[] = {7};
+  gradd_param params[3] = {{"w", shape0, 2, GRADD_FLOAT32},
+                           {"big", shape1, 1, GRADD_FLOAT64},
+                           {"b", shape2, 1, GRADD_FLOAT32}};
+  gradd_options opts;
+  gradd_options_init(&opts);
+  opts.socket_path = socket;
+  opts.job_id = job;
+  opts.local_rank = rank;
+  opts.local_world_size = world;
+  opts.attach_timeout_ms = 20000;
+  opts.wait_timeout_ms = 20000;
+  gradd_client* c = NULL;
+  if (gradd_attach(&opts, params, 3, &c) != GRADD_OK) {
+    printf("FAIL attach: %s\n", gradd_last_error());
+    return 1;
+  }
+  if (gradd_num_params(c) != 3 || gradd_world_size(c) != world ||
+      gradd_local_rank(c) != rank || gradd_gradient(c, 3) != NULL ||
+      gradd_gradient_bytes(c, 1) != 8000) {
+    printf("FAIL: getters disagree with the registration\n");
+    return 1;
+  }
+  int rc = gradd_mark_ready(c, 3);
+  if (rc != GRADD_OUT_OF_RANGE) {
+    printf("FAIL: mark_ready(3) returned %d\n", rc);
+    return 1;
+  }
+  const double rank_term = (2.0 * gradd_rank(c) - (world - 1)) / 2;
+  for (int it = 0; it < iterations; ++it) {
+    unsigned long long t = gradd_iteration(c);
+    for (int p = 2; p >= 0; --p) {
+      void* g = gradd_gradient(c, p);
+      int is_double = params[p].dtype == GRADD_FLOAT64;
+      size_t n = gradd_gradient_bytes(c, p) / (is_double ? 8 : 4);
+      for (size_t j = 0; j < n; ++j) {
+        double v = Expected(t, p, j) + rank_term;
+        if (is_double)
+          ((double*)g)[j] = v;
+        else
+          ((float*)g)[j] = (float)v;
+      }
+      if (gradd_mark_ready(c, p) != GRADD_OK) {
+        printf("FAIL mark_ready: %s\n", gradd_last_error());
+        return 1;
+      }
+    }
+    if (gradd_wait_all(c) != GRADD_OK) {
+      printf("FAIL wait_all: %s\n", gradd_last_error());
+      return 1;
+    }
+    for (int p = 0; p < 3; ++p) {
+      const void* g = gradd_gradient(c, p);
+      int is_double = params[p].dtype == GRADD_FLOAT64;
+      size_t n = gradd_gradient_bytes(c, p) / (is_double ? 8 : 4);
+      for (size_t j = 0; j < n; ++j) {
+        double got = is_double ? ((const double*)g)[j] : ((const float*)g)[j];
+        if (got != Expected(t, p, j)) {
+          printf("FAIL: iteration %llu %s[%zu] = %g, want %g\n", t,
+                 params[p].name, j, got, Expected(t, p, j));
+          return 1;
+        }
+      }
+    }
+  }
+  if (gradd_detach(c) != GRADD_OK) {
+    printf("FAIL detach: %s\n", gradd_last_error());
+    return 1;
+  }
+  if (gradd_wait_all(c) != GRADD_FAILED_PRECONDITION) {
+    printf("FAIL: wait_all after detach did not fail\n");
+    return 1;
+  }
+  gradd_free(c);
+  printf("PASS iterations=%d\n", iterations);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "nodaemon") == 0) return NoDaemon(argv[2]);
+  if (argc == 7 && strcmp(argv[1], "train") == 0) {
+    return Train(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+  }
+  fprintf(stderr, "usage: %s nodaemon SOCKET | train SOCKET JOB RANK WORLD N\n",
+          argv[0]);
+  return 2;
+}

@@ -1,0 +1,244 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+extern char** environ;
+
+namespace gradd::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  return remove(path);
+}
+
+std::optional<int> DecodeStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void GraddTest::SetUp() {
+  // Short: Unix socket paths are limited to 107 bytes.
+  char tmpl[] = "/tmp/gradd-it-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
+  dir_ = tmpl;
+  socket_ = dir_ + "/run/gradd.sock";
+  ASSERT_TRUE(StartDaemon());
+}
+
+void GraddTest::TearDown() {
+  for (Proc& p : procs_) {
+    if (p.pid > 0) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, nullptr, 0);
+      p.pid = -1;
+    }
+  }
+  if (daemon_.pid > 0) {
+    std::optional<int> code = StopDaemon();
+    EXPECT_EQ(code, 0) << "gradd did not exit cleanly; its log:\n"
+                       << ReadFile(daemon_.log);
+    daemon_.pid = -1;
+  }
+  if (HasFailure() && !daemon_.log.empty()) {
+    std::cerr << "---- gradd log ----\n" << ReadFile(daemon_.log);
+  }
+  if (!dir_.empty() && !HasFailure()) {
+    nftw(dir_.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+  }
+}
+
+bool GraddTest::StartDaemon() {
+  daemon_ = Spawn("gradd", {GRADD_DAEMON_BINARY, "--socket", socket_});
+  // The daemon is stopped by StopDaemon (SIGTERM first), not by the SIGKILL
+  // sweep over trainers in TearDown.
+  if (daemon_.pid > 0) procs_.pop_back();
+  const auto deadline = Clock::now() + milliseconds(10000);
+  while (Clock::now() < deadline) {
+    if (Exists(socket_) && Exists(socket_ + ".session")) return true;
+    int status;
+    if (waitpid(daemon_.pid, &status, WNOHANG) == daemon_.pid) {
+      ADD_FAILURE() << "gradd exited at start-up:\n" << ReadFile(daemon_.log);
+      daemon_.pid = -1;
+      return false;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ADD_FAILURE() << "gradd did not create " << socket_ << " within 10 s:\n"
+                << ReadFile(daemon_.log);
+  return false;
+}
+
+std::optional<int> GraddTest::StopDaemon(milliseconds timeout) {
+  if (daemon_.pid <= 0) return std::nullopt;
+  kill(daemon_.pid, SIGTERM);
+  Exit e = Wait(daemon_, timeout);
+  return e.code;
+}
+
+Proc GraddTest::Spawn(const std::string& name,
+                      const std::vector<std::string>& argv) {
+  Proc p;
+  p.name = name;
+  p.log = absl::StrCat(dir_, "/", name, ".log");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, p.log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int rc =
+      posix_spawn(&p.pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);
+    p.pid = -1;
+  } else {
+    procs_.push_back(p);
+  }
+  return p;
+}
+
+Exit GraddTest::Wait(Proc& p, milliseconds timeout) {
+  Exit e;
+  const auto start = Clock::now();
+  if (p.pid > 0) {
+    const auto deadline = start + timeout;
+    while (true) {
+      int status;
+      pid_t r = waitpid(p.pid, &status, WNOHANG);
+      if (r == p.pid) {
+        e.code = DecodeStatus(status);
+        break;
+      }
+      if (r < 0 || Clock::now() >= deadline) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    for (Proc& q : procs_) {
+      if (q.pid == p.pid) q.pid = -1;
+    }
+    p.pid = -1;
+  }
+  e.elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  e.output = ReadFile(p.log);
+  return e;
+}
+
+int GraddTest::WaitAny(std::vector<Proc>& ps, milliseconds timeout,
+                       Exit* exit) {
+  const auto start = Clock::now();
+  while (Clock::now() - start < timeout) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].pid <= 0) continue;
+      int status;
+      if (waitpid(ps[i].pid, &status, WNOHANG) == ps[i].pid) {
+        exit->code = DecodeStatus(status);
+        exit->elapsed =
+            std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+        exit->output = ReadFile(ps[i].log);
+        for (Proc& q : procs_) {
+          if (q.pid == ps[i].pid) q.pid = -1;
+        }
+        ps[i].pid = -1;
+        return static_cast<int>(i);
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return -1;
+}
+
+bool GraddTest::WaitForText(const Proc& p, const std::string& text,
+                            milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (ReadFile(p.log).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return false;
+}
+
+Proc GraddTest::SpawnTrainer(const std::string& job, int rank, int world,
+                             const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {GRADD_TEST_TRAINER,
+                                   "--socket",
+                                   socket_,
+                                   "--job",
+                                   job,
+                                   "--local-rank",
+                                   absl::StrCat(rank),
+                                   "--local-world-size",
+                                   absl::StrCat(world)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Spawn(absl::StrCat(job, ".rank", rank), argv);
+}
+
+std::vector<Exit> GraddTest::RunJob(const std::string& job, int world,
+                                    const std::vector<std::string>& extra,
+                                    milliseconds timeout) {
+  std::vector<Proc> ps;
+  for (int r = 0; r < world; ++r)
+    ps.push_back(SpawnTrainer(job, r, world, extra));
+  const auto deadline = Clock::now() + timeout;
+  std::vector<Exit> exits;
+  for (Proc& p : ps) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    exits.push_back(Wait(p, std::max(left, milliseconds(1))));
+  }
+  return exits;
+}
+
+void GraddTest::ExpectHealthyJob(const std::string& job) {
+  std::vector<Exit> exits =
+      RunJob(job, 2, {"--iterations", "5", "--seed", "7"}, milliseconds(20000));
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_EQ(exits[r].code, 0)
+        << "healthy job " << job << " rank " << r << " after bad input:\n"
+        << exits[r].output;
+    EXPECT_NE(exits[r].output.find("PASS"), std::string::npos);
+  }
+}
+
+}  // namespace gradd::testing

@@ -1,0 +1,80 @@
+// Integration-test harness: a real gradd daemon on a socket in a fresh
+// temporary directory, and real trainer processes (posix_spawn), each with
+// its stdout/stderr in a log file. Every wait is bounded; whatever is still
+// running at teardown is SIGKILLed, so a broken daemon fails tests instead
+// of hanging ctest.
+#ifndef GRADD_TESTS_INTEGRATION_HARNESS_H_
+#define GRADD_TESTS_INTEGRATION_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gradd::testing {
+
+using std::chrono::milliseconds;
+
+// A spawned process and its log.
+struct Proc {
+  pid_t pid = -1;
+  std::string log;
+  std::string name;
+};
+
+struct Exit {
+  // Exit code, or 128 + signal number; nullopt if it did not end in time.
+  std::optional<int> code;
+  std::string output;
+  milliseconds elapsed{0};
+};
+
+std::string ReadFile(const std::string& path);
+
+// Base fixture: creates the temp dir, starts gradd, kills leftovers.
+class GraddTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  // Starts gradd on socket_; returns false (with a test failure) if it is
+  // not listening within 10 s.
+  bool StartDaemon();
+  // SIGTERM, then waits up to `timeout` for gradd's exit code.
+  std::optional<int> StopDaemon(milliseconds timeout = milliseconds(10000));
+
+  // Spawns argv[0] with argv, output to <dir>/<name>.log.
+  Proc Spawn(const std::string& name, const std::vector<std::string>& argv);
+  // Waits for `p` to end, at most `timeout` (then SIGKILLs it).
+  Exit Wait(Proc& p, milliseconds timeout);
+  // Waits for the first of `ps` to end (at most `timeout`); its index, or
+  // -1. The others keep running.
+  int WaitAny(std::vector<Proc>& ps, milliseconds timeout, Exit* exit);
+  // Waits until `text` appears in p's log; false after `timeout`.
+  bool WaitForText(const Proc& p, const std::string& text,
+                   milliseconds timeout);
+
+  // A test trainer for `job` with the common flags plus `extra`.
+  Proc SpawnTrainer(const std::string& job, int rank, int world,
+                    const std::vector<std::string>& extra = {});
+  // Runs `world` trainers of `job` (extra_for_rank(r) flags each) and waits
+  // for all of them.
+  std::vector<Exit> RunJob(const std::string& job, int world,
+                           const std::vector<std::string>& extra,
+                           milliseconds timeout);
+  // A short healthy 2-rank job: the daemon still serves after bad input.
+  void ExpectHealthyJob(const std::string& job);
+
+  std::string dir_;
+  std::string socket_;
+  Proc daemon_;
+  std::vector<Proc> procs_;
+};
+
+}  // namespace gradd::testing
+
+#endif  // GRADD_TESTS_INTEGRATION_HARNESS_H_
