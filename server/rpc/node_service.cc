@@ -15,6 +15,10 @@ namespace {
 constexpr absl::Duration kHandlerGrace = absl::Seconds(5);
 // Detach is immediate; bound it even when the client set no deadline.
 constexpr absl::Duration kDetachLimit = absl::Seconds(30);
+// The handler gives up this much before the client's own deadline, so the
+// trainer reads the daemon's explanation (e.g. which local ranks never
+// attached) rather than gRPC's bare "Deadline Exceeded".
+constexpr absl::Duration kAnswerMargin = absl::Milliseconds(250);
 
 absl::Time CallDeadline(const grpc::ServerContext* context) {
   const auto deadline = context->deadline();
@@ -65,7 +69,9 @@ grpc::Status NodeService::Attach(grpc::ServerContext* context,
                                  v1::AttachResponse* response) {
   const absl::Time deadline = CallDeadline(context);
   auto slot = std::make_shared<Slot<absl::StatusOr<v1::AttachResponse>>>();
-  handler_->HandleAttach(*request, deadline,
+  const absl::Time handler_deadline =
+      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
+  handler_->HandleAttach(*request, handler_deadline,
                          [slot](absl::StatusOr<v1::AttachResponse> result) {
                            absl::MutexLock lock(&slot->mu);
                            slot->value = std::move(result);
