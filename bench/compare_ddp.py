@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""Side-by-side training throughput: torch DDP (Gloo) vs gradd.torch DDP.
+
+Trains the same MLP (1024 -> 4096 -> 4096 -> 1024, ~25.2 M float32 parameters)
+with batch 16 and one thread per process, 2 processes each, in one invocation,
+and also without any communication (2 independent processes at the same time,
+the ceiling). Starts its own gradd on a socket in a temporary directory.
+
+    PYTHONPATH=build/client/python /usr/bin/python3 bench/compare_ddp.py \\
+        [--gradd build/server/gradd] [--steps 20] [--warmup 3] [--json]
+
+Prints steps/s for each mode (the slowest rank's; best of --rounds
+alternating rounds), and gradd / torch DDP.
+Benchmarks are not tests: nothing here asserts.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+MODES = ("torch_ddp", "gradd", "no_comm")
+
+
+def build_model(torch):
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024)
+    )
+
+
+def worker(args):
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.manual_seed(0)
+    model = build_model(torch)
+    if args.mode == "torch_ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                rank=rank, world_size=world)
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    elif args.mode == "gradd":
+        import gradd.torch
+
+        model = gradd.torch.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=args.momentum)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, 1024, generator=g)
+    y = torch.randn(args.batch, 1024, generator=g)
+    loss_fn = torch.nn.MSELoss()
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    elapsed = time.perf_counter() - t0
+    params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"rank": rank, "steps_per_s": args.steps / elapsed, "params": params}))
+    if args.mode == "torch_ddp":
+        torch.distributed.destroy_process_group()
+    elif args.mode == "gradd":
+        model.shutdown()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mode(mode, args, env_extra):
+    procs = []
+    port = free_port()
+    for rank in range(args.procs):
+        env = dict(os.environ, **env_extra)
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.procs),
+                   LOCAL_WORLD_SIZE=str(args.procs), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS=str(args.threads),
+                   OPENBLAS_NUM_THREADS=str(args.threads))
+        if mode == "no_comm":  # independent processes running at the same time
+            env.update(RANK="0", WORLD_SIZE="1")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
+               "--port", str(port), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch", str(args.batch), "--threads", str(args.threads),
+               "--bucket-cap-mb", str(args.bucket_cap_mb), "--momentum", str(args.momentum)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise SystemExit(f"{mode}: timed out after {args.timeout} s")
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise SystemExit(f"{mode}: worker failed ({p.returncode}):\n{err.decode()[-3000:]}")
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return min(r["steps_per_s"] for r in results), results[0]["params"]
+
+
+def find_gradd(arg):
+    for cand in (arg, os.environ.get("GRADD_BINARY"), os.path.join(REPO, "build/server/gradd"),
+                 shutil.which("gradd")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise SystemExit("gradd binary not found: pass --gradd or set GRADD_BINARY")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--gradd", help="gradd binary (default: $GRADD_BINARY, build/server/gradd)")
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; best kept")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25)
+    ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    tmp = tempfile.mkdtemp(prefix="gradd-bench-")
+    sock = os.path.join(tmp, "gradd.sock")
+    log = open(os.path.join(tmp, "gradd.log"), "wb")
+    daemon = subprocess.Popen([find_gradd(args.gradd), "--socket", sock], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(sock) and os.path.exists(sock + ".session")):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("gradd did not start; log: " + open(log.name).read()[-2000:])
+            time.sleep(0.05)
+        pythonpath = os.environ.get("PYTHONPATH", "")
+        if not pythonpath:
+            pythonpath = os.path.join(REPO, "build/client/python")
+        env = {"GRADD_SOCKET": sock, "GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
+        rates, params = {}, 0
+        # Modes alternate over rounds and each keeps its best round, so a
+        # burst of load from elsewhere does not decide the ratio.
+        for rnd in range(args.rounds):
+            for mode in args.modes.split(","):
+                env["GRADD_JOB"] = f"compare-ddp-{mode}-{rnd}"
+                rate, params = run_mode(mode, args, env)
+                rates[mode] = max(rates.get(mode, 0.0), rate)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    summary = {
+        "params": params, "procs": args.procs, "batch": args.batch, "threads": args.threads,
+        "steps": args.steps, "rounds": args.rounds, "steps_per_s": rates,
+    }
+    if "gradd" in rates and "torch_ddp" in rates:
+        summary["gradd_over_torch_ddp"] = rates["gradd"] / rates["torch_ddp"]
+    if "no_comm" in rates and "torch_ddp" in rates:
+        summary["ceiling_over_torch_ddp"] = rates["no_comm"] / rates["torch_ddp"]
+    if args.json:
+        print(json.dumps(summary))
+        return
+    print(f"MLP 1024-4096-4096-1024 ({params / 1e6:.1f} M params), batch {args.batch}, "
+          f"{args.procs} processes x {args.threads} thread(s), {args.steps} steps after "
+          f"{args.warmup} warm-up, best of {args.rounds} round(s)")
+    print(f"{'mode':<12}{'steps/s':>10}")
+    for mode, r in rates.items():
+        print(f"{mode:<12}{r:>10.2f}")
+    if "gradd_over_torch_ddp" in summary:
+        print(f"gradd / torch DDP: {summary['gradd_over_torch_ddp']:.2f}x")
+    if "ceiling_over_torch_ddp" in summary:
+        print(f"no-communication / torch DDP (ceiling): {summary['ceiling_over_torch_ddp']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

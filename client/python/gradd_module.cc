@@ -1,0 +1,462 @@
+// gradd._C: the Python binding of the client library
+// (client/include/gradd/client.h).
+//
+// A PyClient owns one gradd::Client. Gradient views are numpy arrays over the
+// shared bucket memory whose base object is the PyClient, so the mapping stays
+// alive as long as any view (or a torch tensor made from one with
+// torch.from_numpy) exists, even after detach().
+//
+// Threads: mark_ready may run on several threads at once (autograd threads);
+// it releases the GIL. wait_all, broadcast and attach block and release the
+// GIL; they are serialised by call_mu_ because the client library allows one
+// caller at a time for everything but MarkReady.
+//
+// Errors: every non-OK absl::Status raises gradd.GraddError (a RuntimeError)
+// or the subclass for its canonical code, with the daemon's message and the
+// code's name in the `code` attribute. Nothing here aborts the interpreter.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gradd/client.h"
+
+namespace py = pybind11;
+
+namespace gradd {
+namespace {
+
+// code -> exception class; filled at module init, lives as long as the module.
+std::map<absl::StatusCode, py::object>* g_error_classes = nullptr;
+py::object* g_base_error = nullptr;
+
+[[noreturn]] void RaiseStatus(const absl::Status& status) {
+  py::object cls = *g_base_error;
+  if (auto it = g_error_classes->find(status.code());
+      it != g_error_classes->end()) {
+    cls = it->second;
+  }
+  py::object exc = cls(std::string(status.message()));
+  exc.attr("code") = absl::StatusCodeToString(status.code());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) RaiseStatus(status);
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  if (seconds < 0) throw py::value_error("timeouts must be >= 0 seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// Accepts 1..4, "float32"/"float"/"fp32", "float64"/"double",
+// "float16"/"half", "bfloat16"/"bf16", or torch/numpy dtype spellings such as
+// "torch.float32".
+int32_t ParseDType(const py::handle& h) {
+  if (py::isinstance<py::int_>(h)) {
+    int v = h.cast<int>();
+    if (v < 1 || v > 4) {
+      throw py::value_error("unknown gradd dtype value " + std::to_string(v));
+    }
+    return v;
+  }
+  std::string s = py::str(h);
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  if (s == "float32" || s == "float" || s == "fp32") return 1;
+  if (s == "float64" || s == "double" || s == "fp64") return 2;
+  if (s == "float16" || s == "half" || s == "fp16") return 3;
+  if (s == "bfloat16" || s == "bf16") return 4;
+  throw py::value_error(
+      "unsupported dtype '" + s +
+      "' (gradd reduces float32, float64, float16 and bfloat16)");
+}
+
+const char* DTypeName(int32_t dtype) {
+  switch (dtype) {
+    case 1:
+      return "float32";
+    case 2:
+      return "float64";
+    case 3:
+      return "float16";
+    case 4:
+      return "bfloat16";
+    default:
+      return "unknown";
+  }
+}
+
+size_t DTypeBytes(int32_t dtype) {
+  switch (dtype) {
+    case 1:
+      return 4;
+    case 2:
+      return 8;
+    case 3:
+    case 4:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// The numpy dtype of a view. numpy has no bfloat16: its views are int16
+// arrays holding the raw bits (torch: .view(torch.bfloat16)).
+py::dtype NumpyDType(int32_t dtype) {
+  switch (dtype) {
+    case 1:
+      return py::dtype("float32");
+    case 2:
+      return py::dtype("float64");
+    case 3:
+      return py::dtype("float16");
+    case 4:
+      return py::dtype("int16");
+    default:
+      return py::dtype("uint8");
+  }
+}
+
+class PyClient {
+ public:
+  PyClient(std::unique_ptr<Client> client, std::vector<ClientParam> params)
+      : client_(std::move(client)), params_(std::move(params)) {}
+
+  ~PyClient() {
+    // The destructor of Client says goodbye; it may block briefly on the
+    // socket, so do it without the GIL.
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+
+  Client& client() { return *client_; }
+  const std::vector<ClientParam>& params() const { return params_; }
+
+  void CheckParam(int i) const {
+    if (i < 0 || i >= static_cast<int>(params_.size())) {
+      throw py::index_error("parameter index " + std::to_string(i) +
+                            " out of range [0, " +
+                            std::to_string(params_.size()) + ")");
+    }
+  }
+  void CheckBucket(int b) const {
+    if (b < 0 || b >= client_->num_buckets()) {
+      throw py::index_error("bucket index " + std::to_string(b) +
+                            " out of range [0, " +
+                            std::to_string(client_->num_buckets()) + ")");
+    }
+  }
+
+  void MarkReady(int i) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->MarkReady(i);
+    }
+    Check(s);
+  }
+
+  void WaitAll() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->WaitAll();
+    }
+    Check(s);
+  }
+
+  void Broadcast(const py::buffer& data, int root) {
+    py::buffer_info info = data.request(/*writable=*/true);
+    if (!PyBuffer_IsContiguous(reinterpret_cast<Py_buffer*>(info.view()),
+                               'A')) {
+      throw py::value_error("broadcast needs a contiguous buffer");
+    }
+    const size_t bytes = static_cast<size_t>(info.size) * info.itemsize;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->Broadcast(info.ptr, bytes, root);
+    }
+    Check(s);
+  }
+
+  void Detach() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->Detach();
+    }
+    Check(s);
+  }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::vector<ClientParam> params_;
+  std::mutex call_mu_;
+};
+
+std::vector<ClientParam> ParseParams(const py::iterable& params) {
+  std::vector<ClientParam> out;
+  for (py::handle item : params) {
+    py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+    if (t.size() != 3) {
+      throw py::value_error("each parameter is a (name, shape, dtype) tuple");
+    }
+    ClientParam p;
+    p.name = t[0].cast<std::string>();
+    for (py::handle d : t[1].cast<py::iterable>()) {
+      int64_t v = d.cast<int64_t>();
+      if (v < 0) {
+        throw py::value_error("parameter '" + p.name +
+                              "' has a negative dimension");
+      }
+      p.shape.push_back(v);
+    }
+    p.dtype = ParseDType(t[2]);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::unique_ptr<PyClient> Attach(
+    const py::iterable& params, const std::string& socket,
+    const std::string& job_id, int local_rank, int local_world_size,
+    double bucket_cap_mb, double first_bucket_cap_mb, size_t broadcast_bytes,
+    double connect_timeout, double attach_timeout, double wait_timeout,
+    const std::string& node_id, std::optional<int> node_rank, int num_nodes,
+    const std::string& coordinator) {
+  ClientOptions options;
+  options.socket_path = socket;
+  options.job_id = job_id;
+  options.local_rank = local_rank;
+  options.local_world_size = local_world_size;
+  options.bucket_cap_mb = bucket_cap_mb;
+  options.first_bucket_cap_mb = first_bucket_cap_mb;
+  options.broadcast_bytes = broadcast_bytes;
+  options.connect_timeout = Millis(connect_timeout);
+  options.attach_timeout = Millis(attach_timeout);
+  options.wait_timeout = Millis(wait_timeout);
+  options.node_id = node_id;
+  options.node_rank = node_rank;
+  options.num_nodes = num_nodes;
+  options.coordinator = coordinator;
+  std::vector<ClientParam> specs = ParseParams(params);
+
+  absl::StatusOr<std::unique_ptr<Client>> client;
+  {
+    py::gil_scoped_release release;
+    client = Client::Attach(options, specs);
+  }
+  if (!client.ok()) RaiseStatus(client.status());
+  return std::make_unique<PyClient>(std::move(client).value(),
+                                    std::move(specs));
+}
+
+py::object MakeError(py::module_& m, const char* name, py::handle base,
+                     py::handle mixin, const char* doc) {
+  py::object bases = mixin ? py::make_tuple(base, mixin) : py::make_tuple(base);
+  std::string qualname = std::string("gradd.") + name;
+  PyObject* cls =
+      PyErr_NewExceptionWithDoc(qualname.c_str(), doc, bases.ptr(), nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  py::object obj = py::reinterpret_steal<py::object>(cls);
+  m.attr(name) = obj;
+  return obj;
+}
+
+}  // namespace
+}  // namespace gradd
+
+PYBIND11_MODULE(_C, m) {
+  using gradd::PyClient;
+  m.doc() =
+      "Binding of the gradd client library (see "
+      "client/include/gradd/client.h). "
+      "Use gradd.attach() / gradd.torch.DistributedDataParallel.";
+
+  // Exceptions: GraddError(RuntimeError) and one subclass per canonical code.
+  // Leaked on purpose: these must outlive the interpreter's teardown.
+  py::object& base = *new py::object(gradd::MakeError(
+      m, "GraddError", PyExc_RuntimeError, nullptr,
+      "An error reported by the gradd client library or daemon. `code` holds "
+      "the absl::Status code name, e.g. 'FAILED_PRECONDITION'."));
+  base.attr("code") = "UNKNOWN";
+  gradd::g_base_error = &base;
+  auto& classes = *new std::map<absl::StatusCode, py::object>();
+  struct Def {
+    absl::StatusCode code;
+    const char* name;
+    PyObject* mixin;
+  };
+  const Def defs[] = {
+      {absl::StatusCode::kCancelled, "CancelledError", nullptr},
+      {absl::StatusCode::kUnknown, "UnknownError", nullptr},
+      {absl::StatusCode::kInvalidArgument, "InvalidArgumentError",
+       PyExc_ValueError},
+      {absl::StatusCode::kDeadlineExceeded, "DeadlineExceededError", nullptr},
+      {absl::StatusCode::kNotFound, "NotFoundError", nullptr},
+      {absl::StatusCode::kAlreadyExists, "AlreadyExistsError", nullptr},
+      {absl::StatusCode::kPermissionDenied, "PermissionDeniedError", nullptr},
+      {absl::StatusCode::kResourceExhausted, "ResourceExhaustedError", nullptr},
+      {absl::StatusCode::kFailedPrecondition, "FailedPreconditionError",
+       nullptr},
+      {absl::StatusCode::kAborted, "AbortedError", nullptr},
+      {absl::StatusCode::kOutOfRange, "OutOfRangeError", PyExc_IndexError},
+      {absl::StatusCode::kUnimplemented, "UnimplementedError",
+       PyExc_NotImplementedError},
+      {absl::StatusCode::kInternal, "InternalError", nullptr},
+      {absl::StatusCode::kUnavailable, "UnavailableError", nullptr},
+      {absl::StatusCode::kDataLoss, "DataLossError", nullptr},
+      {absl::StatusCode::kUnauthenticated, "UnauthenticatedError", nullptr},
+  };
+  for (const Def& d : defs) {
+    py::object cls = gradd::MakeError(m, d.name, base, d.mixin, nullptr);
+    cls.attr("code") = absl::StatusCodeToString(d.code);
+    classes[d.code] = cls;
+  }
+  gradd::g_error_classes = &classes;
+
+  py::class_<PyClient>(m, "Client",
+                       "One local rank of one job attached to the node's gradd "
+                       "daemon. Create with gradd.attach().")
+      .def_property_readonly(
+          "num_params", [](PyClient& c) { return c.client().num_params(); })
+      .def_property_readonly(
+          "num_buckets", [](PyClient& c) { return c.client().num_buckets(); })
+      .def_property_readonly(
+          "iteration", [](PyClient& c) { return c.client().iteration(); },
+          "Number of the current (not yet waited) iteration, from 1.")
+      .def_property_readonly(
+          "global_rank", [](PyClient& c) { return c.client().global_rank(); })
+      .def_property_readonly(
+          "rank", [](PyClient& c) { return c.client().global_rank(); })
+      .def_property_readonly(
+          "world_size", [](PyClient& c) { return c.client().world_size(); })
+      .def_property_readonly(
+          "local_rank", [](PyClient& c) { return c.client().local_rank(); })
+      .def_property_readonly(
+          "local_world_size",
+          [](PyClient& c) { return c.client().local_world_size(); })
+      .def_property_readonly(
+          "params",
+          [](PyClient& c) {
+            py::list out;
+            for (const auto& p : c.params()) {
+              out.append(py::make_tuple(p.name, py::tuple(py::cast(p.shape)),
+                                        gradd::DTypeName(p.dtype)));
+            }
+            return out;
+          },
+          "The registered parameters as (name, shape, dtype name) tuples.")
+      .def(
+          "gradient",
+          [](py::object self, int i) {
+            PyClient& c = self.cast<PyClient&>();
+            c.CheckParam(i);
+            const gradd::ClientParam& p = c.params()[i];
+            void* ptr = c.client().gradient(i);
+            if (ptr == nullptr) {
+              throw py::value_error("parameter " + std::to_string(i) +
+                                    " has no gradient memory");
+            }
+            std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
+            std::vector<py::ssize_t> strides(shape.size());
+            py::ssize_t stride = gradd::DTypeBytes(p.dtype);
+            for (size_t k = shape.size(); k-- > 0;) {
+              strides[k] = stride;
+              stride *= shape[k];
+            }
+            // base = self: the array keeps the client (and its mapping) alive.
+            return py::array(gradd::NumpyDType(p.dtype), shape, strides, ptr,
+                             self);
+          },
+          py::arg("param"),
+          "Parameter `param`'s gradient in shared bucket memory, as a writable "
+          "numpy array (no copy; bfloat16 gradients are int16 arrays of the "
+          "raw "
+          "bits). The array keeps the client alive.")
+      .def(
+          "gradient_address",
+          [](PyClient& c, int i) {
+            c.CheckParam(i);
+            return reinterpret_cast<uintptr_t>(c.client().gradient(i));
+          },
+          py::arg("param"))
+      .def(
+          "gradient_nbytes",
+          [](PyClient& c, int i) {
+            c.CheckParam(i);
+            return c.client().gradient_bytes(i);
+          },
+          py::arg("param"))
+      .def("mark_ready", &PyClient::MarkReady, py::arg("param"),
+           "Marks parameter `param`'s gradient final for this iteration "
+           "(releases the GIL). The last parameter of a bucket hands the "
+           "bucket to the daemon.")
+      .def("wait_all", &PyClient::WaitAll,
+           "Blocks (GIL released) until every bucket of the iteration holds "
+           "the average over all ranks, then starts the next iteration.")
+      .def(
+          "bucket_done",
+          [](PyClient& c, int b) {
+            c.CheckBucket(b);
+            return c.client().BucketDone(b);
+          },
+          py::arg("bucket"))
+      .def(
+          "bucket",
+          [](PyClient& c, int b) {
+            c.CheckBucket(b);
+            const gradd::BucketInfo& info = c.client().bucket(b);
+            py::dict d;
+            d["dtype"] = gradd::DTypeName(info.dtype);
+            d["size_bytes"] = info.size_bytes;
+            d["params"] = info.params;
+            return d;
+          },
+          py::arg("bucket"),
+          "dict(dtype=name, size_bytes=int, params=[param indices in bucket "
+          "order]).")
+      .def("broadcast", &PyClient::Broadcast, py::arg("data"),
+           py::arg("root") = 0,
+           "Daemon-mediated broadcast, in place, of a writable contiguous "
+           "buffer (bytes <= the attach's broadcast_bytes) from global rank "
+           "`root`. Every rank must make the same sequence of calls.")
+      .def("detach", &PyClient::Detach,
+           "Clean goodbye. Views stay valid memory until they are dropped.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyClient& c, py::args) {
+        c.Detach();
+        return false;
+      });
+
+  m.def("attach", &gradd::Attach, py::arg("params"), py::kw_only(),
+        py::arg("socket") = "", py::arg("job_id") = "default",
+        py::arg("local_rank") = 0, py::arg("local_world_size") = 1,
+        py::arg("bucket_cap_mb") = 0.0, py::arg("first_bucket_cap_mb") = 0.0,
+        py::arg("broadcast_bytes") = 0, py::arg("connect_timeout") = 10.0,
+        py::arg("attach_timeout") = 120.0, py::arg("wait_timeout") = 600.0,
+        py::arg("node_id") = "", py::arg("node_rank") = py::none(),
+        py::arg("num_nodes") = 0, py::arg("coordinator") = "",
+        "Attaches to the node's gradd daemon as one local rank of a job and "
+        "registers `params`, a sequence of (name, shape, dtype) tuples. "
+        "Blocks (GIL released) until every local rank has attached. "
+        "socket='' uses $GRADD_SOCKET or the daemon's default path; timeouts "
+        "are in seconds; bucket caps of 0 use the daemon's defaults.");
+}

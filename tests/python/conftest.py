@@ -1,0 +1,147 @@
+"""Fixtures for the gradd Python suite.
+
+Environment (set by tests/python/CMakeLists.txt under ctest):
+  PYTHONPATH    <build>/client/python, where `import gradd` finds the package
+  GRADD_BINARY  the gradd daemon to start
+
+Run by hand:
+  PYTHONPATH=build/client/python GRADD_BINARY=build/server/gradd \\
+      /usr/bin/python3 -m pytest -q tests/python
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # helpers (ddp_worker, models) for this process
+
+
+def _gradd_binary():
+    path = os.environ.get("GRADD_BINARY")
+    if not path:
+        for guess in ("build/server/gradd", "build-py/server/gradd"):
+            cand = os.path.join(HERE, "..", "..", guess)
+            if os.access(cand, os.X_OK):
+                return os.path.abspath(cand)
+        pytest.skip("GRADD_BINARY is not set (run under ctest or set it by hand)")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"GRADD_BINARY={path} is not an executable")
+    return path
+
+
+class Daemon:
+    """A real gradd on a socket in a private temporary directory."""
+
+    def __init__(self, binary, extra_args=()):
+        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-")
+        self.socket = os.path.join(self.dir, "run", "gradd.sock")
+        self.log_path = os.path.join(self.dir, "gradd.log")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [binary, "--socket", self.socket, *extra_args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(self.socket) and os.path.exists(self.socket + ".session")):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gradd exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"gradd did not create {self.socket} in 30 s:\n{self.log()}")
+            time.sleep(0.02)
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gradd_binary():
+    return _gradd_binary()
+
+
+@pytest.fixture(scope="session")
+def daemon(gradd_binary):
+    d = Daemon(gradd_binary)
+    yield d
+    alive = d.proc.poll() is None
+    log = d.log()
+    d.stop()
+    assert alive, f"gradd died during the tests:\n{log}"
+
+
+@pytest.fixture
+def job_id(request):
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def run_workers(script, world, args, env_extra, timeout=120):
+    """Runs `world` copies of `script` (rank in RANK), returns their stdouts;
+    fails with every worker's output if one fails or runs past `timeout`."""
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ)
+        env.update(env_extra)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+            OPENBLAS_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(HERE, script), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        )
+    outs = []
+    deadline = time.monotonic() + timeout
+    failed = False
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            out, err = p.communicate()
+            err += b"\n[killed: timeout]"
+            failed = True
+        outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
+        failed = failed or p.returncode != 0
+    if failed:
+        report = "\n".join(
+            f"--- rank {r}: exit {rc}\n{out}\n{err[-6000:]}" for r, (rc, out, err) in enumerate(outs)
+        )
+        pytest.fail(f"{script} failed:\n{report}")
+    return [out for _, out, _ in outs]
