@@ -30,8 +30,13 @@
 // do. Measuring it at the same moment keeps the ratio honest on a machine
 // whose load changes.
 //
-// --nodes N (N daemons, hierarchical) is structured for but not implemented
-// until the multi-node engine lands (see Topology / StartDaemons).
+// --nodes N: N daemons on this machine, each one node of an N x L job
+// (hierarchical: local reduce, Gloo allreduce between the daemons over
+// loopback TCP, write-back). Node 0's daemon serves the rendezvous on an
+// OS-chosen port; worker w is local rank w % L of node w / L, global rank w.
+// The daemons log each job's cumulative per-phase times when it ends; the
+// bench reads them back and prints the mean per bucket (local reduce,
+// network, write-back), averaged over the nodes.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -67,7 +72,8 @@
 
 ABSL_FLAG(int, trainers, 2, "Local trainer processes per node (L).");
 ABSL_FLAG(int, nodes, 1,
-          "Node daemons (N); N > 1 needs the multi-node engine.");
+          "Node daemons (N) on this machine; N > 1 runs the hierarchical "
+          "multi-node path (rendezvous + Gloo over loopback).");
 ABSL_FLAG(
     std::string, sizes, "4KiB,64KiB,1MiB,25MiB,128MiB",
     "Comma-separated gradient sizes in bytes (B, KiB, MiB, GiB, KB, MB).");
@@ -116,6 +122,11 @@ struct SizeResult {
   uint64_t size_bytes = 0;
   std::vector<double> iteration_us;  // per timed iteration
   double ref_us = 0;                 // reference kernel p50
+  // Mean per bucket over the job (warm-up included), averaged over the
+  // nodes, from the daemons' logs; negative when not found.
+  double local_reduce_us = -1;
+  double network_us = -1;
+  double write_back_us = -1;
 };
 
 absl::StatusOr<Settings> ReadSettings() {
@@ -172,7 +183,7 @@ absl::Status CheckValue(float got, float want, uint64_t size, int iteration,
 }
 
 absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
-                           const std::string& socket,
+                           const std::string& socket,  // this node's daemon
                            const std::string& job_prefix, SharedBarrier& gate,
                            SharedBarrier& barrier, std::FILE* out) {
   // Wait until the coordinator has measured this size's reference.
@@ -181,8 +192,15 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
   ClientOptions options;
   options.socket_path = socket;
   options.job_id = JobId(job_prefix, size);
-  options.local_rank = rank;
+  // Worker `rank` is global rank `rank`: local rank rank % L of node
+  // rank / L.
+  options.local_rank = rank % s.trainers;
   options.local_world_size = s.trainers;
+  if (s.nodes > 1) {
+    options.num_nodes = s.nodes;
+    options.node_rank = rank / s.trainers;
+    options.node_id = absl::StrCat("bench-node", rank / s.trainers);
+  }
   // One parameter is always one bucket; caps above its size keep it so
   // whatever the planner does with small parameters.
   const double mb = static_cast<double>(size) / (1 << 20) + 1;
@@ -209,7 +227,7 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     RETURN_IF_ERROR(client->WaitAll());
     const int64_t done = NowNs();
     if (i >= s.warmup) stamps.push_back({mark, done});
-    const float want = ExpectedAverage(s.trainers, i);
+    const float want = ExpectedAverage(s.trainers * s.nodes, i);
     if (i + 1 < total) {
       for (size_t k : {size_t{0}, numel / 2, numel - 1}) {
         RETURN_IF_ERROR(CheckValue(grad[k], want, size, i, k));
@@ -232,12 +250,12 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
 int WorkerMain(const Settings& s, int rank) {
   const std::string socket = absl::GetFlag(FLAGS_socket);
   absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(
-        SharedBarrier barrier,
-        SharedBarrier::Open(absl::GetFlag(FLAGS_barrier), s.trainers));
-    ASSIGN_OR_RETURN(
-        SharedBarrier gate,
-        SharedBarrier::Open(absl::GetFlag(FLAGS_gate), s.trainers + 1));
+    ASSIGN_OR_RETURN(SharedBarrier barrier,
+                     SharedBarrier::Open(absl::GetFlag(FLAGS_barrier),
+                                         s.trainers * s.nodes));
+    ASSIGN_OR_RETURN(SharedBarrier gate,
+                     SharedBarrier::Open(absl::GetFlag(FLAGS_gate),
+                                         s.trainers * s.nodes + 1));
     const std::string out_path = absl::GetFlag(FLAGS_out);
     std::FILE* out = std::fopen(out_path.c_str(), "w");
     if (out == nullptr) {
@@ -315,16 +333,36 @@ struct Daemons {
   std::vector<std::string> logs;
 };
 
+// The port number the coordinator daemon writes to `path` once it listens.
+absl::StatusOr<int> WaitForPortFile(const std::string& path, Child* daemon,
+                                    std::chrono::milliseconds timeout) {
+  const int64_t deadline = NowNs() + std::chrono::nanoseconds(timeout).count();
+  while (true) {
+    std::ifstream in(path);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    if (std::optional<int> status = daemon->Poll()) {
+      return absl::UnavailableError(
+          absl::StrCat("the coordinator daemon ", DescribeWaitStatus(*status),
+                       " before writing its rendezvous port"));
+    }
+    if (NowNs() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no rendezvous port in ", path, " after ", timeout.count(), " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 absl::StatusOr<Daemons> StartDaemons(const Topology& topo,
                                      const std::string& dir) {
   Daemons d;
-  if (topo.nodes > 1) {
-    return absl::UnimplementedError(
-        "--nodes > 1 is not supported yet: it needs the multi-node engine "
-        "(rendezvous + Gloo); run with --nodes 1");
-  }
   const std::string external = absl::GetFlag(FLAGS_socket);
   if (!external.empty()) {
+    if (topo.nodes > 1) {
+      return absl::InvalidArgumentError(
+          "--socket (an external daemon) is for --nodes 1 only");
+    }
     d.sockets.push_back(external);
     return d;
   }
@@ -334,17 +372,35 @@ absl::StatusOr<Daemons> StartDaemons(const Topology& topo,
     return absl::NotFoundError(absl::StrCat("no gradd executable at ", gradd,
                                             " (build it, or pass --gradd)"));
   }
+  const std::string port_file = absl::StrCat(dir, "/rendezvous.port");
+  std::string coordinator;
   for (int n = 0; n < topo.nodes; ++n) {
     const std::string socket = absl::StrCat(dir, "/node", n, "/gradd.sock");
     const std::string log = absl::StrCat(dir, "/gradd", n, ".log");
     Child::Options opts;
     opts.output_file = log;
     opts.death_signal = SIGTERM;
-    ASSIGN_OR_RETURN(Child child,
-                     Child::Spawn({gradd, "--socket", socket}, opts));
+    std::vector<std::string> argv = {gradd, "--socket", socket};
+    if (topo.nodes > 1) {
+      argv.insert(argv.end(), {"--node-id", absl::StrCat("bench-node", n)});
+      if (n == 0) {
+        argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",
+                                 "--rendezvous-port-file", port_file});
+      } else {
+        argv.insert(argv.end(), {"--coordinator", coordinator});
+      }
+    }
+    ASSIGN_OR_RETURN(Child child, Child::Spawn(argv, opts));
     d.children.push_back(std::move(child));
     d.sockets.push_back(socket);
     d.logs.push_back(log);
+    if (topo.nodes > 1 && n == 0) {
+      // The coordinator's OS-chosen port, written (whole, by rename) once
+      // it listens.
+      ASSIGN_OR_RETURN(int port, WaitForPortFile(port_file, &d.children[0],
+                                                 std::chrono::seconds(20)));
+      coordinator = absl::StrCat("127.0.0.1:", port);
+    }
   }
   for (int n = 0; n < topo.nodes; ++n) {
     for (const std::string& path : {d.sockets[n], d.sockets[n] + ".session"}) {
@@ -353,6 +409,38 @@ absl::StatusOr<Daemons> StartDaemons(const Topology& topo,
     }
   }
   return d;
+}
+
+// Fills r's phase split from the daemons' "job '<id>' ended: B buckets
+// reduced; phase split ms: local_reduce=X network=Y write_back=Z" lines.
+void ReadPhaseSplit(const std::vector<std::string>& logs,
+                    const std::string& job_id, SizeResult* r) {
+  const std::string key = absl::StrCat("job '", job_id, "' ended: ");
+  double local = 0, network = 0, write_back = 0;
+  int nodes = 0;
+  for (const std::string& log : logs) {
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find(key);
+      if (at == std::string::npos) continue;
+      double buckets = 0, l = 0, n = 0, w = 0;
+      if (std::sscanf(line.c_str() + at + key.size(),
+                      "%lf buckets reduced; phase split ms: local_reduce=%lf "
+                      "network=%lf write_back=%lf",
+                      &buckets, &l, &n, &w) == 4 &&
+          buckets > 0) {
+        local += l * 1e3 / buckets;
+        network += n * 1e3 / buckets;
+        write_back += w * 1e3 / buckets;
+        ++nodes;
+      }
+    }
+  }
+  if (nodes == 0) return;
+  r->local_reduce_us = local / nodes;
+  r->network_us = network / nodes;
+  r->write_back_us = write_back / nodes;
 }
 
 std::string Tail(const std::string& path, size_t max_bytes = 4000) {
@@ -419,9 +507,18 @@ void PrintHeader(const Settings& s, const Topology& topo, int ref_threads) {
       "thread(s), this process; bound = ref / p50\n#\n",
       topo.nodes, topo.trainers, s.warmup, s.iters, topo.world(), topo.trainers,
       ref_threads);
-  std::printf("# %12s %12s %10s %10s %10s %12s %12s %10s %7s\n", "size",
-              "count", "p50(us)", "p90(us)", "min(us)", "algbw(GB/s)",
-              "busbw(GB/s)", "ref(us)", "bound");
+  if (topo.nodes > 1) {
+    std::printf(
+        "# local/net/wb = mean per bucket of the daemons' local reduce, "
+        "inter-node allreduce and write-back (us, averaged over nodes)\n#\n");
+  }
+  std::printf("# %12s %12s %10s %10s %10s %12s %12s %10s %7s", "size", "count",
+              "p50(us)", "p90(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)",
+              "ref(us)", "bound");
+  if (topo.nodes > 1) {
+    std::printf(" %10s %10s %10s", "local(us)", "net(us)", "wb(us)");
+  }
+  std::printf("\n");
 }
 
 void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
@@ -443,14 +540,21 @@ void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
         "\"bound_fraction\": %.4f, \"busbw_gbps\": %.4f, \"ref_us\": %.3f, "
         "\"min_us\": %.3f, \"mean_us\": %.3f, \"max_us\": %.3f, "
         "\"trainers\": %d, \"nodes\": %d, \"iters\": %d, \"warmup\": %d, "
-        "\"dtype\": \"float32\"}\n",
+        "\"local_reduce_us\": %.3f, \"network_us\": %.3f, "
+        "\"write_back_us\": %.3f, \"dtype\": \"float32\"}\n",
         r.size_bytes, p50, p90, algbw, bound, busbw, r.ref_us, min, mean, max,
-        topo.trainers, topo.nodes, s.iters, s.warmup);
+        topo.trainers, topo.nodes, s.iters, s.warmup, r.local_reduce_us,
+        r.network_us, r.write_back_us);
   } else {
     std::printf("  %12" PRIu64 " %12" PRIu64
-                " %10.1f %10.1f %10.1f %12.2f %12.2f %10.1f %7.3f\n",
+                " %10.1f %10.1f %10.1f %12.2f %12.2f %10.1f %7.3f",
                 r.size_bytes, r.size_bytes / sizeof(float), p50, p90, min,
                 algbw, busbw, r.ref_us, bound);
+    if (topo.nodes > 1) {
+      std::printf(" %10.1f %10.1f %10.1f", r.local_reduce_us, r.network_us,
+                  r.write_back_us);
+    }
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -468,10 +572,6 @@ int CoordinatorMain(const Settings& s) {
         return 1;
     }
   };
-  if (topo.nodes > 1) {
-    return fail(absl::UnimplementedError(
-        "--nodes > 1 is not supported yet (needs the multi-node engine)"));
-  }
   int ref_threads = absl::GetFlag(FLAGS_threads);
   if (ref_threads <= 0) {
     ref_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -507,13 +607,13 @@ int CoordinatorMain(const Settings& s) {
     }
   }
   absl::StatusOr<SharedBarrier> gate =
-      SharedBarrier::Open(gate_path, topo.trainers + 1);
+      SharedBarrier::Open(gate_path, topo.world() + 1);
   if (!gate.ok()) return fail(gate.status());
   const std::string job_prefix = absl::StrCat("gradd-bench-", getpid());
   const std::string self = SelfExe();
   std::vector<Child> workers;
   std::vector<std::string> outs;
-  for (int r = 0; r < topo.trainers; ++r) {
+  for (int r = 0; r < topo.world(); ++r) {
     outs.push_back(absl::StrCat(dir->path(), "/worker", r, ".txt"));
     std::vector<std::string> argv = {
         self,
@@ -522,7 +622,8 @@ int CoordinatorMain(const Settings& s) {
         absl::StrCat("--sizes=", absl::StrJoin(s.sizes, ",")),
         absl::StrCat("--iters=", s.iters),
         absl::StrCat("--warmup=", s.warmup),
-        absl::StrCat("--socket=", daemons->sockets[0]),
+        absl::StrCat("--nodes=", topo.nodes),
+        absl::StrCat("--socket=", daemons->sockets[r / topo.trainers]),
         absl::StrCat("--barrier=", barrier_path),
         absl::StrCat("--gate=", gate_path),
         absl::StrCat("--out=", outs.back()),
@@ -619,6 +720,7 @@ int CoordinatorMain(const Settings& s) {
   for (uint64_t size : s.sizes) {
     SizeResult& r = (*results)[size];
     r.ref_us = ref_us[size];
+    ReadPhaseSplit(daemons->logs, JobId(job_prefix, size), &r);
     PrintRow(s, topo, r);
   }
   return 0;

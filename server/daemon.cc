@@ -126,10 +126,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
 
   std::unique_ptr<Daemon> d(new Daemon(config));
+  if (const std::string& listen = config.rendezvous().listen_address();
+      !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+        RendezvousServer::Start(listen);
+    if (!server.ok()) {
+      return absl::Status(server.status().code(),
+                          absl::StrCat("rendezvous.listen_address ", listen,
+                                       ": ", server.status().message()));
+    }
+    d->rendezvous_ = *std::move(server);
+    if (config.rendezvous().coordinator_address().empty()) {
+      d->config_.mutable_rendezvous()->set_coordinator_address(
+          d->rendezvous_->address());
+    }
+  }
   d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
   ASSIGN_OR_RETURN(d->listener_, SessionListener::Create(session_path));
-  d->manager_ =
-      std::make_unique<JobManager>(config, d->listener_.get(), d->pool_.get());
+  d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
+                                             d->pool_.get());
   d->listener_->Start(d->manager_.get());
   d->service_ = std::make_unique<NodeService>(d->manager_.get());
 
@@ -153,6 +168,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
 
 Daemon::~Daemon() { Shutdown(); }
 
+std::string Daemon::rendezvous_address() const {
+  return rendezvous_ != nullptr ? rendezvous_->address() : std::string();
+}
+
+int Daemon::rendezvous_port() const {
+  return rendezvous_ != nullptr ? rendezvous_->port() : 0;
+}
+
 void Daemon::Shutdown(absl::Duration grace) {
   if (down_) return;
   down_ = true;
@@ -165,6 +188,8 @@ void Daemon::Shutdown(absl::Duration grace) {
     server_->Wait();
     unlink(config_.socket_path().c_str());
   }
+  // Last: other nodes' daemons may still be finishing their jobs' rounds.
+  if (rendezvous_) rendezvous_->Shutdown();
 }
 
 }  // namespace gradd

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -20,18 +21,46 @@ ABSL_FLAG(std::string, config, "",
 ABSL_FLAG(std::string, socket, "",
           "Unix socket path; overrides the config's socket_path");
 ABSL_FLAG(bool, print_config, false, "Print the effective config and exit");
+ABSL_FLAG(std::string, rendezvous_listen, "",
+          "host:port (port 0: OS-chosen) to serve the rendezvous store on, as "
+          "the coordinator; overrides rendezvous.listen_address");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the coordinator's rendezvous store; overrides "
+          "rendezvous.coordinator_address");
+ABSL_FLAG(std::string, node_id, "", "This node's id; overrides node_id");
+ABSL_FLAG(std::string, expected_nodes, "",
+          "Comma-separated node ids of the cluster; overrides "
+          "rendezvous.expected_node_ids");
+ABSL_FLAG(std::string, rendezvous_port_file, "",
+          "Write the rendezvous server's port to this file once it listens "
+          "(for scripts and tests that let the OS choose it)");
 
 namespace {
 char kPrintConfig[] = "--print_config";
+
+// absl flag names are identifiers; accept the dashed spellings too.
+void UndashFlagNames(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--print-config") {
+      argv[i] = kPrintConfig;
+      continue;
+    }
+    char* arg = argv[i];
+    if (arg[0] != '-' || arg[1] != '-') continue;
+    for (char* c = arg + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "gradd [--config FILE] [--socket PATH] [--print-config]");
-  // absl flag names are identifiers; accept the dashed spellings too.
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--print-config") argv[i] = kPrintConfig;
-  }
+      "gradd [--config FILE] [--socket PATH] [--print-config] "
+      "[--rendezvous-listen HOST:PORT] [--coordinator HOST:PORT] "
+      "[--node-id ID] [--expected-nodes ID,ID,...] "
+      "[--rendezvous-port-file FILE]");
+  UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
 
   // Block the stop signals before any thread exists so every thread inherits
@@ -59,6 +88,19 @@ int main(int argc, char** argv) {
   if (const std::string socket = absl::GetFlag(FLAGS_socket); !socket.empty()) {
     config.set_socket_path(socket);
   }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_listen);
+      !v.empty()) {
+    config.mutable_rendezvous()->set_listen_address(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_coordinator); !v.empty()) {
+    config.mutable_rendezvous()->set_coordinator_address(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_node_id); !v.empty()) {
+    config.set_node_id(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_expected_nodes); !v.empty()) {
+    config.mutable_rendezvous()->set_expected_node_ids(v);
+  }
   if (absl::Status valid = gradd::ValidateConfig(config); !valid.ok()) {
     std::cerr << "gradd: " << valid.message() << "\n";
     return 2;
@@ -76,7 +118,23 @@ int main(int argc, char** argv) {
   }
   std::cerr << "gradd listening on unix:" << (*daemon)->socket_path()
             << " (sessions on " << (*daemon)->session_path() << ", "
-            << config.reduce_threads() << " reduce threads)" << std::endl;
+            << config.reduce_threads() << " reduce threads, node id '"
+            << config.node_id() << "')" << std::endl;
+  if (const int port = (*daemon)->rendezvous_port(); port != 0) {
+    std::cerr << "gradd rendezvous listening on "
+              << (*daemon)->rendezvous_address() << " (port " << port << ")"
+              << std::endl;
+    if (const std::string file = absl::GetFlag(FLAGS_rendezvous_port_file);
+        !file.empty()) {
+      // Written whole under a temporary name, then renamed, so a reader
+      // never sees a partial number.
+      const std::string tmp = file + ".tmp";
+      std::ofstream(tmp) << port << "\n";
+      if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+        std::cerr << "gradd: cannot write " << file << std::endl;
+      }
+    }
+  }
 
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {

@@ -26,7 +26,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/control_block.h"
@@ -140,6 +143,53 @@ absl::StatusOr<UniqueFd> ConnectSession(const std::string& socket_path,
     return absl::PermissionDeniedError(what);
   }
   return absl::UnavailableError(what);
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+// The first of `names` set in the environment, parsed as an int: nullopt if
+// none is set; INVALID_ARGUMENT naming the variable if it is not a number.
+absl::StatusOr<std::optional<int>> EnvInt(
+    std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const std::string v = Env(name);
+    if (v.empty()) continue;
+    int out = 0;
+    if (!absl::SimpleAtoi(v, &out)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable ", name, "='", v, "' is not an integer"));
+    }
+    return std::optional<int>(out);
+  }
+  return std::optional<int>();
+}
+
+// Multi-node settings not given in `options` come from the launcher's
+// environment: GRADD_NUM_NODES / NNODES, GRADD_NODE_RANK / NODE_RANK /
+// GROUP_RANK (torchrun), GRADD_NODE_ID, GRADD_COORDINATOR or
+// MASTER_ADDR:MASTER_PORT.
+absl::Status FillMultiNodeFromEnv(ClientOptions* o) {
+  if (o->num_nodes <= 0) {
+    ASSIGN_OR_RETURN(std::optional<int> n,
+                     EnvInt({"GRADD_NUM_NODES", "NNODES"}));
+    if (n.has_value()) o->num_nodes = *n;
+  }
+  // Launchers set NODE_RANK-style variables for single-node runs too; they
+  // only mean something to a job that spans nodes.
+  if (!o->node_rank.has_value() && o->num_nodes > 1) {
+    ASSIGN_OR_RETURN(o->node_rank,
+                     EnvInt({"GRADD_NODE_RANK", "NODE_RANK", "GROUP_RANK"}));
+  }
+  if (o->node_id.empty()) o->node_id = Env("GRADD_NODE_ID");
+  if (o->coordinator.empty()) o->coordinator = Env("GRADD_COORDINATOR");
+  if (o->coordinator.empty() && !Env("MASTER_ADDR").empty() &&
+      !Env("MASTER_PORT").empty()) {
+    o->coordinator = absl::StrCat(Env("MASTER_ADDR"), ":", Env("MASTER_PORT"));
+  }
+  return absl::OkStatus();
 }
 
 struct ParamSlot {
@@ -577,7 +627,9 @@ absl::Status ClientImpl::Detach() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
-    const ClientOptions& options, const std::vector<ClientParam>& params) {
+    const ClientOptions& given, const std::vector<ClientParam>& params) {
+  ClientOptions options = given;
+  RETURN_IF_ERROR(FillMultiNodeFromEnv(&options));
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
   if (options.local_world_size < 1 || options.local_rank < 0) {

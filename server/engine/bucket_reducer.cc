@@ -1,6 +1,8 @@
 #include "server/engine/bucket_reducer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 
 #include "common/reduce.h"
 
@@ -14,6 +16,7 @@ constexpr size_t kMinChunkBytes = 256 << 10;
 }  // namespace
 
 void FusedReducer::Start(const BucketWork& work, Completion done) {
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   auto body = [&](size_t begin, size_t end) {
@@ -26,7 +29,30 @@ void FusedReducer::Start(const BucketWork& work, Completion done) {
         std::max<size_t>(1, kMinChunkBytes / DTypeSize(work.dtype));
     pool_->ParallelFor(work.count, min_chunk, body);
   }
+  reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count(),
+                       std::memory_order_relaxed);
+  buckets_.fetch_add(1, std::memory_order_relaxed);
   std::move(done)(absl::OkStatus());
+}
+
+void BucketReducerInterface::StartBroadcast(const BroadcastWork& work,
+                                            Completion done) {
+  // Single node: global rank == local rank.
+  const std::vector<void*>& areas = *work.rank_areas;
+  for (size_t r = 0; r < areas.size(); ++r) {
+    if (static_cast<int>(r) == work.root) continue;
+    std::memcpy(areas[r], areas[work.root], work.bytes);
+  }
+  std::move(done)(absl::OkStatus());
+}
+
+ReducerStats FusedReducer::stats() const {
+  ReducerStats s;
+  s.buckets = buckets_.load(std::memory_order_relaxed);
+  s.local_reduce_ns = reduce_ns_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace gradd

@@ -5,7 +5,8 @@
 //   single node  FusedReducer: one pass, average across the local ranks
 //                written back into every rank's bucket (FusedAverage), split
 //                across the reduce pool; completes inside Start().
-//   multi-node   (later) HierarchicalReducer: SumToAccumulator of the local
+//   multi-node   HierarchicalReducer (hierarchical_reducer.h): SumToAccumulator
+//   of the local
 //                ranks into the bucket's accumulator on the engine thread,
 //                then hands it to a network thread that issues
 //                CollectiveBackendInterface::AllreduceSum in plan order (a
@@ -18,6 +19,7 @@
 #ifndef GRADD_SERVER_ENGINE_BUCKET_REDUCER_H_
 #define GRADD_SERVER_ENGINE_BUCKET_REDUCER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -29,6 +31,16 @@
 
 namespace gradd {
 
+// Time spent per phase, cumulative over a reducer's life (nanoseconds), for
+// stats and the benchmark's split. The fused path counts everything as
+// local reduce.
+struct ReducerStats {
+  uint64_t buckets = 0;
+  uint64_t local_reduce_ns = 0;
+  uint64_t network_ns = 0;
+  uint64_t write_back_ns = 0;
+};
+
 struct BucketWork {
   int bucket = 0;
   uint64_t iteration = 0;
@@ -36,6 +48,16 @@ struct BucketWork {
   size_t count = 0;  // elements
   // Bucket `bucket` in each local rank's memory, by local rank.
   const std::vector<void*>* rank_buffers = nullptr;
+};
+
+// One daemon-mediated broadcast (common/control_block.h): `bytes` bytes from
+// global rank `root`'s broadcast area into every other rank's area.
+struct BroadcastWork {
+  uint64_t seq = 0;
+  int root = 0;  // global rank, already checked to be in range
+  size_t bytes = 0;
+  // Each local rank's broadcast area, by local rank.
+  const std::vector<void*>* rank_areas = nullptr;
 };
 
 class BucketReducerInterface {
@@ -47,6 +69,14 @@ class BucketReducerInterface {
   virtual ~BucketReducerInterface() = default;
   // Engine thread only. `work.rank_buffers` stays valid until completion.
   virtual void Start(const BucketWork& work, Completion done) = 0;
+  // Engine thread only. Called only while no bucket is with the reducer
+  // for a later iteration than the ones already started (the client API
+  // blocks a rank in Broadcast, so its buckets cannot run ahead of it).
+  // `work.rank_areas` stays valid until completion. The default is the
+  // single-node copy (global rank == local rank), completing inline.
+  virtual void StartBroadcast(const BroadcastWork& work, Completion done);
+  // Any thread.
+  virtual ReducerStats stats() const { return {}; }
 };
 
 // The single-node path. Thread-compatible (one engine thread).
@@ -57,10 +87,14 @@ class FusedReducer final : public BucketReducerInterface {
   FusedReducer(ThreadPool* pool, double divisor)
       : pool_(pool), divisor_(divisor) {}
   void Start(const BucketWork& work, Completion done) override;
+  ReducerStats stats() const override;
 
  private:
   ThreadPool* const pool_;
   const double divisor_;
+  // Written by the engine thread, read by stats() from any thread.
+  std::atomic<uint64_t> buckets_{0};
+  std::atomic<uint64_t> reduce_ns_{0};
 };
 
 }  // namespace gradd

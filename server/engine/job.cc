@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
     job->rank_fds_.push_back(std::move(fd));
     job->rank_maps_.push_back(std::move(map));
   }
+  for (int r = 0; r < world; ++r) {
+    job->bcast_areas_.push_back(static_cast<char*>(job->rank_maps_[r].data()) +
+                                job->broadcast_offset());
+  }
   job->bucket_buffers_.resize(s.plan.buckets.size());
   for (size_t b = 0; b < s.plan.buckets.size(); ++b) {
     for (int r = 0; r < world; ++r) {
@@ -62,7 +66,12 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
 }
 
-Job::~Job() { Stop(); }
+Job::~Job() {
+  Stop();
+  // Joins the reducer's threads (if any) while the memory its completions
+  // write to is still mapped.
+  reducer_.reset();
+}
 
 void Job::Start() {
   thread_ = std::thread([this] { Loop(); });
@@ -100,10 +109,10 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_control_block_bytes(layout_.total_bytes());
   resp.set_broadcast_offset(broadcast_offset());
   resp.set_broadcast_bytes(spec_.broadcast_bytes);
-  resp.set_global_rank(rank);
-  resp.set_world_size(spec_.local_world_size);
-  resp.set_node_rank(0);
-  resp.set_num_nodes(1);
+  resp.set_global_rank(spec_.global_rank_offset + rank);
+  resp.set_world_size(spec_.global_world_size());
+  resp.set_node_rank(spec_.node_rank);
+  resp.set_num_nodes(spec_.num_nodes);
   return resp;
 }
 
@@ -223,6 +232,7 @@ bool Job::ScanBroadcast() {
   void* base = control_.data();
   const int world = spec_.local_world_size;
   const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
+  if (bcast_started_ > d) return false;  // still with the reducer
   const uint64_t need = d + 1;
   int ready = 0;
   for (int r = 0; r < world; ++r) {
@@ -258,10 +268,12 @@ bool Job::ScanBroadcast() {
       return false;
     }
   }
-  if (root < 0 || root >= world) {
-    FailJob(absl::StatusCode::kInvalidArgument,
-            absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
-                         " has root ", root, ", outside ranks 0..", world - 1));
+  const int global_world = spec_.global_world_size();
+  if (root < 0 || root >= global_world) {
+    FailJob(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " has root ",
+                     root, ", outside ranks 0..", global_world - 1));
     failed_ = true;
     return false;
   }
@@ -273,15 +285,21 @@ bool Job::ScanBroadcast() {
     failed_ = true;
     return false;
   }
-  const char* src =
-      static_cast<const char*>(rank_maps_[root].data()) + broadcast_offset();
-  for (int r = 0; r < world; ++r) {
-    if (r == root) continue;
-    std::memcpy(static_cast<char*>(rank_maps_[r].data()) + broadcast_offset(),
-                src, bytes);
-  }
-  header_->bcast_done_seq.store(need, std::memory_order_release);
-  WakeClients(header_);
+  bcast_started_ = need;
+  BroadcastWork work;
+  work.seq = need;
+  work.root = root;
+  work.bytes = bytes;
+  work.rank_areas = &bcast_areas_;
+  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
+    if (!s.ok()) {
+      FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "' broadcast ",
+                                     need, ": ", s.message()));
+      return;
+    }
+    header_->bcast_done_seq.store(need, std::memory_order_release);
+    WakeClients(header_);
+  });
   return true;
 }
 
@@ -320,6 +338,7 @@ void Job::CheckStuck() {
     }
   }
   const uint64_t bd = header_->bcast_done_seq.load(std::memory_order_acquire);
+  if (bcast_started_ > bd) return;  // with the reducer: it reports failures
   bool waiting = false;
   int missing = -1;
   for (int r = 0; r < world; ++r) {

@@ -3,8 +3,11 @@
 //
 // Owns: the control-block and rank memfds (until handed out) and their
 // mappings, the engine thread, the reducer.
-// Threads: the engine thread (started by Start) runs the reduce loop and is
-// the only writer of done_seq / bcast_done_seq; RankGone/Fail/Stop are
+// Threads: the engine thread (started by Start) runs the reduce loop and
+// hands buckets and broadcasts to the reducer; the reducer's completion
+// (engine thread for the fused path, the network thread for the
+// hierarchical one) is the only writer of done_seq / bcast_done_seq, one
+// completion per bucket or broadcast in flight; RankGone/Fail/Stop are
 // called from the JobManager's thread. Errors reach trainers through the
 // control block (status + message), never through return values.
 //
@@ -44,6 +47,16 @@ struct JobSpec {
   uint64_t broadcast_bytes = 0;
   // Engine doorbell spin before sleeping.
   std::chrono::microseconds spin{50};
+  // Where this node's ranks sit in a multi-node job (defaults: one node,
+  // global rank = local rank). world_size 0 means local_world_size.
+  int node_rank = 0;
+  int num_nodes = 1;
+  int global_rank_offset = 0;
+  int world_size = 0;
+
+  int global_world_size() const {
+    return world_size > 0 ? world_size : local_world_size;
+  }
 };
 
 class Job {
@@ -90,6 +103,8 @@ class Job {
 
   // For tests and stats: iteration last completed for bucket b.
   uint64_t done_seq(int bucket) const;
+  // Cumulative per-phase times of the job's reducer. Any thread.
+  ReducerStats reducer_stats() const { return reducer_->stats(); }
 
  private:
   enum RankState : int { kLive = 0, kDetached = 1, kDisconnected = 2 };
@@ -106,7 +121,8 @@ class Job {
 
   const JobSpec spec_;
   const ControlLayout layout_;
-  const std::unique_ptr<BucketReducerInterface> reducer_;
+  // Reset first in ~Job: its completions write into the mappings below.
+  std::unique_ptr<BucketReducerInterface> reducer_;
   size_t rank_bytes_ = 0;
 
   UniqueFd control_fd_;
@@ -116,6 +132,8 @@ class Job {
   std::vector<Mapping> rank_maps_;
   // bucket_buffers_[b][r]: bucket b inside rank r's mapping.
   std::vector<std::vector<void*>> bucket_buffers_;
+  // bcast_areas_[r]: the broadcast area inside rank r's mapping.
+  std::vector<void*> bcast_areas_;
 
   std::unique_ptr<std::atomic<int>[]> rank_state_;
   std::atomic<bool> stop_{false};
@@ -123,6 +141,7 @@ class Job {
 
   // Engine thread only.
   std::vector<uint64_t> started_;  // iteration last handed to the reducer
+  uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
   bool failed_ = false;
 
   // Serialises failure publication between the engine and manager threads

@@ -1,14 +1,23 @@
 #include "server/engine/job_manager.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "server/engine/hierarchical_reducer.h"
+#include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
 namespace {
@@ -62,6 +71,49 @@ double CapOr(double requested, double fallback) {
   return requested > 0 ? requested : fallback;
 }
 
+constexpr int kMaxNodes = 65536;
+constexpr size_t kMaxNodeIdBytes = 256;
+// A formation gives up this much before the earliest Attach deadline of its
+// ranks, so they read the rendezvous' reason rather than a bare timeout.
+constexpr absl::Duration kFormationMargin = absl::Milliseconds(500);
+
+int NumNodes(const v1::AttachRequest& r) { return std::max(1, r.num_nodes()); }
+
+// What the local ranks of one node must agree on for a multi-node job.
+std::string NodeSetup(const v1::AttachRequest& r) {
+  return absl::StrCat(
+      "num_nodes ", NumNodes(r), ", node rank ",
+      r.has_node_rank() ? absl::StrCat(r.node_rank()) : std::string("auto"),
+      ", node id '", r.node_id(), "', coordinator '", r.coordinator(), "'");
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
+    return "localhost";
+  }
+  return buf;
+}
+
+// The host peers reach this node's Gloo transport on: the configured one;
+// loopback when the coordinator is on loopback (one machine, tests, bench);
+// else this machine's host name.
+std::string AdvertiseHost(const v1::RendezvousConfig& config,
+                          const std::string& coordinator) {
+  if (!config.advertise_host().empty()) return config.advertise_host();
+  if (absl::StartsWith(coordinator, "127.") ||
+      absl::StartsWith(coordinator, "localhost:") ||
+      absl::StartsWith(coordinator, "[::1]:")) {
+    return "127.0.0.1";
+  }
+  return HostName();
+}
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "gradd: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
@@ -97,10 +149,22 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
   }
   const std::string who =
       absl::StrCat("local rank ", req.local_rank(), " of ", job);
-  if (req.num_nodes() > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat(who, " asks for ", req.num_nodes(),
-                     " nodes; this daemon supports single-node jobs only"));
+  if (req.num_nodes() < 0 || req.num_nodes() > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": num_nodes ", req.num_nodes(), " is outside 0..",
+                     kMaxNodes, " (0 = single node)"));
+  }
+  if (req.has_node_rank() &&
+      (req.node_rank() < 0 || req.node_rank() >= NumNodes(req))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": node rank ", req.node_rank(),
+                     " is out of range for ", NumNodes(req), " node(s)"));
+  }
+  if (req.node_id().size() > kMaxNodeIdBytes ||
+      !std::all_of(req.node_id().begin(), req.node_id().end(), JobIdChar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": node id '", absl::CEscape(req.node_id()),
+                     "' must be at most 256 letters, digits and ._:@/+=-"));
   }
   for (auto [name, cap] :
        {std::pair<const char*, double>{"bucket_cap_mb", req.bucket_cap_mb()},
@@ -189,6 +253,10 @@ JobManager::JobManager(const v1::DaemonConfig& config,
       return std::make_unique<FusedReducer>(pool_, spec.local_world_size);
     };
   }
+  {
+    absl::MutexLock lock(&mailbox_->mu);
+    mailbox_->owner = this;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -259,6 +327,11 @@ void JobManager::Shutdown(absl::string_view message) {
 
 void JobManager::Stop() {
   {
+    // Formation threads still running drop their results from now on.
+    absl::MutexLock lock(&mailbox_->mu);
+    mailbox_->owner = nullptr;
+  }
+  {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
@@ -292,6 +365,7 @@ int JobManager::NumJobs() {
 absl::Time JobManager::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   for (const auto& [id, p] : pending_) {
+    if (p.formation != 0) continue;  // the formation answers them
     for (const auto& r : p.ranks) {
       if (r) next = std::min(next, r->deadline);
     }
@@ -320,6 +394,7 @@ void JobManager::Loop() {
 void JobManager::ExpireAttaches(absl::Time now) {
   std::vector<std::string> emptied;
   for (auto& [id, p] : pending_) {
+    if (p.formation != 0) continue;  // bounded by the formation itself
     std::vector<int> missing;
     for (int r = 0; r < p.world; ++r) {
       if (!p.ranks[r]) missing.push_back(r);
@@ -490,6 +565,18 @@ void JobManager::FormJob(const std::string& job_id) {
     return;
   }
 
+  for (int r = 1; r < p.world; ++r) {
+    const v1::AttachRequest& other = p.ranks[r]->request;
+    if (NodeSetup(first.request) != NodeSetup(other)) {
+      FailPending(job_id,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "local ranks 0 and ", r, " of job '", job_id,
+                      "' disagree on the multi-node setup: ",
+                      NodeSetup(first.request), " vs ", NodeSetup(other))));
+      return;
+    }
+  }
+
   JobSpec spec;
   spec.job_id = job_id;
   spec.local_world_size = p.world;
@@ -497,8 +584,138 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.plan = *std::move(plan);
   spec.broadcast_bytes = first.request.broadcast_bytes();
   spec.spin = std::chrono::microseconds(config_.spin_us());
+  if (NumNodes(first.request) > 1) {
+    StartNodeFormation(job_id, std::move(spec));
+    return;
+  }
   absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer =
       reducer_factory_(spec);
+  Activate(job_id, std::move(spec), std::move(reducer));
+}
+
+void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
+  PendingJob& p = pending_.at(job_id);
+  const v1::AttachRequest& request = p.ranks[0]->request;
+  const v1::RendezvousConfig& rv = config_.rendezvous();
+  const std::string coordinator = !rv.coordinator_address().empty()
+                                      ? rv.coordinator_address()
+                                      : request.coordinator();
+  if (coordinator.empty()) {
+    FailPending(job_id,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "job '", job_id, "' spans ", request.num_nodes(),
+                    " nodes but no rendezvous coordinator is known: configure "
+                    "rendezvous.coordinator_address on the daemon or set "
+                    "GRADD_COORDINATOR (or MASTER_ADDR and MASTER_PORT) in "
+                    "the trainers' environment")));
+    return;
+  }
+  absl::Time limit = absl::InfiniteFuture();
+  for (const auto& r : p.ranks) limit = std::min(limit, r->deadline);
+
+  NodeFormationOptions options;
+  options.job_id = job_id;
+  options.node_id =
+      request.node_id().empty() ? config_.node_id() : request.node_id();
+  if (request.has_node_rank()) options.node_rank = request.node_rank();
+  options.num_nodes = request.num_nodes();
+  options.local_world_size = p.world;
+  options.params = spec.params;
+  options.local_plan = spec.plan;
+  options.advertise_host = AdvertiseHost(rv, coordinator);
+  options.join_timeout = std::min(absl::Milliseconds(rv.join_timeout_ms()),
+                                  limit - absl::Now() - kFormationMargin);
+  options.collective_timeout = absl::Milliseconds(rv.collective_timeout_ms());
+  for (absl::string_view id :
+       absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
+    options.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
+  }
+  if (options.join_timeout <= absl::ZeroDuration()) {
+    FailPending(job_id, absl::DeadlineExceededError(absl::StrCat(
+                            "job '", job_id,
+                            "': no time left before the Attach deadline to "
+                            "rendezvous with the other nodes")));
+    return;
+  }
+  const uint64_t formation = next_formation_++;
+  p.formation = formation;
+  Log(absl::StrCat("job '", job_id, "': node '", options.node_id, "' joining ",
+                   options.num_nodes, " nodes through ", coordinator));
+
+  // The rendezvous blocks (up to the join timeout); it runs on a thread of
+  // its own and posts back through the mailbox, which outlives this object.
+  std::thread([mailbox = mailbox_, options = std::move(options), coordinator,
+               spec = std::move(spec), job_id, formation]() mutable {
+    absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
+      RendezvousClient::Options client_options;
+      client_options.address = coordinator;
+      client_options.connect_timeout = options.join_timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                       RendezvousClient::Create(client_options));
+      ASSIGN_OR_RETURN(options.prefix, OpenRound(*client, job_id));
+      absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
+      CloseRound(*client, job_id, options.prefix,
+                 formed.ok() ? std::string("formed")
+                             : std::string(formed.status().message()));
+      if (!formed.ok()) return formed.status();
+      FormedNodes out;
+      out.formation = *std::move(formed);
+      out.store = std::move(client);
+      return out;
+    }();
+    absl::MutexLock lock(&mailbox->mu);
+    if (mailbox->owner == nullptr) return;  // daemon stopped: drop it
+    mailbox->owner->Post([owner = mailbox->owner, job_id, formation,
+                          spec = std::move(spec),
+                          result = std::move(result)]() mutable {
+      owner->FinishNodeFormation(job_id, formation, std::move(spec),
+                                 std::move(result));
+    });
+  }).detach();
+}
+
+void JobManager::FinishNodeFormation(const std::string& job_id,
+                                     uint64_t formation, JobSpec spec,
+                                     absl::StatusOr<FormedNodes> result) {
+  auto it = pending_.find(job_id);
+  if (it == pending_.end() || it->second.formation != formation) {
+    return;  // its ranks left meanwhile; dropping the backend tells peers
+  }
+  if (!result.ok()) {
+    Log(std::string(result.status().message()));
+    FailPending(job_id, result.status());
+    return;
+  }
+  const JobLayout& layout = result->formation.layout;
+  spec.plan = std::move(result->formation.plan);
+  spec.node_rank = layout.node_rank;
+  spec.num_nodes = layout.num_nodes;
+  spec.global_rank_offset = layout.global_rank_offset;
+  spec.world_size = layout.world_size;
+  HierarchicalReducer::Options options;
+  options.pool = pool_;
+  options.num_buckets = static_cast<int>(spec.plan.buckets.size());
+  for (const JobNode& node : layout.nodes) {
+    options.node_offsets.push_back(node.global_rank_offset);
+  }
+  options.world_size = layout.world_size;
+  Log(absl::StrCat(
+      "job '", job_id, "' formed: node rank ", layout.node_rank, " of ",
+      layout.num_nodes, " (", absl::StrJoin(layout.NodeIds(), ", "),
+      "), global ranks ", layout.global_rank_offset, "..",
+      layout.global_rank_offset + spec.local_world_size - 1, " of ",
+      layout.world_size, ", ", spec.plan.buckets.size(), " buckets"));
+  std::unique_ptr<BucketReducerInterface> reducer =
+      std::make_unique<HierarchicalReducer>(
+          std::move(options), std::move(result->formation.backend),
+          std::move(result->store));
+  Activate(job_id, std::move(spec), std::move(reducer));
+}
+
+void JobManager::Activate(
+    const std::string& job_id, JobSpec spec,
+    absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
+  PendingJob& p = pending_.at(job_id);
   absl::StatusOr<std::unique_ptr<Job>> job =
       reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
                    : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());
@@ -555,6 +772,12 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   active.sessions[rank] = 0;
   active.job->RankGone(rank, detached);
   if (active.job->live_ranks() == 0) {
+    const ReducerStats st = active.job->reducer_stats();
+    auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };
+    Log(absl::StrCat("job '", job_id, "' ended: ", st.buckets,
+                     " buckets reduced; phase split ms: local_reduce=",
+                     ms(st.local_reduce_ns), " network=", ms(st.network_ns),
+                     " write_back=", ms(st.write_back_ns)));
     jobs_.erase(it);  // joins the engine, releases the memory
   }
 }
@@ -579,7 +802,14 @@ void JobManager::DoDetach(const v1::DetachRequest& request,
           absl::StrCat(who, " detached before the job formed")));
       slot.reset();
       bound_.erase(request.session_id());
-      if (--p->second.count == 0) pending_.erase(p);
+      if (p->second.formation != 0) {
+        FailPending(job_id, absl::AbortedError(absl::StrCat(
+                                who,
+                                " detached while the job was forming "
+                                "with the other nodes")));
+      } else if (--p->second.count == 0) {
+        pending_.erase(p);
+      }
     }
   } else {
     RankGone(job_id, rank, /*detached=*/true);
@@ -599,7 +829,17 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
           absl::StrCat("local rank ", rank, " of job '", job_id,
                        "' closed its session while attaching")));
       slot.reset();
-      if (--p->second.count == 0) pending_.erase(p);
+      bound_.erase(session_id);
+      if (p->second.formation != 0) {
+        FailPending(job_id,
+                    absl::AbortedError(absl::StrCat(
+                        "local rank ", rank, " of job '", job_id,
+                        "' closed its session while the job was forming with "
+                        "the other nodes")));
+      } else if (--p->second.count == 0) {
+        pending_.erase(p);
+      }
+      return;
     }
     bound_.erase(session_id);
     return;

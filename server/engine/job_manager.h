@@ -11,17 +11,25 @@
 // A job's life:
 //
 //   (none) --first Attach--> pending --all local ranks, same model--> active
-//              ^               |  timeout / mismatch / session closed    |
-//              |               v                                         |
-//              +-------- (ranks answered with the error)                 |
-//              +------------- every rank detached or disconnected -------+
+//              ^               |  timeout / mismatch / session closed  ^  |
+//              |               v                         num_nodes > 1 |  |
+//              +-------- (ranks answered with the error) <-- forming --+  |
+//              +------------- every rank detached or disconnected --------+
 //                             (memory released; the id may attach afresh)
+//
+// forming: the rendezvous with the other nodes' daemons (node_formation.h)
+// runs on a thread of its own and posts its result back to the control
+// thread, so other jobs on this daemon are served meanwhile. It is bounded
+// by the join timeout (and the ranks' Attach deadlines); a rank that leaves
+// while its job forms fails the others at once and the result is dropped.
 //
 // Errors (Attach): INVALID_ARGUMENT (bad request, model mismatch naming the
 // parameter and both ranks), ALREADY_EXISTS (rank taken), DEADLINE_EXCEEDED
 // (missing ranks named), RESOURCE_EXHAUSTED (max_jobs / memory),
-// FAILED_PRECONDITION (no live session, job running), UNAVAILABLE (shutting
-// down).
+// FAILED_PRECONDITION (no live session, job running, model or plan mismatch
+// between nodes naming the parameter and both nodes), UNAVAILABLE (shutting
+// down, coordinator unreachable), DEADLINE_EXCEEDED (nodes missing after the
+// join timeout, named when rendezvous.expected_node_ids is configured).
 #ifndef GRADD_SERVER_ENGINE_JOB_MANAGER_H_
 #define GRADD_SERVER_ENGINE_JOB_MANAGER_H_
 
@@ -42,6 +50,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
+#include "server/engine/node_formation.h"
 #include "server/engine/session_registry.h"
 #include "server/rpc/node_handler.h"
 
@@ -95,10 +104,22 @@ class JobManager final : public NodeHandlerInterface,
     int world = 0;
     std::vector<std::optional<PendingRank>> ranks;
     int count = 0;
+    // Set while the multi-node formation runs (its number; 0: not forming).
+    uint64_t formation = 0;
+  };
+  // Lets formation threads post back to a JobManager that may be gone.
+  struct Mailbox {
+    absl::Mutex mu;
+    JobManager* owner ABSL_GUARDED_BY(mu) = nullptr;
   };
   struct ActiveJob {
     std::unique_ptr<Job> job;
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
+  };
+  // What a formation thread hands back: the backend and the store it uses.
+  struct FormedNodes {
+    NodeFormation formation;
+    std::unique_ptr<RendezvousStoreInterface> store;
   };
   using Task = absl::AnyInvocable<void() &&>;
 
@@ -112,6 +133,16 @@ class JobManager final : public NodeHandlerInterface,
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
   void FormJob(const std::string& job_id);
+  // Multi-node: starts the formation thread for a pending job whose local
+  // ranks agree; `spec` is the local part of the job.
+  void StartNodeFormation(const std::string& job_id, JobSpec spec);
+  // Control thread: the formation thread's result.
+  void FinishNodeFormation(const std::string& job_id, uint64_t formation,
+                           JobSpec spec, absl::StatusOr<FormedNodes> result);
+  // Creates the job, hands every rank its memory and answers the Attaches.
+  void Activate(
+      const std::string& job_id, JobSpec spec,
+      absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer);
   void FailPending(const std::string& job_id, const absl::Status& status);
   void RankGone(const std::string& job_id, int rank, bool detached);
 
@@ -129,6 +160,8 @@ class JobManager final : public NodeHandlerInterface,
   bool shutting_down_ = false;
   std::string shutdown_message_;
   uint64_t next_attach_id_ = 1;
+  uint64_t next_formation_ = 1;
+  std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
   absl::flat_hash_map<std::string, PendingJob> pending_;
   absl::flat_hash_map<std::string, ActiveJob> jobs_;
   // Session -> (job id, local rank) for pending and active ranks.

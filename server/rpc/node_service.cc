@@ -58,12 +58,6 @@ std::optional<T> WaitFor(grpc::ServerContext* context,
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
 grpc::Status NodeService::Attach(grpc::ServerContext* context,
                                  const v1::AttachRequest* request,
                                  v1::AttachResponse* response) {

@@ -59,6 +59,11 @@ struct Flags {
   int64_t attach_timeout_ms = 30000;
   int64_t wait_timeout_ms = 30000;
   int64_t broadcast_bytes = 0;
+  // Multi-node (-1 / 0 / empty: unset).
+  int node_rank = -1;
+  int num_nodes = 0;
+  std::string node_id;
+  std::string coordinator;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -107,6 +112,14 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value, &f->wait_timeout_ms);
     else if (arg == "--broadcast-bytes")
       ok = absl::SimpleAtoi(value, &f->broadcast_bytes);
+    else if (arg == "--node-rank")
+      ok = absl::SimpleAtoi(value, &f->node_rank);
+    else if (arg == "--num-nodes")
+      ok = absl::SimpleAtoi(value, &f->num_nodes);
+    else if (arg == "--node-id")
+      f->node_id = value;
+    else if (arg == "--coordinator")
+      f->coordinator = value;
     else
       ok = false;
     if (!ok) {
@@ -416,6 +429,10 @@ int main(int argc, char** argv) {
   options.connect_timeout = std::chrono::milliseconds(flags.connect_timeout_ms);
   options.attach_timeout = std::chrono::milliseconds(flags.attach_timeout_ms);
   options.wait_timeout = std::chrono::milliseconds(flags.wait_timeout_ms);
+  if (flags.node_rank >= 0) options.node_rank = flags.node_rank;
+  options.num_nodes = flags.num_nodes;
+  options.node_id = flags.node_id;
+  options.coordinator = flags.coordinator;
   auto client = gradd::Client::Attach(options, model);
   if (!client.ok()) {
     Line(absl::StrCat("ERROR code=", static_cast<int>(client.status().code()),

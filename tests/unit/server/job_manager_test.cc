@@ -287,8 +287,16 @@ TEST_F(JobManagerTest, RejectsBadRequestsWithClearErrors) {
   EXPECT_THAT(
       req([](auto& r) { r.mutable_params(0)->set_shape(0, int64_t{1} << 40); }),
       StatusIs(StatusCode::kResourceExhausted, "per-job memory limit"));
-  EXPECT_THAT(req([](auto& r) { r.set_num_nodes(2); }),
-              StatusIs(StatusCode::kUnimplemented, "single-node"));
+  EXPECT_THAT(req([](auto& r) { r.set_num_nodes(-2); }),
+              StatusIs(StatusCode::kInvalidArgument, "num_nodes -2"));
+  EXPECT_THAT(req([](auto& r) {
+                r.set_num_nodes(2);
+                r.set_node_rank(2);
+              }),
+              StatusIs(StatusCode::kInvalidArgument,
+                       "node rank 2 is out of range for 2 node(s)"));
+  EXPECT_THAT(req([](auto& r) { r.set_node_id("a b"); }),
+              StatusIs(StatusCode::kInvalidArgument, "node id 'a b'"));
   EXPECT_THAT(req([](auto& r) { r.set_session_id(999999); }),
               StatusIs(StatusCode::kFailedPrecondition,
                        "session 999999 is not connected"));

@@ -1,0 +1,267 @@
+#include "server/engine/hierarchical_reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "common/reduce.h"
+
+namespace gradd {
+namespace {
+
+// As FusedReducer: below this many bytes per chunk a second core costs more
+// than it saves.
+constexpr size_t kMinChunkBytes = 256 << 10;
+// Accumulators start on a cache line (and a vector register's alignment).
+constexpr size_t kAccAlignment = 64;
+// The network thread re-checks stop at least this often while idle.
+constexpr absl::Duration kIdleWait = absl::Milliseconds(200);
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t NanosSince(Clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start)
+          .count());
+}
+
+}  // namespace
+
+HierarchicalReducer::HierarchicalReducer(
+    Options options, std::unique_ptr<CollectiveBackendInterface> backend,
+    std::unique_ptr<RendezvousStoreInterface> store)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      backend_(std::move(backend)),
+      accumulators_(options_.num_buckets) {
+  thread_ = std::thread([this] { NetworkLoop(); });
+}
+
+HierarchicalReducer::~HierarchicalReducer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void HierarchicalReducer::Split(DType dtype, size_t begin, size_t end,
+                                absl::FunctionRef<void(size_t, size_t)> fn) {
+  if (options_.pool == nullptr) {
+    fn(begin, end);
+    return;
+  }
+  // ParallelFor's chunk boundaries are multiples of 64 elements from 0, so
+  // run it over [0, end - begin) and shift.
+  options_.pool->ParallelFor(
+      end - begin, std::max<size_t>(1, kMinChunkBytes / DTypeSize(dtype)),
+      [&](size_t b, size_t e) { fn(begin + b, begin + e); });
+}
+
+void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
+  const DType acc_type = AccumulatorDType(work.dtype);
+  const size_t acc_elem = DTypeSize(acc_type);
+  std::unique_ptr<void, FreeDeleter>& acc = accumulators_[work.bucket];
+  if (acc == nullptr) {
+    const size_t bytes = std::max<size_t>(
+        kAccAlignment, (work.count * acc_elem + kAccAlignment - 1) /
+                           kAccAlignment * kAccAlignment);
+    acc.reset(std::aligned_alloc(kAccAlignment, bytes));
+    if (acc == nullptr) {
+      std::move(done)(absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate the ", bytes,
+                       "-byte accumulator of bucket ", work.bucket)));
+      return;
+    }
+  }
+  // Chunk boundaries depend only on the plan and chunk_bytes, so every node
+  // splits a bucket the same way. Whole multiples of 64 elements keep
+  // chunks on cache lines.
+  size_t per_chunk = work.count;
+  if (options_.chunk_bytes > 0) {
+    per_chunk = std::max<size_t>(64, options_.chunk_bytes / acc_elem / 64 * 64);
+  }
+  const int num_chunks =
+      work.count == 0
+          ? 1
+          : static_cast<int>((work.count + per_chunk - 1) / per_chunk);
+  auto state = std::make_shared<BucketState>();
+  state->work = work;
+  state->done = std::move(done);
+  state->chunks_left = num_chunks;
+
+  const std::vector<void*>& buffers = *work.rank_buffers;
+  const int n = static_cast<int>(buffers.size());
+  void* acc_data = acc.get();
+  for (int c = 0; c < num_chunks; ++c) {
+    const Clock::time_point start = Clock::now();
+    Item item;
+    item.bucket = state;
+    item.chunk = c;
+    item.num_chunks = num_chunks;
+    item.begin = std::min(work.count, c * per_chunk);
+    item.end = std::min(work.count, item.begin + per_chunk);
+    Split(work.dtype, item.begin, item.end, [&](size_t begin, size_t end) {
+      SumToAccumulator(work.dtype, buffers.data(), n, acc_data, begin, end);
+    });
+    local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    // Handed over chunk by chunk: the network starts on chunk 0 while this
+    // thread reduces chunk 1.
+    absl::MutexLock lock(&mu_);
+    ready_.emplace(ChunkKey(work.iteration, work.bucket, c), std::move(item));
+  }
+}
+
+void HierarchicalReducer::StartBroadcast(const BroadcastWork& work,
+                                         Completion done) {
+  absl::MutexLock lock(&mu_);
+  broadcasts_.push_back(BroadcastItem{work, std::move(done)});
+}
+
+ReducerStats HierarchicalReducer::stats() const {
+  ReducerStats s;
+  s.buckets = buckets_.load(std::memory_order_relaxed);
+  s.local_reduce_ns = local_reduce_ns_.load(std::memory_order_relaxed);
+  s.network_ns = network_ns_.load(std::memory_order_relaxed);
+  s.write_back_ns = write_back_ns_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void HierarchicalReducer::NetworkLoop() {
+  while (true) {
+    std::optional<Item> item;
+    std::optional<BroadcastItem> bcast;
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // Once broken, order no longer matters: every bucket fails at once.
+      auto next = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return failed_ && !ready_.empty()
+                   ? ready_.begin()
+                   : ready_.find(
+                         ChunkKey(next_iteration_, next_bucket_, next_chunk_));
+      };
+      auto has_work = [this, &next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !broadcasts_.empty() || next() != ready_.end();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), kIdleWait);
+      stopping = stop_;
+      if (!broadcasts_.empty()) {
+        bcast.emplace(std::move(broadcasts_.front()));
+        broadcasts_.pop_front();
+      } else if (auto it = next(); it != ready_.end()) {
+        item.emplace(std::move(it->second));
+        ready_.erase(it);
+      }
+    }
+    if (stopping) {
+      // Nobody will wait for these any more, but each completion runs once.
+      if (item) FinishChunk(*item, absl::CancelledError("reducer stopped"));
+      if (bcast)
+        std::move(bcast->done)(absl::CancelledError("reducer stopped"));
+      absl::MutexLock lock(&mu_);
+      for (auto& [key, rest] : ready_) {
+        FinishChunk(rest, absl::CancelledError("reducer stopped"));
+      }
+      ready_.clear();
+      for (BroadcastItem& rest : broadcasts_) {
+        std::move(rest.done)(absl::CancelledError("reducer stopped"));
+      }
+      broadcasts_.clear();
+      break;
+    }
+    if (bcast) RunBroadcast(*bcast);
+    if (item) {
+      const int num_chunks = item->num_chunks;
+      RunChunk(*item);
+      if (++next_chunk_ == num_chunks) {
+        next_chunk_ = 0;
+        if (++next_bucket_ == options_.num_buckets) {
+          next_bucket_ = 0;
+          ++next_iteration_;
+        }
+      }
+    }
+    if (!broken_.ok()) {
+      absl::MutexLock lock(&mu_);
+      failed_ = true;
+    }
+  }
+}
+
+void HierarchicalReducer::RunChunk(Item& item) {
+  const BucketWork& work = item.bucket->work;
+  const DType acc_type = AccumulatorDType(work.dtype);
+  char* acc = static_cast<char*>(accumulators_[work.bucket].get());
+  if (broken_.ok()) {
+    const Clock::time_point start = Clock::now();
+    absl::Status s =
+        backend_->AllreduceSum(acc + item.begin * DTypeSize(acc_type),
+                               item.end - item.begin, acc_type);
+    network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    if (!s.ok()) broken_ = std::move(s);
+  }
+  if (!broken_.ok()) {
+    FinishChunk(item, broken_);
+    return;
+  }
+  const Clock::time_point start = Clock::now();
+  const std::vector<void*>& buffers = *work.rank_buffers;
+  const int n = static_cast<int>(buffers.size());
+  const double divisor = options_.world_size;
+  Split(work.dtype, item.begin, item.end, [&](size_t begin, size_t end) {
+    ScatterFromAccumulator(work.dtype, acc, divisor, buffers.data(), n, begin,
+                           end);
+  });
+  write_back_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+  FinishChunk(item, absl::OkStatus());
+}
+
+void HierarchicalReducer::FinishChunk(Item& item, absl::Status status) {
+  BucketState& bucket = *item.bucket;
+  if (bucket.status.ok()) bucket.status = std::move(status);
+  if (--bucket.chunks_left > 0) return;
+  if (bucket.status.ok()) buckets_.fetch_add(1, std::memory_order_relaxed);
+  std::move(bucket.done)(std::move(bucket.status));
+}
+
+void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
+  const BroadcastWork& work = item.work;
+  const std::vector<void*>& areas = *work.rank_areas;
+  const int local_world = static_cast<int>(areas.size());
+  // The node holding global rank `root`: the last one whose offset is <= it.
+  int root_node = 0;
+  for (size_t k = 0; k < options_.node_offsets.size(); ++k) {
+    if (options_.node_offsets[k] <= work.root) root_node = static_cast<int>(k);
+  }
+  const bool here = root_node == backend_->node_rank();
+  const int local_root =
+      here ? work.root - options_.node_offsets[root_node] : 0;
+  if (local_root < 0 || local_root >= local_world) {
+    std::move(item.done)(absl::InternalError(
+        absl::StrCat("broadcast ", work.seq, ": root rank ", work.root,
+                     " maps to local rank ", local_root, " of ", local_world)));
+    return;
+  }
+  if (broken_.ok()) {
+    // In place: the root node sends straight from its local root's area,
+    // the others receive into local rank 0's and copy from there.
+    absl::Status s =
+        backend_->Broadcast(areas[local_root], work.bytes, root_node);
+    if (!s.ok()) broken_ = std::move(s);
+  }
+  if (!broken_.ok()) {
+    std::move(item.done)(broken_);
+    return;
+  }
+  for (int r = 0; r < local_world; ++r) {
+    if (r != local_root) std::memcpy(areas[r], areas[local_root], work.bytes);
+  }
+  std::move(item.done)(absl::OkStatus());
+}
+
+}  // namespace gradd

@@ -1,0 +1,366 @@
+// Multi-node jobs on loopback: several real gradd daemons (one of them the
+// rendezvous coordinator on an OS-chosen port) with real trainer processes,
+// uneven local world sizes, every averaged value checked exactly against
+// its closed form with the global world size; a model mismatch between
+// nodes, a node that never arrives and a peer daemon killed mid-job.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace gradd::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+using Clock = std::chrono::steady_clock;
+
+// Number after "key=" in a trainer's output, or -1.
+long Field(const std::string& output, const std::string& key) {
+  size_t at = output.find(key + "=");
+  if (at == std::string::npos) return -1;
+  return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
+}
+
+struct NodeDaemon {
+  std::string node_id;
+  std::string socket;
+  Proc proc;
+};
+
+// Not GraddTest's single daemon: each test starts the daemons it needs.
+class MultiNodeTest : public GraddTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gradd-mn-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+  }
+
+  void TearDown() override {
+    for (NodeDaemon& d : daemons_) {
+      if (d.proc.pid <= 0) continue;
+      kill(d.proc.pid, SIGTERM);
+      Exit e = Wait(d.proc, milliseconds(10000));
+      EXPECT_EQ(e.code, 0) << d.node_id << " did not exit cleanly:\n"
+                           << e.output;
+    }
+    if (HasFailure()) {
+      for (const NodeDaemon& d : daemons_) {
+        std::cerr << "---- " << d.node_id << " log ----\n"
+                  << ReadFile(d.proc.log);
+      }
+    }
+    GraddTest::TearDown();
+  }
+
+  // Writes the daemons' shared config (rendezvous timeouts).
+  std::string WriteConfig(int join_timeout_ms, int collective_timeout_ms) {
+    const std::string path = dir_ + "/gradd.yaml";
+    std::ofstream(path) << "rendezvous:\n"
+                        << "  join_timeout_ms: " << join_timeout_ms << "\n"
+                        << "  collective_timeout_ms: " << collective_timeout_ms
+                        << "\n"
+                        << "  expected_node_ids: node-a, node-b, node-c\n";
+    return path;
+  }
+
+  // Starts node `id`'s daemon; the first one started is the coordinator.
+  // Returns false (with a failure) if it does not come up within 10 s.
+  bool StartNode(const std::string& id, const std::string& config) {
+    NodeDaemon d;
+    d.node_id = id;
+    d.socket = absl::StrCat(dir_, "/", id, "/gradd.sock");
+    std::vector<std::string> argv = {
+        GRADD_DAEMON_BINARY, "--socket", d.socket, "--node-id", id,
+        "--config",          config};
+    const std::string port_file = dir_ + "/coordinator.port";
+    if (daemons_.empty()) {
+      argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",
+                               "--rendezvous-port-file", port_file});
+    } else {
+      argv.insert(argv.end(), {"--coordinator", coordinator_});
+    }
+    d.proc = Spawn(absl::StrCat("gradd-", id), argv);
+    // Stopped by TearDown with SIGTERM, not by the trainers' SIGKILL sweep.
+    procs_.pop_back();
+    daemons_.push_back(d);
+    const auto deadline = Clock::now() + milliseconds(10000);
+    struct stat st;
+    while (Clock::now() < deadline) {
+      const bool up = stat(d.socket.c_str(), &st) == 0 &&
+                      stat((d.socket + ".session").c_str(), &st) == 0;
+      if (daemons_.size() == 1 && up && coordinator_.empty()) {
+        int port = 0;
+        std::string text(absl::StripAsciiWhitespace(ReadFile(port_file)));
+        if (absl::SimpleAtoi(text, &port) && port > 0) {
+          coordinator_ = absl::StrCat("127.0.0.1:", port);
+        }
+      }
+      if (up && !coordinator_.empty()) return true;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    ADD_FAILURE() << "gradd " << id << " did not come up:\n"
+                  << ReadFile(d.proc.log);
+    return false;
+  }
+
+  NodeDaemon& Node(const std::string& id) {
+    for (NodeDaemon& d : daemons_) {
+      if (d.node_id == id) return d;
+    }
+    ADD_FAILURE() << "no node " << id;
+    return daemons_.front();
+  }
+
+  // A trainer of `job` on node `id`.
+  Proc Trainer(const std::string& id, const std::string& job, int rank,
+               int world, int num_nodes,
+               const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {GRADD_TEST_TRAINER,
+                                     "--socket",
+                                     Node(id).socket,
+                                     "--job",
+                                     job,
+                                     "--local-rank",
+                                     absl::StrCat(rank),
+                                     "--local-world-size",
+                                     absl::StrCat(world),
+                                     "--num-nodes",
+                                     absl::StrCat(num_nodes)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return Spawn(absl::StrCat(job, ".", id, ".rank", rank), argv);
+  }
+
+  // Trainers for `job` on every (node id, local world size), in order.
+  std::vector<Proc> StartJob(
+      const std::string& job,
+      const std::vector<std::pair<std::string, int>>& nodes,
+      const std::vector<std::string>& extra,
+      const std::vector<std::string>& extra_last_node = {}) {
+    std::vector<Proc> ps;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      std::vector<std::string> flags = extra;
+      if (k + 1 == nodes.size()) {
+        flags.insert(flags.end(), extra_last_node.begin(),
+                     extra_last_node.end());
+      }
+      for (int r = 0; r < nodes[k].second; ++r) {
+        ps.push_back(Trainer(nodes[k].first, job, r, nodes[k].second,
+                             static_cast<int>(nodes.size()), flags));
+      }
+    }
+    return ps;
+  }
+
+  std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::vector<Exit> exits;
+    for (Proc& p : ps) {
+      auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      exits.push_back(Wait(p, std::max(left, milliseconds(1))));
+    }
+    return exits;
+  }
+
+  std::vector<NodeDaemon> daemons_;
+  std::string coordinator_;
+};
+
+TEST_F(MultiNodeTest, ThreeNodesUnevenLocalWorldsAverageExactly) {
+  const std::string config = WriteConfig(30000, 20000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  ASSERT_TRUE(StartNode("node-c", config));
+  // Node ranks follow the sorted node ids: a = 0 (ranks 0-1), b = 1 (rank
+  // 2), c = 2 (ranks 3-5). The broadcasts come from global ranks 0 and 5,
+  // i.e. from node a and from the last local rank of node c.
+  std::vector<Proc> ps = StartJob(
+      "mn", {{"node-a", 2}, {"node-b", 1}, {"node-c", 3}},
+      {"--iterations", "100", "--seed", "99", "--bucket-cap-mb", "0.01",
+       "--first-bucket-cap-mb", "0.002", "--broadcast-bytes", "3000"});
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(55000));
+  std::set<long> ranks;
+  long buckets = -1;
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Exit& e = exits[i];
+    ASSERT_EQ(e.code, 0) << ps[i].name << ":\n" << e.output;
+    EXPECT_THAT(e.output, HasSubstr("BROADCAST_OK bytes=3000"));
+    EXPECT_THAT(e.output, HasSubstr("PASS iterations=100"));
+    EXPECT_EQ(Field(e.output, "world"), 6);
+    EXPECT_GT(Field(e.output, "verified"), 0);
+    ranks.insert(Field(e.output, "rank"));
+    if (i == 0) buckets = Field(e.output, "buckets");
+    EXPECT_EQ(Field(e.output, "buckets"), buckets) << "plans differ";
+  }
+  EXPECT_EQ(ranks, (std::set<long>{0, 1, 2, 3, 4, 5}));
+  EXPECT_GE(buckets, 8);
+}
+
+TEST_F(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
+  const std::string config = WriteConfig(30000, 20000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  // Node b's trainers ask for other bucket caps: node a's plan is used by
+  // both, so both nodes issue the same collectives and the values are right.
+  std::vector<Proc> ps =
+      StartJob("caps", {{"node-a", 1}, {"node-b", 2}},
+               {"--iterations", "20", "--seed", "5", "--bucket-cap-mb", "0.01",
+                "--first-bucket-cap-mb", "0.002"},
+               {"--bucket-cap-mb", "1", "--first-bucket-cap-mb", "1"});
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(40000));
+  for (size_t i = 0; i < exits.size(); ++i) {
+    ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
+    EXPECT_EQ(Field(exits[i].output, "world"), 3);
+    EXPECT_EQ(Field(exits[i].output, "buckets"),
+              Field(exits[0].output, "buckets"));
+  }
+}
+
+TEST_F(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
+  const std::string config = WriteConfig(30000, 20000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  ASSERT_TRUE(StartNode("node-c", config));
+  std::vector<Proc> ps =
+      StartJob("mismatch", {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
+               {"--iterations", "5"}, {"--model", "alt"});
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(40000));
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Exit& e = exits[i];
+    EXPECT_EQ(e.code, 3) << ps[i].name << ":\n" << e.output;
+    // The parameter that differs and both nodes, on every rank.
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr("ERROR code=9"), HasSubstr("layer5.bias"),
+                      HasSubstr("node-a"), HasSubstr("node-c")))
+        << ps[i].name;
+  }
+}
+
+TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
+  const std::string config = WriteConfig(3000, 20000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  // The job has three nodes; node-c never comes.
+  const auto start = Clock::now();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(Trainer("node-a", "lonely", r, 2, 3, {"--iterations", "5"}));
+  }
+  ps.push_back(Trainer("node-b", "lonely", 0, 1, 3, {"--iterations", "5"}));
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(20000));
+  const auto took = Clock::now() - start;
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Exit& e = exits[i];
+    EXPECT_EQ(e.code, 3) << ps[i].name << ":\n" << e.output;
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr("ERROR code=4"), HasSubstr("missing: node-c")))
+        << ps[i].name;
+  }
+  EXPECT_LT(took, std::chrono::seconds(15));
+
+  // Node c turns up after all and the trainers try again: the three nodes
+  // meet in a fresh formation round.
+  ASSERT_TRUE(StartNode("node-c", config));
+  std::vector<Proc> retry =
+      StartJob("lonely", {{"node-a", 2}, {"node-b", 1}, {"node-c", 1}},
+               {"--iterations", "10"});
+  std::vector<Exit> again = WaitAll(retry, milliseconds(30000));
+  for (size_t i = 0; i < again.size(); ++i) {
+    EXPECT_EQ(again[i].code, 0) << retry[i].name << ":\n" << again[i].output;
+    EXPECT_EQ(Field(again[i].output, "world"), 4);
+  }
+}
+
+TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
+  const std::string config = WriteConfig(30000, 5000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  ASSERT_TRUE(StartNode("node-c", config));
+  std::vector<Proc> ps =
+      StartJob("doomed", {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
+               {"--iterations", "1000000", "--sleep-ms", "2",
+                "--wait-timeout-ms", "60000"});
+  for (const Proc& p : ps) {
+    ASSERT_TRUE(WaitForText(p, "ATTACHED", milliseconds(30000)))
+        << p.name << ":\n"
+        << ReadFile(p.log);
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  NodeDaemon& victim = Node("node-c");
+  kill(victim.proc.pid, SIGKILL);
+  const auto killed = Clock::now();
+  Wait(victim.proc, milliseconds(5000));
+  // Survivors: node a's and node b's trainers (the first three).
+  std::vector<Proc> survivors(ps.begin(), ps.begin() + 3);
+  std::vector<Exit> exits = WaitAll(survivors, milliseconds(20000));
+  const auto took = Clock::now() - killed;
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Exit& e = exits[i];
+    EXPECT_EQ(e.code, 3) << survivors[i].name << ":\n" << e.output;
+    EXPECT_THAT(e.output, AllOf(HasSubstr("ERROR"), HasSubstr("node-c")))
+        << survivors[i].name;
+  }
+  // Within the collective timeout (5 s) plus the failure probe and slack.
+  EXPECT_LT(took, std::chrono::seconds(9));
+  // The victim's own trainer lost its daemon: it must not hang either.
+  Exit orphan = Wait(ps[3], milliseconds(15000));
+  EXPECT_TRUE(orphan.code.has_value() && *orphan.code != 0) << orphan.output;
+}
+
+TEST_F(MultiNodeTest, HungPeerDaemonTimesOutNamingIt) {
+  const std::string config = WriteConfig(30000, 3000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  ASSERT_TRUE(StartNode("node-b", config));
+  ASSERT_TRUE(StartNode("node-c", config));
+  std::vector<Proc> ps =
+      StartJob("hung", {{"node-a", 1}, {"node-b", 1}, {"node-c", 1}},
+               {"--iterations", "1000000", "--sleep-ms", "2",
+                "--wait-timeout-ms", "60000"});
+  for (const Proc& p : ps) {
+    ASSERT_TRUE(WaitForText(p, "ATTACHED", milliseconds(30000)))
+        << p.name << ":\n"
+        << ReadFile(p.log);
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  // Frozen, not dead: its connections stay open, so only the collective
+  // timeout (3 s) can tell the others.
+  NodeDaemon& victim = Node("node-c");
+  kill(victim.proc.pid, SIGSTOP);
+  const auto stopped = Clock::now();
+  std::vector<Proc> survivors(ps.begin(), ps.begin() + 2);
+  std::vector<Exit> exits = WaitAll(survivors, milliseconds(20000));
+  const auto took = Clock::now() - stopped;
+  kill(victim.proc.pid, SIGKILL);
+  Wait(victim.proc, milliseconds(5000));
+  for (size_t i = 0; i < exits.size(); ++i) {
+    EXPECT_EQ(exits[i].code, 3) << survivors[i].name << ":\n"
+                                << exits[i].output;
+    EXPECT_THAT(exits[i].output,
+                AllOf(HasSubstr("ERROR code=4"), HasSubstr("node-c")))
+        << survivors[i].name;
+  }
+  // The collective timeout, the failure probe (1 s) and slack.
+  EXPECT_LT(took, std::chrono::seconds(8));
+  EXPECT_GE(took, std::chrono::milliseconds(2500));
+}
+
+}  // namespace
+}  // namespace gradd::testing
