@@ -114,17 +114,20 @@ void SessionListener::Accept() {
                  cred.uid, cred.pid, path_.c_str());
     return;
   }
+  // Register the session before greeting: the trainer calls Attach with the
+  // id as soon as it reads the hello, and Attach must find the session.
   SessionHello hello;
+  const int raw_fd = fd.get();
   {
     absl::MutexLock lock(&mu_);
     hello.session_id = next_id_++;
+    sessions_.emplace(hello.session_id, std::move(fd));
   }
-  if (send(fd.get(), &hello, sizeof(hello), MSG_NOSIGNAL) !=
+  if (send(raw_fd, &hello, sizeof(hello), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(hello))) {
-    return;
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(hello.session_id);
   }
-  absl::MutexLock lock(&mu_);
-  sessions_.emplace(hello.session_id, std::move(fd));
 }
 
 void SessionListener::Loop() {

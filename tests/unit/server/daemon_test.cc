@@ -222,6 +222,35 @@ TEST_F(DaemonTest, AttachIterateDisconnectAndShutDown) {
             absl::StatusCode::kUnavailable);
 }
 
+// The trainer may call Attach the instant it reads the hello: the session
+// must already be known then (regression: it was registered after the
+// greeting was sent, and a fast Attach was refused as "not connected").
+TEST_F(DaemonTest, AttachRightAfterHelloFindsTheSession) {
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Create(config_);
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_ = *std::move(d);
+  std::unique_ptr<v1::Node::Stub> stub = Stub();
+  for (int i = 0; i < 200; ++i) {
+    UniqueFd session = ConnectSession();
+    const uint64_t id = ReadHello(session.get());
+    v1::AttachRequest req;
+    req.set_job_id("fast-" + std::to_string(i));
+    req.set_local_rank(0);
+    req.set_local_world_size(1);
+    req.set_session_id(id);
+    v1::ParamSpec* p = req.add_params();
+    p->set_name("w");
+    p->add_shape(16);
+    p->set_dtype(v1::FLOAT32);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    v1::AttachResponse resp;
+    grpc::Status st = stub->Attach(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << "attach " << i << ": " << st.error_message();
+  }
+}
+
 TEST_F(DaemonTest, AttachWithUnknownSessionIsRefused) {
   absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Create(config_);
   ASSERT_TRUE(d.ok()) << d.status();
