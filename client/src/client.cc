@@ -45,6 +45,7 @@
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
+#include "common/grpc_status.h"
 #include "common/session.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
@@ -69,13 +70,6 @@ constexpr std::chrono::milliseconds kDetachDeadline{1000};
 constexpr std::chrono::milliseconds kConnectRetry{20};
 // How many unmarked parameters an error message names.
 constexpr size_t kNamedInErrors = 5;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  // gRPC and absl share the canonical code numbers.
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
-}
 
 // now + d for a caller-supplied duration: negative means "no time",
 // anything beyond a year is treated as a year, so that "wait forever"
@@ -706,7 +700,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
       After<std::chrono::system_clock>(options.attach_timeout));
   grpc::Status rpc = stub->Attach(&context, request, &response);
   if (!rpc.ok()) {
-    absl::Status s = FromGrpc(rpc);
+    absl::Status s = FromGrpcStatus(rpc);
     if (s.code() == absl::StatusCode::kDeadlineExceeded &&
         rpc.error_message() == "Deadline Exceeded") {
       // gRPC's own deadline beat the daemon's answer (which names the

@@ -9,20 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 
 namespace gradd {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
 
 absl::Time RendezvousService::BlockingDeadline(
     const grpc::ServerContext* context, int64_t wait_timeout_ms) const {

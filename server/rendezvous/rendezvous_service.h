@@ -55,10 +55,6 @@ class RendezvousService final : public v1::Rendezvous::Service {
   const absl::Duration max_blocking_wait_;
 };
 
-// Converts between absl::Status and grpc::Status (same canonical codes).
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
-
 class RendezvousServer {
  public:
   struct Options {

@@ -6,6 +6,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 
 namespace gradd {
 namespace {

@@ -15,10 +15,6 @@
 
 namespace gradd {
 
-// absl -> gRPC status (the codes are numerically identical). One definition
-// for the daemon, in rendezvous/rendezvous_service.cc (same declaration).
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 class NodeService final : public v1::Node::Service {
  public:
   // `handler` must outlive the service.
