@@ -162,6 +162,8 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
   return absl::OkStatus();
 }
 
+}  // namespace
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
@@ -169,8 +171,6 @@ std::string HostName() {
   }
   return buf;
 }
-
-}  // namespace
 
 absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
                                                  absl::string_view source) {

@@ -34,6 +34,11 @@ void ApplyConfigDefaults(v1::DaemonConfig* config);
 // Range checks on a config with defaults applied.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
 
+// This machine's host name ("localhost" if it has none): the default node_id
+// and the address other daemons reach this one on when nothing is
+// configured.
+std::string HostName();
+
 // Built-in defaults, validated: what gradd runs on without --config.
 v1::DaemonConfig DefaultConfig();
 

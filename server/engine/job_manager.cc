@@ -1,7 +1,5 @@
 #include "server/engine/job_manager.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -16,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "server/config.h"
 #include "server/engine/hierarchical_reducer.h"
 #include "server/rendezvous/rendezvous_client.h"
 
@@ -85,14 +84,6 @@ std::string NodeSetup(const v1::AttachRequest& r) {
       "num_nodes ", NumNodes(r), ", node rank ",
       r.has_node_rank() ? absl::StrCat(r.node_rank()) : std::string("auto"),
       ", node id '", r.node_id(), "', coordinator '", r.coordinator(), "'");
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
-    return "localhost";
-  }
-  return buf;
 }
 
 // The host peers reach this node's Gloo transport on: the configured one;
