@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/doorbell.h"
+#include "common/shm.h"
 
 namespace gradd::bench {
 namespace {
@@ -134,22 +134,20 @@ absl::Status SharedBarrier::CreateFile(const std::string& path) {
 absl::StatusOr<SharedBarrier> SharedBarrier::Open(const std::string& path,
                                                   uint32_t parties) {
   static_assert(sizeof(State) <= 4096);
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(absl::StrCat("open ", path));
-  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return ErrnoError(absl::StrCat("mmap ", path));
-  return SharedBarrier(static_cast<State*>(p), parties);
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoError(absl::StrCat("open ", path));
+  absl::StatusOr<Mapping> mapping = Mapping::Map(fd.get(), 4096);
+  if (!mapping.ok()) return mapping.status();
+  return SharedBarrier(*std::move(mapping), parties);
 }
 
-SharedBarrier::SharedBarrier(SharedBarrier&& other) noexcept
-    : state_(other.state_), parties_(other.parties_) {
-  other.state_ = nullptr;
-}
+SharedBarrier::SharedBarrier(Mapping mapping, uint32_t parties)
+    : mapping_(std::move(mapping)),
+      state_(static_cast<State*>(mapping_.data())),
+      parties_(parties) {}
 
-SharedBarrier::~SharedBarrier() {
-  if (state_ != nullptr) munmap(state_, 4096);
-}
+SharedBarrier::SharedBarrier(SharedBarrier&& other) noexcept = default;
+SharedBarrier::~SharedBarrier() = default;
 
 absl::Status SharedBarrier::Arrive(std::chrono::milliseconds timeout,
                                    const std::function<bool()>& stop) {

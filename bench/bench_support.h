@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/shm.h"
 
 namespace gradd::bench {
 
@@ -64,8 +65,8 @@ class SharedBarrier {
 
  private:
   struct State;
-  SharedBarrier(State* state, uint32_t parties)
-      : state_(state), parties_(parties) {}
+  SharedBarrier(Mapping mapping, uint32_t parties);
+  Mapping mapping_;  // owns the shared page; state_ points into it
   State* state_;
   uint32_t parties_;
 };
