@@ -440,8 +440,11 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        p = self._params[i]
-        view = self._views[i]
+        self._hand_over(i)
+
+    def _hand_over(self, i: int) -> None:
+        """Puts parameter i's gradient in its shared view and marks it ready."""
+        p, view = self._params[i], self._views[i]
         g = p.grad
         if g is not None and not self._is_view(g, view):
             # zero_grad(set_to_none=True), create_graph or a user replaced
@@ -480,21 +483,12 @@ class DistributedDataParallel(torch.nn.Module):
                         "loss, and make sure all forward outputs contribute to it."
                     )
                 )
-            with torch.no_grad():
-                for i in missing:
-                    p, view = self._params[i], self._views[i]
-                    g = p.grad
-                    if g is None:
-                        view.zero_()  # contributes zeros, as in torch DDP
-                        unused_none.append(i)
-                    elif not self._is_view(g, view):
-                        view.copy_(g)
-                        p.grad = view
-                    self._marked[i] = True
-                    try:
-                        self._client.mark_ready(i)
-                    except GraddError as e:
-                        self._fail(e)
+            for i in missing:
+                if self._params[i].grad is None:
+                    with torch.no_grad():
+                        self._views[i].zero_()  # contributes zeros, as in torch DDP
+                    unused_none.append(i)
+                self._hand_over(i)
         try:
             self._client.wait_all()
         except GraddError as e:
