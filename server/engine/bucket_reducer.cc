@@ -15,20 +15,27 @@ constexpr size_t kMinChunkBytes = 256 << 10;
 
 }  // namespace
 
+void SplitAcrossPool(ThreadPool* pool, DType dtype, size_t begin, size_t end,
+                     absl::FunctionRef<void(size_t, size_t)> fn) {
+  if (pool == nullptr) {
+    fn(begin, end);
+    return;
+  }
+  // ParallelFor's chunk boundaries are multiples of 64 elements from 0, so
+  // run it over [0, end - begin) and shift.
+  pool->ParallelFor(end - begin,
+                    std::max<size_t>(1, kMinChunkBytes / DTypeSize(dtype)),
+                    [&](size_t b, size_t e) { fn(begin + b, begin + e); });
+}
+
 void FusedReducer::Start(const BucketWork& work, Completion done) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
-  auto body = [&](size_t begin, size_t end) {
-    FusedAverage(work.dtype, buffers.data(), n, begin, end, divisor_);
-  };
-  if (pool_ == nullptr) {
-    body(0, work.count);
-  } else {
-    size_t min_chunk =
-        std::max<size_t>(1, kMinChunkBytes / DTypeSize(work.dtype));
-    pool_->ParallelFor(work.count, min_chunk, body);
-  }
+  SplitAcrossPool(
+      pool_, work.dtype, 0, work.count, [&](size_t begin, size_t end) {
+        FusedAverage(work.dtype, buffers.data(), n, begin, end, divisor_);
+      });
   reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count(),

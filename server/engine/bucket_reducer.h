@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
@@ -78,6 +79,12 @@ class BucketReducerInterface {
   // Any thread.
   virtual ReducerStats stats() const { return {}; }
 };
+
+// Runs fn(b, e) over [begin, end) of a bucket of `dtype`, split across
+// `pool` (inline when pool is null or the range is small): both reducers'
+// rule for when a second core pays for itself.
+void SplitAcrossPool(ThreadPool* pool, DType dtype, size_t begin, size_t end,
+                     absl::FunctionRef<void(size_t, size_t)> fn);
 
 // The single-node path. Thread-compatible (one engine thread).
 class FusedReducer final : public BucketReducerInterface {

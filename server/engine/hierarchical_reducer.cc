@@ -13,9 +13,6 @@
 namespace gradd {
 namespace {
 
-// As FusedReducer: below this many bytes per chunk a second core costs more
-// than it saves.
-constexpr size_t kMinChunkBytes = 256 << 10;
 // Accumulators start on a cache line (and a vector register's alignment).
 constexpr size_t kAccAlignment = 64;
 // The network thread re-checks stop at least this often while idle.
@@ -47,19 +44,6 @@ HierarchicalReducer::~HierarchicalReducer() {
     stop_ = true;
   }
   thread_.join();
-}
-
-void HierarchicalReducer::Split(DType dtype, size_t begin, size_t end,
-                                absl::FunctionRef<void(size_t, size_t)> fn) {
-  if (options_.pool == nullptr) {
-    fn(begin, end);
-    return;
-  }
-  // ParallelFor's chunk boundaries are multiples of 64 elements from 0, so
-  // run it over [0, end - begin) and shift.
-  options_.pool->ParallelFor(
-      end - begin, std::max<size_t>(1, kMinChunkBytes / DTypeSize(dtype)),
-      [&](size_t b, size_t e) { fn(begin + b, begin + e); });
 }
 
 void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
@@ -105,9 +89,11 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
     item.num_chunks = num_chunks;
     item.begin = std::min(work.count, c * per_chunk);
     item.end = std::min(work.count, item.begin + per_chunk);
-    Split(work.dtype, item.begin, item.end, [&](size_t begin, size_t end) {
-      SumToAccumulator(work.dtype, buffers.data(), n, acc_data, begin, end);
-    });
+    SplitAcrossPool(options_.pool, work.dtype, item.begin, item.end,
+                    [&](size_t begin, size_t end) {
+                      SumToAccumulator(work.dtype, buffers.data(), n, acc_data,
+                                       begin, end);
+                    });
     local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
     // Handed over chunk by chunk: the network starts on chunk 0 while this
     // thread reduces chunk 1.
@@ -213,10 +199,11 @@ void HierarchicalReducer::RunChunk(Item& item) {
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   const double divisor = options_.world_size;
-  Split(work.dtype, item.begin, item.end, [&](size_t begin, size_t end) {
-    ScatterFromAccumulator(work.dtype, acc, divisor, buffers.data(), n, begin,
-                           end);
-  });
+  SplitAcrossPool(options_.pool, work.dtype, item.begin, item.end,
+                  [&](size_t begin, size_t end) {
+                    ScatterFromAccumulator(work.dtype, acc, divisor,
+                                           buffers.data(), n, begin, end);
+                  });
   write_back_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
   FinishChunk(item, absl::OkStatus());
 }

@@ -124,9 +124,6 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // Counts a chunk done with `status`; completes the bucket after its last.
   void FinishChunk(Item& item, absl::Status status);
   void RunBroadcast(BroadcastItem& item);
-  // fn(begin, end) over [begin, end) of a bucket of `dtype`, pool-split.
-  void Split(DType dtype, size_t begin, size_t end,
-             absl::FunctionRef<void(size_t, size_t)> fn);
 
   const Options options_;
   // Declared before backend_: destroyed after it.
