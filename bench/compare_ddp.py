@@ -11,6 +11,17 @@ the ceiling). Starts its own gradd on a socket in a temporary directory.
 
 Prints steps/s for each mode (the slowest rank's; best of --rounds
 alternating rounds), and gradd / torch DDP.
+
+Allocator (--malloc, applied to every mode alike). Each backward allocates a
+fresh 64 MiB gradient for the 4096x4096 weight; glibc serves blocks above
+32 MiB with a new mmap every time, and on a VM each 4 KiB page fault costs
+microseconds (about 150 ms per step here), so with plain glibc the run
+measures page faults, not training or communication. PyTorch's CPU tuning
+guide recommends a reusing allocator (jemalloc/tcmalloc) for this reason;
+the default here, `thp`, keeps glibc and sets GLIBC_TUNABLES=
+glibc.malloc.hugetlb=1 (glibc >= 2.35) so large blocks get transparent huge
+pages, which needs nothing installed. `--malloc glibc` measures the plain
+default.
 Benchmarks are not tests: nothing here asserts.
 """
 import argparse
@@ -84,11 +95,31 @@ def free_port():
         return s.getsockname()[1]
 
 
+MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def malloc_env(choice):
+    """Environment entries that select the allocator setting for workers."""
+    if choice == "glibc":
+        return {}
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t]
+    return {"GLIBC_TUNABLES": ":".join(tunables + [MALLOC_TUNABLE])}
+
+
+def thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
 def run_mode(mode, args, env_extra):
     procs = []
     port = free_port()
     for rank in range(args.procs):
         env = dict(os.environ, **env_extra)
+        env.update(malloc_env(args.malloc))
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.procs),
                    LOCAL_WORLD_SIZE=str(args.procs), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(args.threads),
@@ -141,6 +172,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    ap.add_argument("--malloc", choices=("thp", "glibc"), default="thp",
+                    help="allocator setting for every mode (see the module docstring)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -180,6 +213,7 @@ def main():
     summary = {
         "params": params, "procs": args.procs, "batch": args.batch, "threads": args.threads,
         "steps": args.steps, "rounds": args.rounds, "steps_per_s": rates,
+        "malloc": args.malloc, "thp": thp_mode(),
     }
     if "gradd" in rates and "torch_ddp" in rates:
         summary["gradd_over_torch_ddp"] = rates["gradd"] / rates["torch_ddp"]
@@ -191,6 +225,7 @@ def main():
     print(f"MLP 1024-4096-4096-1024 ({params / 1e6:.1f} M params), batch {args.batch}, "
           f"{args.procs} processes x {args.threads} thread(s), {args.steps} steps after "
           f"{args.warmup} warm-up, best of {args.rounds} round(s)")
+    print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()})")
     print(f"{'mode':<12}{'steps/s':>10}")
     for mode, r in rates.items():
         print(f"{mode:<12}{r:>10.2f}")
