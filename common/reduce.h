@@ -25,12 +25,16 @@ void FusedAverage(DType dtype, void* const* buffers, int n, size_t begin,
                   size_t end, double divisor);
 
 // acc[i] = sum_k srcs[k][i] for i in [begin, end). `acc` has type
-// AccumulatorDType(dtype) (multi-node: the node's partial sum).
+// AccumulatorDType(dtype) (multi-node: the node's partial sum). When that
+// is dtype itself (float32, float64), acc may be srcs[0]: summed in place.
+// No other overlap is allowed.
 void SumToAccumulator(DType dtype, const void* const* srcs, int n, void* acc,
                       size_t begin, size_t end);
 
 // outs[k][i] = acc[i] / divisor for every k, converting from
-// AccumulatorDType(dtype) back to dtype (multi-node write-back).
+// AccumulatorDType(dtype) back to dtype (multi-node write-back). For
+// float32/float64, acc may be outs[0] (written back in place); no other
+// overlap is allowed.
 void ScatterFromAccumulator(DType dtype, const void* acc, double divisor,
                             void* const* outs, int n, size_t begin, size_t end);
 

@@ -49,18 +49,31 @@ HierarchicalReducer::~HierarchicalReducer() {
 void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
   const DType acc_type = AccumulatorDType(work.dtype);
   const size_t acc_elem = DTypeSize(acc_type);
-  std::unique_ptr<void, FreeDeleter>& acc = accumulators_[work.bucket];
-  if (acc == nullptr) {
-    const size_t bytes = std::max<size_t>(
-        kAccAlignment, (work.count * acc_elem + kAccAlignment - 1) /
-                           kAccAlignment * kAccAlignment);
-    acc.reset(std::aligned_alloc(kAccAlignment, bytes));
+  const std::vector<void*>& buffers = *work.rank_buffers;
+  const int n = static_cast<int>(buffers.size());
+  void* acc_data = nullptr;
+  if (acc_type == work.dtype && n > 0) {
+    // Sum in place into local rank 0's bucket, allreduce it there, and
+    // write back from it: no private accumulator, one stream of memory
+    // traffic less in each local pass (and none at all with one local
+    // rank). Until the completion, rank 0's bucket holds the partial sum;
+    // the trainers read it only after done (or get the job's error).
+    acc_data = buffers[0];
+  } else {
+    std::unique_ptr<void, FreeDeleter>& acc = accumulators_[work.bucket];
     if (acc == nullptr) {
-      std::move(done)(absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate the ", bytes,
-                       "-byte accumulator of bucket ", work.bucket)));
-      return;
+      const size_t bytes = std::max<size_t>(
+          kAccAlignment, (work.count * acc_elem + kAccAlignment - 1) /
+                             kAccAlignment * kAccAlignment);
+      acc.reset(std::aligned_alloc(kAccAlignment, bytes));
+      if (acc == nullptr) {
+        std::move(done)(absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate the ", bytes,
+                         "-byte accumulator of bucket ", work.bucket)));
+        return;
+      }
     }
+    acc_data = acc.get();
   }
   // Chunk boundaries depend only on the plan and chunk_bytes, so every node
   // splits a bucket the same way. Whole multiples of 64 elements keep
@@ -77,10 +90,8 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
   state->work = work;
   state->done = std::move(done);
   state->chunks_left = num_chunks;
+  state->acc = acc_data;
 
-  const std::vector<void*>& buffers = *work.rank_buffers;
-  const int n = static_cast<int>(buffers.size());
-  void* acc_data = acc.get();
   for (int c = 0; c < num_chunks; ++c) {
     const Clock::time_point start = Clock::now();
     Item item;
@@ -182,7 +193,7 @@ void HierarchicalReducer::NetworkLoop() {
 void HierarchicalReducer::RunChunk(Item& item) {
   const BucketWork& work = item.bucket->work;
   const DType acc_type = AccumulatorDType(work.dtype);
-  char* acc = static_cast<char*>(accumulators_[work.bucket].get());
+  char* acc = static_cast<char*>(item.bucket->acc);
   if (broken_.ok()) {
     const Clock::time_point start = Clock::now();
     absl::Status s =

@@ -1,8 +1,12 @@
 // HierarchicalReducer: the multi-node BucketReducerInterface. Per bucket:
 //
-//   engine thread   SumToAccumulator(local ranks) -> the bucket's accumulator
-//                   (float32, or float64 for float64 buckets), split across
-//                   the pool for large buckets; queue it for the network
+//   engine thread   SumToAccumulator(local ranks) -> the bucket's accumulator,
+//                   split across the pool for large buckets; queue it for
+//                   the network. For float32 and float64 buckets the
+//                   accumulator is local rank 0's bucket itself (summed in
+//                   place); float16/bfloat16 buckets sum into a private
+//                   float32 accumulator
+//                   (AccumulatorDType), allocated on first use
 //   network thread  AllreduceSum of the accumulator across nodes, strictly
 //                   in plan order (iteration i bucket b only after bucket
 //                   b - 1 of iteration i and the last bucket of iteration
@@ -104,6 +108,9 @@ class HierarchicalReducer final : public BucketReducerInterface {
     Completion done;
     int chunks_left = 0;
     absl::Status status;
+    // Where the node's partial sum lives: local rank 0's bucket (float32 and
+    // float64 buckets: summed in place) or accumulators_[bucket].
+    void* acc = nullptr;
   };
   // One chunk: elements [begin, end) of a bucket.
   struct Item {
@@ -130,9 +137,10 @@ class HierarchicalReducer final : public BucketReducerInterface {
   const std::unique_ptr<RendezvousStoreInterface> store_;
   const std::unique_ptr<CollectiveBackendInterface> backend_;
 
-  // accumulators_[b]: allocated by the engine thread on bucket b's first
-  // Start, then handed back and forth with the bucket (the engine never
-  // starts b again before b's completion), so it needs no lock.
+  // accumulators_[b]: for 16-bit buckets only, allocated by the engine
+  // thread on bucket b's first Start, then handed back and forth with the
+  // bucket (the engine never starts b again before b's completion), so it
+  // needs no lock.
   std::vector<std::unique_ptr<void, FreeDeleter>> accumulators_;
 
   absl::Mutex mu_;

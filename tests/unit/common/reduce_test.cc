@@ -433,6 +433,58 @@ TEST_P(ReduceTest, SumAndScatterMatchContract) {
   }
 }
 
+TEST_P(ReduceTest, SumAndScatterInPlaceMatchTheSeparateAccumulator) {
+  // float32/float64: the multi-node path sums into rank 0's buffer and
+  // writes back from it. The result must equal the separate-accumulator
+  // path bit for bit, and nothing outside [begin, end) may change.
+  uint32_t seed = 2000;
+  for (DType t : {DType::kFloat32, DType::kFloat64}) {
+    for (int n = 1; n <= 4; ++n) {
+      for (size_t len : {size_t{1}, size_t{9}, size_t{2500}}) {
+        Case c{t, n, len, len > 2 ? size_t{1} : 0, len - (len > 2), 3.0};
+        auto in = RandomInputs(c, ++seed, false);
+        // Reference: separate accumulator.
+        std::vector<const void*> srcs;
+        for (auto& b : in) srcs.push_back(b.data());
+        std::vector<uint8_t> acc(len * DTypeSize(t));
+        SumToAccumulator(t, srcs.data(), n, acc.data(), c.begin, c.end);
+        std::vector<std::vector<uint8_t>> want(
+            n, std::vector<uint8_t>(len * DTypeSize(t)));
+        std::vector<void*> want_ptrs;
+        for (auto& o : want) want_ptrs.push_back(o.data());
+        ScatterFromAccumulator(t, acc.data(), c.divisor, want_ptrs.data(), n,
+                               c.begin, c.end);
+        // In place.
+        auto bufs = in;
+        std::vector<void*> ptrs;
+        for (auto& b : bufs) ptrs.push_back(b.data());
+        SumToAccumulator(t, const_cast<const void* const*>(ptrs.data()), n,
+                         ptrs[0], c.begin, c.end);
+        for (size_t i = c.begin; i < c.end; ++i) {
+          ASSERT_EQ(std::memcmp(bufs[0].data() + i * DTypeSize(t),
+                                acc.data() + i * DTypeSize(t), DTypeSize(t)),
+                    0)
+              << DTypeName(t) << " n=" << n << " sum i=" << i;
+        }
+        ScatterFromAccumulator(t, ptrs[0], c.divisor, ptrs.data(), n, c.begin,
+                               c.end);
+        for (int k = 0; k < n; ++k) {
+          for (size_t i = 0; i < len; ++i) {
+            const bool inside = i >= c.begin && i < c.end;
+            const uint8_t* expect = inside ? want[k].data() + i * DTypeSize(t)
+                                           : in[k].data() + i * DTypeSize(t);
+            ASSERT_EQ(std::memcmp(bufs[k].data() + i * DTypeSize(t), expect,
+                                  DTypeSize(t)),
+                      0)
+                << DTypeName(t) << " n=" << n << " rank " << k << " i=" << i
+                << (inside ? "" : " (outside the range)");
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(ReduceTest, ReportsKernelSet) {
   if (GetParam()) {
     EXPECT_EQ(ReduceKernelIsa(), "baseline");
