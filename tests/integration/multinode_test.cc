@@ -289,6 +289,47 @@ TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
   }
 }
 
+TEST_F(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
+  // A long join timeout: the formation thread is still blocked in the
+  // rendezvous (waiting for node-b, which never comes) when node-a gets
+  // SIGTERM. The daemon must exit 0 promptly, and its trainers get an
+  // error rather than a hang.
+  const std::string config = WriteConfig(60000, 20000);
+  ASSERT_TRUE(StartNode("node-a", config));
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(Trainer("node-a", "stopped", r, 2, 2, {"--iterations", "5"}));
+  }
+  // Let both ranks attach and the formation start.
+  const auto wait_until = Clock::now() + milliseconds(10000);
+  while (Clock::now() < wait_until &&
+         ReadFile(Node("node-a").proc.log).find("joining 2 nodes") ==
+             std::string::npos) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_NE(ReadFile(Node("node-a").proc.log).find("joining 2 nodes"),
+            std::string::npos)
+      << ReadFile(Node("node-a").proc.log);
+  std::this_thread::sleep_for(milliseconds(200));
+
+  const auto start = Clock::now();
+  NodeDaemon& a = Node("node-a");
+  ASSERT_EQ(kill(a.proc.pid, SIGTERM), 0);
+  Exit daemon_exit = Wait(a.proc, milliseconds(15000));
+  a.proc.pid = -1;  // reaped; TearDown must not signal it again
+  EXPECT_EQ(daemon_exit.code, 0) << daemon_exit.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(20000));
+  for (size_t i = 0; i < exits.size(); ++i) {
+    EXPECT_EQ(exits[i].code, 3) << ps[i].name << ":\n" << exits[i].output;
+    EXPECT_THAT(exits[i].output, AllOf(HasSubstr("ERROR code=14"),
+                                       HasSubstr("gradd daemon shutting down")))
+        << ps[i].name << ":\n"
+        << exits[i].output;
+  }
+}
+
 TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
   const std::string config = WriteConfig(30000, 5000);
   ASSERT_TRUE(StartNode("node-a", config));
