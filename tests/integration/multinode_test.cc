@@ -169,6 +169,27 @@ class MultiNodeTest : public GraddTest {
     return ps;
   }
 
+  // Starts one daemon per node of `nodes` with `config` and a job on them
+  // that runs until something stops it (a million iterations); returns once
+  // every trainer has attached, or false after recording why not.
+  bool StartRunningJob(const std::string& config, const std::string& job,
+                       const std::vector<std::pair<std::string, int>>& nodes,
+                       std::vector<Proc>* ps) {
+    for (const auto& [id, world] : nodes) {
+      if (!StartNode(id, config)) return false;
+    }
+    *ps = StartJob(job, nodes,
+                   {"--iterations", "1000000", "--sleep-ms", "2",
+                    "--wait-timeout-ms", "60000"});
+    for (const Proc& p : *ps) {
+      if (!WaitForText(p, "ATTACHED", milliseconds(30000))) {
+        ADD_FAILURE() << p.name << " did not attach:\n" << ReadFile(p.log);
+        return false;
+      }
+    }
+    return true;
+  }
+
   std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     std::vector<Exit> exits;
@@ -301,19 +322,12 @@ TEST_F(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
     ps.push_back(Trainer("node-a", "stopped", r, 2, 2, {"--iterations", "5"}));
   }
   // Let both ranks attach and the formation start.
-  const auto wait_until = Clock::now() + milliseconds(10000);
-  while (Clock::now() < wait_until &&
-         ReadFile(Node("node-a").proc.log).find("joining 2 nodes") ==
-             std::string::npos) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  ASSERT_NE(ReadFile(Node("node-a").proc.log).find("joining 2 nodes"),
-            std::string::npos)
-      << ReadFile(Node("node-a").proc.log);
+  NodeDaemon& a = Node("node-a");
+  ASSERT_TRUE(WaitForText(a.proc, "joining 2 nodes", milliseconds(10000)))
+      << ReadFile(a.proc.log);
   std::this_thread::sleep_for(milliseconds(200));
 
   const auto start = Clock::now();
-  NodeDaemon& a = Node("node-a");
   ASSERT_EQ(kill(a.proc.pid, SIGTERM), 0);
   Exit daemon_exit = Wait(a.proc, milliseconds(15000));
   a.proc.pid = -1;  // reaped; TearDown must not signal it again
@@ -331,19 +345,10 @@ TEST_F(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
 }
 
 TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
-  const std::string config = WriteConfig(30000, 5000);
-  ASSERT_TRUE(StartNode("node-a", config));
-  ASSERT_TRUE(StartNode("node-b", config));
-  ASSERT_TRUE(StartNode("node-c", config));
-  std::vector<Proc> ps =
-      StartJob("doomed", {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
-               {"--iterations", "1000000", "--sleep-ms", "2",
-                "--wait-timeout-ms", "60000"});
-  for (const Proc& p : ps) {
-    ASSERT_TRUE(WaitForText(p, "ATTACHED", milliseconds(30000)))
-        << p.name << ":\n"
-        << ReadFile(p.log);
-  }
+  std::vector<Proc> ps;
+  ASSERT_TRUE(StartRunningJob(WriteConfig(30000, 5000), "doomed",
+                              {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
+                              &ps));
   std::this_thread::sleep_for(milliseconds(500));
   NodeDaemon& victim = Node("node-c");
   kill(victim.proc.pid, SIGKILL);
@@ -367,19 +372,10 @@ TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
 }
 
 TEST_F(MultiNodeTest, HungPeerDaemonTimesOutNamingIt) {
-  const std::string config = WriteConfig(30000, 3000);
-  ASSERT_TRUE(StartNode("node-a", config));
-  ASSERT_TRUE(StartNode("node-b", config));
-  ASSERT_TRUE(StartNode("node-c", config));
-  std::vector<Proc> ps =
-      StartJob("hung", {{"node-a", 1}, {"node-b", 1}, {"node-c", 1}},
-               {"--iterations", "1000000", "--sleep-ms", "2",
-                "--wait-timeout-ms", "60000"});
-  for (const Proc& p : ps) {
-    ASSERT_TRUE(WaitForText(p, "ATTACHED", milliseconds(30000)))
-        << p.name << ":\n"
-        << ReadFile(p.log);
-  }
+  std::vector<Proc> ps;
+  ASSERT_TRUE(StartRunningJob(WriteConfig(30000, 3000), "hung",
+                              {{"node-a", 1}, {"node-b", 1}, {"node-c", 1}},
+                              &ps));
   std::this_thread::sleep_for(milliseconds(300));
   // Frozen, not dead: its connections stay open, so only the collective
   // timeout (3 s) can tell the others.
