@@ -1,5 +1,6 @@
 #include "server/backends/gloo/gloo_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -195,11 +196,19 @@ std::vector<int> GlooBackend::SilentPeers(absl::Time op_start) {
   std::vector<bool> seen(num_nodes_, false);
   seen[node_rank_] = true;
   int unseen = num_nodes_ - 1;
+  // Each look at a peer's mark is a blocking Get of up to kProbeStep (the
+  // store answers as soon as the mark exists), which also paces the loop. A
+  // much shorter budget fails spuriously: a gRPC round trip to the
+  // coordinator can itself take over a millisecond on a loaded machine, and
+  // a live peer whose mark we could not read in time would be taken for a
+  // silent one (with two of them, no verdict at all).
+  constexpr absl::Duration kProbeStep = absl::Milliseconds(50);
   while (true) {
     for (int r = 0; r < num_nodes_; ++r) {
       if (seen[r]) continue;
-      absl::StatusOr<std::string> mark =
-          store_->Get(job_id_, key(r), absl::Milliseconds(1));
+      const absl::Duration budget =
+          std::clamp(deadline - absl::Now(), absl::Milliseconds(1), kProbeStep);
+      absl::StatusOr<std::string> mark = store_->Get(job_id_, key(r), budget);
       if (mark.ok()) {
         seen[r] = true;
         --unseen;
@@ -208,7 +217,6 @@ std::vector<int> GlooBackend::SilentPeers(absl::Time op_start) {
       }
     }
     if (unseen == 0 || absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Milliseconds(50));
   }
   for (int r = 0; r < num_nodes_; ++r) {
     if (!seen[r]) silent.push_back(r);
