@@ -11,11 +11,31 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
 
 namespace gradd {
+
+// One bucket of a node's local ranks, to be averaged over every rank of the
+// job (see CollectiveBackendInterface::AllreduceAverage).
+struct LocalAverage {
+  // float32 or float64: the buckets are their own accumulator type.
+  DType dtype = DType::kFloat32;
+  // The node's local ranks' buckets, `count` elements each. buffers[0]
+  // doubles as the node's accumulator.
+  std::vector<void*> buffers;
+  // How many leading buffers still need summing: buffers.size(), or 1 when
+  // buffers[0] already holds the node's sum.
+  int to_sum = 0;
+  size_t count = 0;
+  // The job's global world size.
+  double divisor = 1;
+};
+
+// OK, or INVALID_ARGUMENT saying what is wrong with `work`.
+absl::Status CheckLocalAverage(const LocalAverage& work);
 
 class CollectiveBackendInterface {
  public:
@@ -29,6 +49,13 @@ class CollectiveBackendInterface {
   // an accumulator type (float32 or float64).
   [[nodiscard]] virtual absl::Status AllreduceSum(void* data, size_t count,
                                                   DType dtype) = 0;
+  // Leaves (sum over every rank of the job) / divisor in every buffer of
+  // `work`, rounded as common/reduce.h states. The default sums the local
+  // buffers into buffers[0], AllreduceSum()s it and writes back; a backend
+  // may fuse the local sum and the write-back into its network schedule
+  // (GlooBackend does for large buckets). Same call order rules as
+  // AllreduceSum; every node must pass the same count and dtype.
+  [[nodiscard]] virtual absl::Status AllreduceAverage(const LocalAverage& work);
   // In-place copy of `bytes` bytes from node `root_node` to every node.
   [[nodiscard]] virtual absl::Status Broadcast(void* data, size_t bytes,
                                                int root_node) = 0;

@@ -213,6 +213,12 @@ absl::Status FakeCollectiveBackend::AllreduceSum(void* data, size_t count,
   return Run(kAllreduce, data, count, dtype, 0);
 }
 
+absl::Status FakeCollectiveBackend::AllreduceAverage(const LocalAverage& work) {
+  ++average_calls_;
+  if (work.to_sum == 1 && work.buffers.size() > 1) ++presummed_average_calls_;
+  return CollectiveBackendInterface::AllreduceAverage(work);
+}
+
 absl::Status FakeCollectiveBackend::Broadcast(void* data, size_t bytes,
                                               int root_node) {
   if (root_node < 0 || root_node >= num_nodes()) {

@@ -46,6 +46,9 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   int num_nodes() const override;
   [[nodiscard]] absl::Status AllreduceSum(void* data, size_t count,
                                           DType dtype) override;
+  // The interface's default (local sum, AllreduceSum, write-back), counted.
+  [[nodiscard]] absl::Status AllreduceAverage(
+      const LocalAverage& work) override;
   [[nodiscard]] absl::Status Broadcast(void* data, size_t bytes,
                                        int root_node) override;
   std::string NodeName(int node_rank) const override;
@@ -57,6 +60,10 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   int64_t broadcast_calls() const { return broadcast_calls_; }
   // Bytes handed to AllreduceSum so far.
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
+  // AllreduceAverage calls, and those of them whose local buffers arrived
+  // already summed (to_sum 1 with more than one buffer).
+  int64_t average_calls() const { return average_calls_; }
+  int64_t presummed_average_calls() const { return presummed_average_calls_; }
 
  private:
   FakeCollectiveBackend(std::shared_ptr<Group> group, int node_rank)
@@ -71,6 +78,8 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   int64_t allreduce_calls_ = 0;
   int64_t broadcast_calls_ = 0;
   int64_t allreduce_bytes_ = 0;
+  int64_t average_calls_ = 0;
+  int64_t presummed_average_calls_ = 0;
 };
 
 }  // namespace gradd

@@ -52,6 +52,40 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   void* acc_data = nullptr;
+  if (acc_type == work.dtype && n > 0 && options_.chunk_bytes == 0) {
+    // The backend averages the whole bucket, folding the local sum and the
+    // write-back into its network schedule. If the network thread is busy
+    // with earlier buckets, sum this one now instead (into local rank 0's
+    // bucket, across the pool) so that work overlaps the transfer in
+    // flight; the backend then has only the write-back left to fold in.
+    bool sum_here = options_.local_sum == Options::LocalSum::kEngineThread;
+    if (options_.local_sum == Options::LocalSum::kAuto) {
+      absl::MutexLock lock(&mu_);
+      sum_here = network_busy_ || !ready_.empty();
+    }
+    Item item;
+    item.fused = true;
+    item.to_sum = n;
+    item.end = work.count;
+    if (sum_here && n > 1) {
+      const Clock::time_point start = Clock::now();
+      SplitAcrossPool(options_.pool, work.dtype, 0, work.count,
+                      [&](size_t begin, size_t end) {
+                        SumToAccumulator(work.dtype, buffers.data(), n,
+                                         buffers[0], begin, end);
+                      });
+      local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      item.to_sum = 1;
+    }
+    item.bucket = std::make_shared<BucketState>();
+    item.bucket->work = work;
+    item.bucket->done = std::move(done);
+    item.bucket->chunks_left = 1;
+    item.bucket->acc = buffers[0];
+    absl::MutexLock lock(&mu_);
+    ready_.emplace(ChunkKey(work.iteration, work.bucket, 0), std::move(item));
+    return;
+  }
   if (acc_type == work.dtype && n > 0) {
     // Sum in place into local rank 0's bucket, allreduce it there, and
     // write back from it: no private accumulator, one stream of memory
@@ -154,6 +188,7 @@ void HierarchicalReducer::NetworkLoop() {
         item.emplace(std::move(it->second));
         ready_.erase(it);
       }
+      network_busy_ = bcast.has_value() || item.has_value();
     }
     if (stopping) {
       // Nobody will wait for these any more, but each completion runs once.
@@ -183,9 +218,10 @@ void HierarchicalReducer::NetworkLoop() {
         }
       }
     }
-    if (!broken_.ok()) {
+    {
       absl::MutexLock lock(&mu_);
-      failed_ = true;
+      network_busy_ = false;
+      if (!broken_.ok()) failed_ = true;
     }
   }
 }
@@ -194,6 +230,22 @@ void HierarchicalReducer::RunChunk(Item& item) {
   const BucketWork& work = item.bucket->work;
   const DType acc_type = AccumulatorDType(work.dtype);
   char* acc = static_cast<char*>(item.bucket->acc);
+  if (item.fused) {
+    if (broken_.ok()) {
+      const Clock::time_point start = Clock::now();
+      LocalAverage average;
+      average.dtype = work.dtype;
+      average.buffers = *work.rank_buffers;
+      average.to_sum = item.to_sum;
+      average.count = work.count;
+      average.divisor = options_.world_size;
+      absl::Status s = backend_->AllreduceAverage(average);
+      network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      if (!s.ok()) broken_ = std::move(s);
+    }
+    FinishChunk(item, broken_);
+    return;
+  }
   if (broken_.ok()) {
     const Clock::time_point start = Clock::now();
     absl::Status s =

@@ -1,30 +1,37 @@
-// HierarchicalReducer: the multi-node BucketReducerInterface. Per bucket:
+// HierarchicalReducer: the multi-node BucketReducerInterface. Buckets go to
+// the network strictly in plan order (iteration i bucket b only after
+// bucket b - 1 of iteration i and the last bucket of iteration i - 1), so
+// every node issues the same collectives in the same order whatever order
+// its buckets became ready in. Two paths:
 //
-//   engine thread   SumToAccumulator(local ranks) -> the bucket's accumulator,
-//                   split across the pool for large buckets; queue it for
-//                   the network. For float32 and float64 buckets the
-//                   accumulator is local rank 0's bucket itself (summed in
-//                   place); float16/bfloat16 buckets sum into a private
-//                   float32 accumulator
-//                   (AccumulatorDType), allocated on first use
-//   network thread  AllreduceSum of the accumulator across nodes, strictly
-//                   in plan order (iteration i bucket b only after bucket
-//                   b - 1 of iteration i and the last bucket of iteration
-//                   i - 1), so every node issues the same collectives in
-//                   the same order whatever order its buckets became ready
-//                   in; then ScatterFromAccumulator (divisor = global world
-//                   size) into every local rank's bucket, pool-split; then
-//                   the completion
+// float32/float64 buckets (the default, chunk_bytes 0): the network thread
+//   hands the whole bucket to the backend's AllreduceAverage, which leaves
+//   the global average in every local rank's bucket. GlooBackend folds the
+//   local sum and the write-back into its ring, segment by segment, so they
+//   overlap the transfer (see gloo_backend.h). When the network thread is
+//   still busy with earlier buckets, the engine thread sums the new bucket
+//   into local rank 0's bucket first (split across the pool), overlapping
+//   the transfer in flight, and the backend only writes back
+//   (Options::local_sum).
 //
-// The network transfer of one bucket thus overlaps the local reduction of
-// the next. Optionally (Options::chunk_bytes) large buckets are also
-// pipelined within themselves: they go to
-// the network in chunks of Options::chunk_bytes of accumulator (the same
-// split on every node, so the sequence of collectives still matches), the
-// engine thread reducing chunk c + 1 while chunk c is on the network, and
-// chunk c written back before chunk c + 1 is sent. Broadcasts go through
-// the same network thread (the backend is single-threaded), in the order
-// they are started.
+// float16/bfloat16 buckets, and every bucket when chunk_bytes > 0:
+//   engine thread   SumToAccumulator(local ranks) -> the bucket's accumulator
+//                   (local rank 0's bucket itself for float32/float64,
+//                   summed in place; a private float32 accumulator for the
+//                   16-bit types, AccumulatorDType, allocated on first use),
+//                   split across the pool; queue it for the network
+//   network thread  AllreduceSum of the accumulator across nodes; then
+//                   ScatterFromAccumulator (divisor = global world size)
+//                   into every local rank's bucket, pool-split; then the
+//                   completion
+//   The network transfer of one bucket thus overlaps the local reduction of
+//   the next. With chunk_bytes > 0 large buckets are also pipelined within
+//   themselves: they go to the network in chunks of chunk_bytes of
+//   accumulator (the same split on every node), the engine thread reducing
+//   chunk c + 1 while chunk c is on the network.
+//
+// Broadcasts go through the same network thread (the backend is
+// single-threaded), in the order they are started.
 //
 // Owns: the backend, the store the backend reports failures through (kept
 // alive for it), one accumulator per bucket, the network thread.
@@ -75,6 +82,16 @@ class HierarchicalReducer final : public BucketReducerInterface {
     // Accumulator bytes per network chunk of a large bucket; 0: whole
     // buckets. Must be the same on every node of a job.
     size_t chunk_bytes = kDefaultChunkBytes;
+    // Whole float32/float64 buckets (chunk_bytes 0) are averaged by the
+    // backend's AllreduceAverage. Where their local sum happens:
+    //   kAuto         on the engine thread (across the pool) while the
+    //                 network thread is busy with earlier buckets, so it
+    //                 overlaps that transfer; otherwise inside the
+    //                 backend's network schedule
+    //   kEngineThread always on the engine thread first
+    //   kNetwork      always inside the backend's schedule
+    enum class LocalSum { kAuto, kEngineThread, kNetwork };
+    LocalSum local_sum = LocalSum::kAuto;
   };
   // Off by default: on the 2-core development machine, where the "network"
   // is loopback TCP and every phase competes for the same cores and memory
@@ -119,6 +136,12 @@ class HierarchicalReducer final : public BucketReducerInterface {
     int num_chunks = 1;
     size_t begin = 0;
     size_t end = 0;
+    // Whole float32/float64 bucket averaged by the backend's
+    // AllreduceAverage (local sum and write-back folded into the network
+    // schedule); `to_sum` local buffers still to be summed (1: the engine
+    // thread already summed them into local rank 0's bucket).
+    bool fused = false;
+    int to_sum = 0;
   };
   using ChunkKey = std::tuple<uint64_t, int, int>;  // iteration, bucket, chunk
   struct BroadcastItem {
@@ -150,6 +173,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Mirrors !broken_.ok() for the wait condition (evaluated on any thread).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  // The network thread is running a collective.
+  bool network_busy_ ABSL_GUARDED_BY(mu_) = false;
 
   // Network thread only: the next (iteration, bucket, chunk) to go to the
   // network.

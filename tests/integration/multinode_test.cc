@@ -83,6 +83,15 @@ class MultiNodeTest : public GraddTest {
 
   // Starts node `id`'s daemon; the first one started is the coordinator.
   // Returns false (with a failure) if it does not come up within 10 s.
+  // StartNode for each id in turn; false at the first that fails.
+  bool StartNodes(const std::vector<std::string>& ids,
+                  const std::string& config) {
+    for (const std::string& id : ids) {
+      if (!StartNode(id, config)) return false;
+    }
+    return true;
+  }
+
   bool StartNode(const std::string& id, const std::string& config) {
     NodeDaemon d;
     d.node_id = id;
@@ -207,9 +216,7 @@ class MultiNodeTest : public GraddTest {
 
 TEST_F(MultiNodeTest, ThreeNodesUnevenLocalWorldsAverageExactly) {
   const std::string config = WriteConfig(30000, 20000);
-  ASSERT_TRUE(StartNode("node-a", config));
-  ASSERT_TRUE(StartNode("node-b", config));
-  ASSERT_TRUE(StartNode("node-c", config));
+  ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
   // Node ranks follow the sorted node ids: a = 0 (ranks 0-1), b = 1 (rank
   // 2), c = 2 (ranks 3-5). The broadcasts come from global ranks 0 and 5,
   // i.e. from node a and from the last local rank of node c.
@@ -235,6 +242,26 @@ TEST_F(MultiNodeTest, ThreeNodesUnevenLocalWorldsAverageExactly) {
   EXPECT_GE(buckets, 8);
 }
 
+TEST_F(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
+  const std::string config = WriteConfig(30000, 20000);
+  ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
+  // Buckets of 0.8-1.2 MB: above the fused threshold, so the daemons
+  // average them with the fused ring over Gloo (uneven shards, several
+  // segments each); the float16 bucket takes the accumulator path.
+  std::vector<Proc> ps =
+      StartJob("large", {{"node-a", 2}, {"node-b", 1}, {"node-c", 3}},
+               {"--iterations", "30", "--seed", "7", "--model", "large",
+                "--bucket-cap-mb", "1", "--first-bucket-cap-mb", "1"});
+  std::vector<Exit> exits = WaitAll(ps, milliseconds(55000));
+  for (size_t i = 0; i < exits.size(); ++i) {
+    ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
+    EXPECT_THAT(exits[i].output,
+                AllOf(HasSubstr("PASS iterations=30"), HasSubstr("world=6")));
+    EXPECT_GT(Field(exits[i].output, "verified"), 0);
+    EXPECT_GE(Field(exits[i].output, "buckets"), 3);
+  }
+}
+
 TEST_F(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNode("node-a", config));
@@ -257,9 +284,7 @@ TEST_F(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
 
 TEST_F(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
   const std::string config = WriteConfig(30000, 20000);
-  ASSERT_TRUE(StartNode("node-a", config));
-  ASSERT_TRUE(StartNode("node-b", config));
-  ASSERT_TRUE(StartNode("node-c", config));
+  ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
   std::vector<Proc> ps =
       StartJob("mismatch", {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
                {"--iterations", "5"}, {"--model", "alt"});

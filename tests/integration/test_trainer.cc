@@ -138,6 +138,15 @@ void Line(const std::string& s) {
 // Sizes chosen to straddle the small bucket caps: single elements, odd
 // sizes (alignment), and tensors larger than the cap (buckets of their own).
 std::vector<gradd::ClientParam> MakeModel(const std::string& which) {
+  if (which == "large") {
+    // Buckets above the daemons' fused threshold (512 KiB) with a 1 MB cap:
+    // float32 and float64 tensors of odd sizes, plus a float16 one that
+    // takes the accumulator path.
+    return {{"large.0.weight", {301, 1000}, kF32},
+            {"large.0.bias", {150007}, kF64},
+            {"large.1.weight", {1000}, kF16},
+            {"large.1.bias", {200003}, kF32}};
+  }
   static constexpr int64_t kNumel[] = {
       1,  7,   64,  300, 1000, 2500, 5000, 3, 17,  129, 4096, 800,
       33, 900, 257, 2,   6000, 511,  40,   1, 700, 99,  1500, 12};

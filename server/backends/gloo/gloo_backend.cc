@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <new>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -10,12 +13,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/reduce.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
 #include "server/rendezvous/gloo_store.h"
 
 namespace gradd {
@@ -49,6 +55,8 @@ GlooBackend::GlooBackend(const Options& options)
       algorithm_(options.algorithm),
       bcube_max_bytes_(options.bcube_max_bytes),
       max_segment_bytes_(options.max_segment_bytes),
+      fused_min_bytes_(options.fused_min_bytes),
+      fused_segment_bytes_(options.fused_segment_bytes),
       node_names_(options.node_names),
       peer_addresses_(options.num_nodes) {
   node_names_.resize(num_nodes_);
@@ -309,6 +317,176 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
     return Fail("allreduce", e.what(), start);
   }
   return absl::OkStatus();
+}
+
+absl::Status GlooBackend::AllreduceAverage(const LocalAverage& work) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (absl::Status s = CheckLocalAverage(work); !s.ok()) return s;
+  const size_t bytes = work.count * DTypeSize(work.dtype);
+  if (num_nodes_ == 1 || bytes <= fused_min_bytes_) {
+    return CollectiveBackendInterface::AllreduceAverage(work);
+  }
+  if (context_ == nullptr) {
+    return absl::FailedPreconditionError("gloo backend is closed");
+  }
+  const absl::Time start = absl::Now();
+  try {
+    FusedRing(work, start + collective_timeout_);
+  } catch (const std::exception& e) {
+    return Fail("allreduce", e.what(), start);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Gloo's own collectives use slot prefixes 0x01-0x08; the fused ring's
+// messages carry their own so they can never match one of those.
+constexpr uint8_t kFusedRingSlotPrefix = 0x47;
+// Receive slots of the fused ring's reduce-scatter: how many segments may
+// be in flight towards this node at once.
+constexpr int kFusedRecvSlots = 4;
+
+}  // namespace
+
+void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
+  const int nodes = num_nodes_;
+  const int me = node_rank_;
+  const int right = (me + 1) % nodes;
+  const int left = (me + nodes - 1) % nodes;
+  const DType dtype = work.dtype;
+  const size_t elem = DTypeSize(dtype);
+  const size_t count = work.count;
+  const int locals = static_cast<int>(work.buffers.size());
+
+  // Shards: after the reduce-scatter node c holds the finished shard
+  // (c + 1) % nodes. Shard and segment boundaries fall on multiples of 64
+  // elements (cache lines) and are the same on every node.
+  const size_t shard = (count + nodes - 1) / nodes;
+  const size_t per_shard = (shard + 63) / 64 * 64;
+  const size_t per_segment = std::max<size_t>(
+      64, std::min(per_shard, fused_segment_bytes_ / elem / 64 * 64));
+  struct Segment {
+    int step;  // Of the reduce-scatter or of the allgather.
+    size_t begin;
+    size_t end;
+  };
+  auto add_segments = [&](int step, int c, std::vector<Segment>* out) {
+    const size_t first = std::min(count, static_cast<size_t>(c) * per_shard);
+    const size_t last = std::min(count, first + per_shard);
+    for (size_t b = first; b < last; b += per_segment) {
+      out->push_back({step, b, std::min(last, b + per_segment)});
+    }
+  };
+  auto bytes = [&](const Segment& s) { return (s.end - s.begin) * elem; };
+  auto local = [&](int k, size_t element) {
+    return static_cast<char*>(work.buffers[k]) + element * elem;
+  };
+  auto wait_budget = [&]() {
+    return ToMillis(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  };
+
+  const size_t slot_bytes = per_segment * elem;
+  if (fused_tmp_bytes_ < slot_bytes * kFusedRecvSlots) {
+    fused_tmp_bytes_ = slot_bytes * kFusedRecvSlots;
+    fused_tmp_.reset(
+        static_cast<char*>(std::aligned_alloc(64, fused_tmp_bytes_)));
+    if (fused_tmp_ == nullptr) {
+      fused_tmp_bytes_ = 0;
+      throw std::bad_alloc();
+    }
+  }
+  std::unique_ptr<gloo::transport::UnboundBuffer> data =
+      context_->createUnboundBuffer(work.buffers[0], count * elem);
+  std::unique_ptr<gloo::transport::UnboundBuffer> tmp =
+      context_->createUnboundBuffer(fused_tmp_.get(), fused_tmp_bytes_);
+  const uint64_t reduce_slot =
+      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
+  const uint64_t gather_slot =
+      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
+  int sends = 0;
+  auto send = [&](uint64_t slot, const Segment& s) {
+    data->send(right, slot, s.begin * elem, bytes(s));
+    ++sends;
+  };
+
+  // What arrives from the left neighbour, in order: reduce-scatter step t
+  // (0 .. nodes - 2) brings its partial sum of shard me - t - 1, segment by
+  // segment; allgather step t brings finished shard me - t.
+  std::vector<Segment> reduce_in;
+  std::vector<Segment> gather_in;
+  for (int t = 0; t + 1 < nodes; ++t) {
+    add_segments(t, (me - t - 1 + 2 * nodes) % nodes, &reduce_in);
+  }
+  for (int t = 0; t + 1 < nodes; ++t) {
+    add_segments(t, (me - t + 2 * nodes) % nodes, &gather_in);
+  }
+
+  // Post the receives first so the left neighbour can send as soon as it
+  // is ready (Gloo sends once the receiver has posted; receives from one
+  // peer on one slot complete in the order they were posted). Partial sums
+  // go to the next free receive slot; finished shards land straight in
+  // local rank 0's bucket: by the time one arrives this node has finished
+  // reading that range, since the finished value depends on this node's
+  // partial sum of it.
+  size_t posted = 0;
+  auto post_reduce_recv = [&]() {
+    if (posted == reduce_in.size()) return;
+    tmp->recv(left, reduce_slot, (posted % kFusedRecvSlots) * slot_bytes,
+              bytes(reduce_in[posted]));
+    ++posted;
+  };
+  for (int i = 0; i < kFusedRecvSlots; ++i) post_reduce_recv();
+  for (const Segment& s : gather_in) {
+    data->recv(left, gather_slot, s.begin * elem, bytes(s));
+  }
+
+  // Reduce-scatter step 0 sends this node's sum of shard `me`, each segment
+  // as soon as it is summed.
+  std::vector<const void*> srcs(work.to_sum + 1);
+  std::vector<Segment> own;
+  add_segments(0, me, &own);
+  for (const Segment& s : own) {
+    if (work.to_sum > 1) {
+      for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, s.begin);
+      SumToAccumulator(dtype, srcs.data(), work.to_sum, local(0, s.begin), 0,
+                       s.end - s.begin);
+    }
+    send(reduce_slot, s);
+  }
+
+  // Each partial sum that arrives is added to this node's values in one
+  // pass and passed on; the last step's sums are final: divided, written
+  // to every local rank, and sent on as the allgather's first step.
+  std::vector<void*> outs(locals);
+  for (size_t i = 0; i < reduce_in.size(); ++i) {
+    const Segment& s = reduce_in[i];
+    tmp->waitRecv(wait_budget());
+    for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, s.begin);
+    srcs[work.to_sum] = fused_tmp_.get() + (i % kFusedRecvSlots) * slot_bytes;
+    SumToAccumulator(dtype, srcs.data(), work.to_sum + 1, local(0, s.begin), 0,
+                     s.end - s.begin);
+    post_reduce_recv();  // Into the slot just consumed.
+    if (s.step + 2 < nodes) {
+      send(reduce_slot, s);
+    } else {
+      for (int k = 0; k < locals; ++k) outs[k] = local(k, s.begin);
+      ScatterFromAccumulator(dtype, outs[0], work.divisor, outs.data(), locals,
+                             0, s.end - s.begin);
+      send(gather_slot, s);
+    }
+  }
+
+  // Allgather: copy each finished segment to the other local ranks and
+  // pass it on, except at the last step.
+  for (const Segment& s : gather_in) {
+    data->waitRecv(wait_budget());
+    for (int k = 1; k < locals; ++k) {
+      std::memcpy(local(k, s.begin), local(0, s.begin), bytes(s));
+    }
+    if (s.step + 2 < nodes) send(gather_slot, s);
+  }
+  for (int i = 0; i < sends; ++i) data->waitSend(wait_budget());
 }
 
 absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {

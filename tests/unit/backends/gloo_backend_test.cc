@@ -63,7 +63,7 @@ class GlooBackendTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
-        GlooBackend::Options options;
+        GlooBackend::Options options = base_options_;
         options.store = clients[r].get();
         options.job_id = "job";
         options.algorithm = algorithm;
@@ -85,6 +85,8 @@ class GlooBackendTest : public ::testing::Test {
 
   std::unique_ptr<RendezvousServer> server_;
   std::vector<std::vector<std::unique_ptr<RendezvousClient>>> clients_;
+  // Connect() starts every node's options from these.
+  GlooBackend::Options base_options_;
 };
 
 template <typename T>
@@ -135,6 +137,116 @@ TEST_F(GlooBackendTest, AllreduceBcubeIsExactForTwoNodes) {
   auto backends = Connect(2, absl::Seconds(20), GlooBackend::Algorithm::kBcube);
   CheckAllreduce<float>(backends, 300001, DType::kFloat32);
   CheckAllreduce<double>(backends, 5, DType::kFloat64);
+}
+
+// Value of global rank g at element i: exact in float and double, and so
+// are the sums and averages the tests below use (see there).
+template <typename T>
+T RankValue(int g, size_t i) {
+  return static_cast<T>((i % 1000) * (g + 1)) + T(0.25) * (g + 1);
+}
+
+// AllreduceAverage with locals[r] local buffers on node r. pre_summed: the
+// caller has already summed node r's buffers into its first one (to_sum 1;
+// the others hold junk that must be overwritten).
+template <typename T>
+void CheckAverage(std::vector<std::unique_ptr<GlooBackend>>& backends,
+                  const std::vector<int>& locals, size_t count, DType dtype,
+                  bool pre_summed) {
+  const int n = static_cast<int>(backends.size());
+  std::vector<int> offset(n, 0);
+  for (int r = 1; r < n; ++r) offset[r] = offset[r - 1] + locals[r - 1];
+  const int world = offset[n - 1] + locals[n - 1];
+  // buffers[r][k]: local rank k of node r, global rank offset[r] + k.
+  std::vector<std::vector<std::vector<T>>> buffers(n);
+  std::vector<LocalAverage> work(n);
+  for (int r = 0; r < n; ++r) {
+    for (int k = 0; k < locals[r]; ++k) {
+      std::vector<T>& b = buffers[r].emplace_back(count);
+      for (size_t i = 0; i < count; ++i) b[i] = RankValue<T>(offset[r] + k, i);
+    }
+    if (pre_summed) {
+      for (size_t i = 0; i < count; ++i) {
+        for (int k = 1; k < locals[r]; ++k) {
+          buffers[r][0][i] += buffers[r][k][i];
+          buffers[r][k][i] = T(-7);
+        }
+      }
+    }
+    work[r].dtype = dtype;
+    for (auto& b : buffers[r]) work[r].buffers.push_back(b.data());
+    work[r].to_sum = pre_summed ? 1 : locals[r];
+    work[r].count = count;
+    work[r].divisor = world;
+  }
+  std::vector<absl::Status> status(n);
+  OnEachNode(
+      n, [&](int r) { status[r] = backends[r]->AllreduceAverage(work[r]); });
+  // sum_g (g + 1) * x = x * world * (world + 1) / 2.
+  const T rank_sum = static_cast<T>(world * (world + 1) / 2);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    for (int k = 0; k < locals[r]; ++k) {
+      for (size_t i = 0; i < count; ++i) {
+        const T expected =
+            (static_cast<T>(i % 1000) * rank_sum + T(0.25) * rank_sum) /
+            static_cast<T>(world);
+        ASSERT_EQ(buffers[r][k][i], expected)
+            << "node " << r << " local rank " << k << " element " << i << " of "
+            << count << (pre_summed ? " (pre-summed)" : "");
+      }
+    }
+  }
+}
+
+TEST_F(GlooBackendTest, AllreduceAverageIsExactForThreeUnevenNodes) {
+  // Small segments: many per shard, more than the receive slots, so slots
+  // are reused; counts that do not split evenly into shards or segments.
+  base_options_.fused_segment_bytes = 64 << 10;
+  base_options_.fused_min_bytes = 256 << 10;
+  auto backends = Connect(3);
+  // World 6, rank sum 21: averages are multiples of 1/8, exact.
+  const std::vector<int> locals = {2, 1, 3};
+  for (bool pre_summed : {false, true}) {
+    // 300001 floats and 150007 doubles take the fused ring; 1000 elements
+    // the default path (local sum, AllreduceSum, write-back).
+    CheckAverage<float>(backends, locals, 300001, DType::kFloat32, pre_summed);
+    CheckAverage<double>(backends, locals, 150007, DType::kFloat64, pre_summed);
+    CheckAverage<float>(backends, locals, 1000, DType::kFloat32, pre_summed);
+  }
+}
+
+TEST_F(GlooBackendTest, AllreduceAverageIsExactForTwoNodes) {
+  base_options_.fused_segment_bytes = 128 << 10;
+  auto backends = Connect(2);
+  // World 4, rank sum 10: averages are multiples of 1/8, exact.
+  CheckAverage<float>(backends, {2, 2}, (25 << 20) / 4, DType::kFloat32, false);
+  CheckAverage<float>(backends, {3, 1}, 1 << 20, DType::kFloat32, true);
+  // One local rank each: nothing to sum or copy locally.
+  CheckAverage<double>(backends, {1, 1}, 200003, DType::kFloat64, false);
+}
+
+TEST_F(GlooBackendTest, AllreduceAverageRejectsBadWork) {
+  auto backends = Connect(2);
+  std::vector<float> a(1 << 20), b(1 << 20);
+  LocalAverage work;
+  work.dtype = DType::kFloat16;
+  work.buffers = {a.data(), b.data()};
+  work.to_sum = 2;
+  work.count = a.size();
+  work.divisor = 4;
+  EXPECT_EQ(backends[0]->AllreduceAverage(work).code(),
+            absl::StatusCode::kInvalidArgument);
+  work.dtype = DType::kFloat32;
+  work.to_sum = 3;
+  EXPECT_EQ(backends[0]->AllreduceAverage(work).code(),
+            absl::StatusCode::kInvalidArgument);
+  work.to_sum = 2;
+  work.divisor = 0;
+  EXPECT_EQ(backends[0]->AllreduceAverage(work).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing was sent: both nodes still work together.
+  CheckAverage<float>(backends, {2, 2}, 1 << 18, DType::kFloat32, false);
 }
 
 TEST_F(GlooBackendTest, RejectsNonAccumulatorDType) {
@@ -189,39 +301,58 @@ TEST_F(GlooBackendTest, MissingNodeFailsCreateNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-TEST_F(GlooBackendTest, PeerThatLeavesMakesOthersFailWithinTimeout) {
-  const absl::Duration timeout = absl::Seconds(5);
-  auto backends = Connect(3, timeout);
-  // One good round first.
+// Three nodes, one good round, then node 2 ('host-2') leaves and nodes 0
+// and 1 run `call`: both must fail within the timeout naming host-2 and
+// only it. Returns their statuses.
+std::vector<absl::Status> SurvivorsOfALeavingPeer(
+    std::vector<std::unique_ptr<GlooBackend>>& backends, absl::Duration timeout,
+    const std::function<absl::Status(GlooBackend&)>& call) {
   CheckAllreduce<float>(backends, 1000, DType::kFloat32);
-  // Node 2 leaves.
   backends[2].reset();
   std::vector<absl::Status> status(2);
   const absl::Time start = absl::Now();
-  OnEachNode(2, [&](int r) {
-    std::vector<float> data(1 << 16, 1.0f);
-    status[r] =
-        backends[r]->AllreduceSum(data.data(), data.size(), DType::kFloat32);
-  });
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_LT(took, timeout + absl::Seconds(3));
+  OnEachNode(2, [&](int r) { status[r] = call(*backends[r]); });
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(3));
   for (int r = 0; r < 2; ++r) {
     std::cout << "survivor " << r << ": " << status[r] << "\n";
     EXPECT_THAT(status[r].code(), AnyOf(absl::StatusCode::kUnavailable,
                                         absl::StatusCode::kDeadlineExceeded))
         << status[r];
     EXPECT_THAT(std::string(status[r].message()), HasSubstr("job 'job'"));
-  }
-  // Both survivors name the node that left, and only it.
-  for (int r = 0; r < 2; ++r) {
     EXPECT_THAT(std::string(status[r].message()), HasSubstr("'host-2'"));
     EXPECT_THAT(std::string(status[r].message()),
                 ::testing::Not(HasSubstr("peer node 'host-1'")));
   }
+  return status;
+}
+
+TEST_F(GlooBackendTest, PeerThatLeavesMakesOthersFailWithinTimeout) {
+  const absl::Duration timeout = absl::Seconds(5);
+  auto backends = Connect(3, timeout);
+  std::vector<absl::Status> status =
+      SurvivorsOfALeavingPeer(backends, timeout, [](GlooBackend& b) {
+        std::vector<float> data(1 << 16, 1.0f);
+        return b.AllreduceSum(data.data(), data.size(), DType::kFloat32);
+      });
   // Broken for good: the same error again, immediately.
   std::vector<float> data(4, 1.0f);
   EXPECT_EQ(backends[0]->AllreduceSum(data.data(), 4, DType::kFloat32).code(),
             status[0].code());
+}
+
+TEST_F(GlooBackendTest, PeerThatLeavesDuringFusedAverageIsNamed) {
+  const absl::Duration timeout = absl::Seconds(5);
+  auto backends = Connect(3, timeout);
+  SurvivorsOfALeavingPeer(backends, timeout, [](GlooBackend& b) {
+    // 8 MiB per node: the fused ring.
+    std::vector<float> x(1 << 20, 1.0f), y(1 << 20, 2.0f);
+    LocalAverage work;
+    work.buffers = {x.data(), y.data()};
+    work.to_sum = 2;
+    work.count = x.size();
+    work.divisor = 6;
+    return b.AllreduceAverage(work);
+  });
 }
 
 TEST_F(GlooBackendTest, PeerThatStopsCallingTimesOut) {

@@ -73,6 +73,8 @@ struct Node {
   std::vector<void*> areas;
   std::vector<std::vector<char>> area_storage;
   std::unique_ptr<HierarchicalReducer> reducer;
+  // Owned by `reducer`.
+  FakeCollectiveBackend* backend = nullptr;
 };
 
 constexpr size_t kCounts[] = {7, 300000, 64, 1000};
@@ -126,7 +128,9 @@ class HierarchicalReducerTest : public ::testing::Test {
   // Builds nodes with the given local world sizes over a fake group.
   void MakeNodes(const std::vector<int>& local_worlds,
                  absl::Duration timeout = absl::Seconds(10),
-                 size_t chunk_bytes = HierarchicalReducer::kDefaultChunkBytes) {
+                 size_t chunk_bytes = HierarchicalReducer::kDefaultChunkBytes,
+                 HierarchicalReducer::Options::LocalSum local_sum =
+                     HierarchicalReducer::Options::LocalSum::kAuto) {
     auto backends = FakeCollectiveBackend::CreateGroup(
         static_cast<int>(local_worlds.size()), timeout,
         {"alpha", "beta", "gamma", "delta"});
@@ -138,6 +142,7 @@ class HierarchicalReducerTest : public ::testing::Test {
       world += lw;
     }
     world_ = world;
+    nodes_.clear();
     nodes_.resize(local_worlds.size());
     for (size_t k = 0; k < local_worlds.size(); ++k) {
       Node& n = nodes_[k];
@@ -167,6 +172,8 @@ class HierarchicalReducerTest : public ::testing::Test {
       options.node_offsets = offsets;
       options.world_size = world;
       options.chunk_bytes = chunk_bytes;
+      options.local_sum = local_sum;
+      n.backend = backends[k].get();
       n.reducer = std::make_unique<HierarchicalReducer>(options,
                                                         std::move(backends[k]));
     }
@@ -246,6 +253,38 @@ TEST_F(HierarchicalReducerTest, AveragesAcrossNodesInPlanOrder) {
     EXPECT_GT(s.local_reduce_ns, 0u);
     EXPECT_GT(s.network_ns, 0u);
     EXPECT_GT(s.write_back_ns, 0u);
+  }
+}
+
+TEST_F(HierarchicalReducerTest, LocalSumOnEitherThreadAveragesExactly) {
+  using LocalSum = HierarchicalReducer::Options::LocalSum;
+  for (LocalSum where : {LocalSum::kEngineThread, LocalSum::kNetwork}) {
+    SCOPED_TRACE(where == LocalSum::kEngineThread ? "engine thread"
+                                                  : "network schedule");
+    MakeNodes({2, 1, 3}, absl::Seconds(10),
+              HierarchicalReducer::kDefaultChunkBytes, where);
+    constexpr int kIterations = 4;
+    std::vector<std::vector<std::string>> errors(nodes_.size());
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+      threads.emplace_back([this, k, &errors] {
+        RunNode(static_cast<int>(k), kIterations, &errors[k]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    // Three of the four buckets are float32/float64: averaged whole by the
+    // backend; the float16 one takes the accumulator path.
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+      ASSERT_TRUE(errors[k].empty()) << "node " << k << ": " << errors[k][0];
+      const Node& n = nodes_[k];
+      EXPECT_EQ(n.backend->average_calls(), 3 * kIterations);
+      EXPECT_EQ(n.backend->allreduce_calls(), 4 * kIterations);
+      const bool presummed =
+          where == LocalSum::kEngineThread && n.local_world > 1;
+      EXPECT_EQ(n.backend->presummed_average_calls(),
+                presummed ? 3 * kIterations : 0)
+          << "node " << k;
+    }
   }
 }
 
