@@ -5,11 +5,19 @@
 
 namespace gradd {
 
+absl::Status CheckAccumulatorDType(absl::string_view op, DType dtype) {
+  if (dtype == DType::kFloat32 || dtype == DType::kFloat64) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": dtype ", static_cast<int>(dtype),
+                   " is not an accumulator type (float32/float64)"));
+}
+
 absl::Status CheckLocalAverage(const LocalAverage& work) {
-  if (work.dtype != DType::kFloat32 && work.dtype != DType::kFloat64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllreduceAverage: dtype ", static_cast<int>(work.dtype),
-                     " is not an accumulator type (float32/float64)"));
+  if (absl::Status s = CheckAccumulatorDType("AllreduceAverage", work.dtype);
+      !s.ok()) {
+    return s;
   }
   if (work.buffers.empty() || work.to_sum < 1 ||
       work.to_sum > static_cast<int>(work.buffers.size())) {
@@ -27,6 +35,11 @@ absl::Status CheckLocalAverage(const LocalAverage& work) {
 absl::Status CollectiveBackendInterface::AllreduceAverage(
     const LocalAverage& work) {
   if (absl::Status s = CheckLocalAverage(work); !s.ok()) return s;
+  return AverageThroughAllreduceSum(work);
+}
+
+absl::Status CollectiveBackendInterface::AverageThroughAllreduceSum(
+    const LocalAverage& work) {
   const int n = static_cast<int>(work.buffers.size());
   if (work.to_sum > 1) {
     SumToAccumulator(work.dtype, work.buffers.data(), work.to_sum,

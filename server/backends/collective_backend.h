@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype.h"
 
 namespace gradd {
@@ -34,6 +35,8 @@ struct LocalAverage {
   double divisor = 1;
 };
 
+// OK for float32/float64; otherwise INVALID_ARGUMENT naming `op`.
+absl::Status CheckAccumulatorDType(absl::string_view op, DType dtype);
 // OK, or INVALID_ARGUMENT saying what is wrong with `work`.
 absl::Status CheckLocalAverage(const LocalAverage& work);
 
@@ -61,6 +64,12 @@ class CollectiveBackendInterface {
                                                int root_node) = 0;
   // Human-readable name of node `node_rank` for error messages.
   virtual std::string NodeName(int node_rank) const = 0;
+
+ protected:
+  // The default AllreduceAverage for a `work` that passed
+  // CheckLocalAverage: local sum into buffers[0], AllreduceSum, write-back.
+  [[nodiscard]] absl::Status AverageThroughAllreduceSum(
+      const LocalAverage& work);
 };
 
 }  // namespace gradd

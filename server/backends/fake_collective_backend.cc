@@ -20,8 +20,6 @@ const char* KindName(int kind) {
   return kind == kAllreduce ? "AllreduceSum" : "Broadcast";
 }
 
-size_t ElementSize(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
-
 template <typename T>
 void SumAll(const std::vector<void*>& data, size_t count) {
   // Node-rank order, in T: deterministic and the same on every node.
@@ -204,12 +202,12 @@ absl::Status FakeCollectiveBackend::Run(int kind, void* data, size_t count,
 
 absl::Status FakeCollectiveBackend::AllreduceSum(void* data, size_t count,
                                                  DType dtype) {
-  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
-    return absl::InvalidArgumentError(
-        "fake AllreduceSum: dtype is not an accumulator type");
+  if (absl::Status s = CheckAccumulatorDType("fake AllreduceSum", dtype);
+      !s.ok()) {
+    return s;
   }
   ++allreduce_calls_;
-  allreduce_bytes_ += static_cast<int64_t>(count * ElementSize(dtype));
+  allreduce_bytes_ += static_cast<int64_t>(count * DTypeSize(dtype));
   return Run(kAllreduce, data, count, dtype, 0);
 }
 

@@ -66,15 +66,8 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
     Item item;
     item.fused = true;
     item.to_sum = n;
-    item.end = work.count;
     if (sum_here && n > 1) {
-      const Clock::time_point start = Clock::now();
-      SplitAcrossPool(options_.pool, work.dtype, 0, work.count,
-                      [&](size_t begin, size_t end) {
-                        SumToAccumulator(work.dtype, buffers.data(), n,
-                                         buffers[0], begin, end);
-                      });
-      local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      SumLocally(work, buffers[0], 0, work.count);
       item.to_sum = 1;
     }
     item.bucket = std::make_shared<BucketState>();
@@ -82,8 +75,7 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
     item.bucket->done = std::move(done);
     item.bucket->chunks_left = 1;
     item.bucket->acc = buffers[0];
-    absl::MutexLock lock(&mu_);
-    ready_.emplace(ChunkKey(work.iteration, work.bucket, 0), std::move(item));
+    Enqueue(std::move(item));
     return;
   }
   if (acc_type == work.dtype && n > 0) {
@@ -127,24 +119,36 @@ void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
   state->acc = acc_data;
 
   for (int c = 0; c < num_chunks; ++c) {
-    const Clock::time_point start = Clock::now();
     Item item;
     item.bucket = state;
     item.chunk = c;
     item.num_chunks = num_chunks;
     item.begin = std::min(work.count, c * per_chunk);
     item.end = std::min(work.count, item.begin + per_chunk);
-    SplitAcrossPool(options_.pool, work.dtype, item.begin, item.end,
-                    [&](size_t begin, size_t end) {
-                      SumToAccumulator(work.dtype, buffers.data(), n, acc_data,
-                                       begin, end);
-                    });
-    local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    SumLocally(work, acc_data, item.begin, item.end);
     // Handed over chunk by chunk: the network starts on chunk 0 while this
     // thread reduces chunk 1.
-    absl::MutexLock lock(&mu_);
-    ready_.emplace(ChunkKey(work.iteration, work.bucket, c), std::move(item));
+    Enqueue(std::move(item));
   }
+}
+
+void HierarchicalReducer::SumLocally(const BucketWork& work, void* acc,
+                                     size_t begin, size_t end) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<void*>& buffers = *work.rank_buffers;
+  const int n = static_cast<int>(buffers.size());
+  SplitAcrossPool(options_.pool, work.dtype, begin, end,
+                  [&](size_t b, size_t e) {
+                    SumToAccumulator(work.dtype, buffers.data(), n, acc, b, e);
+                  });
+  local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+}
+
+void HierarchicalReducer::Enqueue(Item item) {
+  const ChunkKey key(item.bucket->work.iteration, item.bucket->work.bucket,
+                     item.chunk);
+  absl::MutexLock lock(&mu_);
+  ready_.emplace(key, std::move(item));
 }
 
 void HierarchicalReducer::StartBroadcast(const BroadcastWork& work,

@@ -149,6 +149,11 @@ class HierarchicalReducer final : public BucketReducerInterface {
     Completion done;
   };
 
+  // Sums the local ranks' elements [begin, end) of `work` into `acc`
+  // across the pool, counted as local reduce time.
+  void SumLocally(const BucketWork& work, void* acc, size_t begin, size_t end);
+  // Queues a chunk (or whole fused bucket) for the network thread.
+  void Enqueue(Item item);
   void NetworkLoop();
   void RunChunk(Item& item);
   // Counts a chunk done with `status`; completes the bucket after its last.

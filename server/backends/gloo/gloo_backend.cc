@@ -281,10 +281,9 @@ absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
 
 absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   if (absl::Status s = CheckUsable(); !s.ok()) return s;
-  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo AllreduceSum: dtype ", static_cast<int>(dtype),
-                     " is not an accumulator type (float32/float64)"));
+  if (absl::Status s = CheckAccumulatorDType("gloo AllreduceSum", dtype);
+      !s.ok()) {
+    return s;
   }
   if (count == 0 || num_nodes_ == 1) return absl::OkStatus();
   if (context_ == nullptr) {
@@ -324,7 +323,7 @@ absl::Status GlooBackend::AllreduceAverage(const LocalAverage& work) {
   if (absl::Status s = CheckLocalAverage(work); !s.ok()) return s;
   const size_t bytes = work.count * DTypeSize(work.dtype);
   if (num_nodes_ == 1 || bytes <= fused_min_bytes_) {
-    return CollectiveBackendInterface::AllreduceAverage(work);
+    return AverageThroughAllreduceSum(work);
   }
   if (context_ == nullptr) {
     return absl::FailedPreconditionError("gloo backend is closed");
