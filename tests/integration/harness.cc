@@ -220,6 +220,11 @@ std::vector<Exit> GraddTest::RunJob(const std::string& job, int world,
   std::vector<Proc> ps;
   for (int r = 0; r < world; ++r)
     ps.push_back(SpawnTrainer(job, r, world, extra));
+  return WaitAll(ps, timeout);
+}
+
+std::vector<Exit> GraddTest::WaitAll(std::vector<Proc>& ps,
+                                     milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::vector<Exit> exits;
   for (Proc& p : ps) {

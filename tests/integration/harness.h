@@ -66,6 +66,8 @@ class GraddTest : public ::testing::Test {
   std::vector<Exit> RunJob(const std::string& job, int world,
                            const std::vector<std::string>& extra,
                            milliseconds timeout);
+  // Waits for every process in `ps`, all within one overall `timeout`.
+  std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout);
   // A short healthy 2-rank job: the daemon still serves after bad input.
   void ExpectHealthyJob(const std::string& job);
 

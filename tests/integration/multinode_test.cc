@@ -199,17 +199,6 @@ class MultiNodeTest : public GraddTest {
     return true;
   }
 
-  std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    std::vector<Exit> exits;
-    for (Proc& p : ps) {
-      auto left =
-          std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      exits.push_back(Wait(p, std::max(left, milliseconds(1))));
-    }
-    return exits;
-  }
-
   std::vector<NodeDaemon> daemons_;
   std::string coordinator_;
 };

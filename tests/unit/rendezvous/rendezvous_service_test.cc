@@ -198,15 +198,17 @@ TEST_F(RendezvousServiceTest, ShutdownWakesBlockedGet) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
+// A loopback address nothing listens on: a server takes an OS-chosen port
+// and stops again, freeing it. Empty if the server could not start.
+std::string FreeLoopbackAddress() {
+  auto probe = RendezvousServer::Start("127.0.0.1:0");
+  if (!probe.ok()) return "";
+  return "127.0.0.1:" + std::to_string((*probe)->port());
+}
+
 TEST(RendezvousClientTest, RetriesUntilLateServerStarts) {
-  // Reserve a port, then free it for the server that starts later.
-  int port = 0;
-  {
-    auto probe = RendezvousServer::Start("127.0.0.1:0");
-    ASSERT_TRUE(probe.ok());
-    port = (*probe)->port();
-  }
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const std::string address = FreeLoopbackAddress();
+  ASSERT_FALSE(address.empty());
   RendezvousClient::Options options;
   options.address = address;
   options.connect_timeout = absl::Seconds(10);
@@ -229,13 +231,8 @@ TEST(RendezvousClientTest, RetriesUntilLateServerStarts) {
 }
 
 TEST(RendezvousClientTest, UnreachableCoordinatorErrorNamesAddress) {
-  int port = 0;
-  {
-    auto probe = RendezvousServer::Start("127.0.0.1:0");
-    ASSERT_TRUE(probe.ok());
-    port = (*probe)->port();
-  }
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const std::string address = FreeLoopbackAddress();
+  ASSERT_FALSE(address.empty());
   RendezvousClient::Options options;
   options.address = address;
   options.connect_timeout = absl::Milliseconds(500);

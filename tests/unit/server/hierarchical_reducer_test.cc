@@ -229,6 +229,22 @@ class HierarchicalReducerTest : public ::testing::Test {
     }
   }
 
+  // RunNode on the first `count` nodes (all by default) at once, one
+  // thread each; each node's errors.
+  std::vector<std::vector<std::string>> RunAllNodes(int iterations,
+                                                    int count = -1) {
+    const size_t num = count < 0 ? nodes_.size() : static_cast<size_t>(count);
+    std::vector<std::vector<std::string>> errors(num);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < num; ++k) {
+      threads.emplace_back([this, k, iterations, &errors] {
+        RunNode(static_cast<int>(k), iterations, &errors[k]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  }
+
   static constexpr size_t kAreaBytes = 4096;
   ThreadPool pool_{2};
   int world_ = 0;
@@ -237,13 +253,7 @@ class HierarchicalReducerTest : public ::testing::Test {
 
 TEST_F(HierarchicalReducerTest, AveragesAcrossNodesInPlanOrder) {
   MakeNodes({2, 1, 3});
-  std::vector<std::vector<std::string>> errors(nodes_.size());
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < nodes_.size(); ++k) {
-    threads.emplace_back(
-        [this, k, &errors] { RunNode(static_cast<int>(k), 12, &errors[k]); });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<std::vector<std::string>> errors = RunAllNodes(12);
   for (size_t k = 0; k < nodes_.size(); ++k) {
     EXPECT_TRUE(errors[k].empty()) << "node " << k << ": " << errors[k][0];
   }
@@ -264,14 +274,7 @@ TEST_F(HierarchicalReducerTest, LocalSumOnEitherThreadAveragesExactly) {
     MakeNodes({2, 1, 3}, absl::Seconds(10),
               HierarchicalReducer::kDefaultChunkBytes, where);
     constexpr int kIterations = 4;
-    std::vector<std::vector<std::string>> errors(nodes_.size());
-    std::vector<std::thread> threads;
-    for (size_t k = 0; k < nodes_.size(); ++k) {
-      threads.emplace_back([this, k, &errors] {
-        RunNode(static_cast<int>(k), kIterations, &errors[k]);
-      });
-    }
-    for (auto& t : threads) t.join();
+    std::vector<std::vector<std::string>> errors = RunAllNodes(kIterations);
     // Three of the four buckets are float32/float64: averaged whole by the
     // backend; the float16 one takes the accumulator path.
     for (size_t k = 0; k < nodes_.size(); ++k) {
@@ -293,13 +296,7 @@ TEST_F(HierarchicalReducerTest, ChunkedBucketsAverageExactly) {
   // pieces, the float64 one (8000 bytes) in one; every node must split the
   // same way or the fake fails the mismatched calls.
   MakeNodes({1, 3}, absl::Seconds(10), 64 << 10);
-  std::vector<std::vector<std::string>> errors(nodes_.size());
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < nodes_.size(); ++k) {
-    threads.emplace_back(
-        [this, k, &errors] { RunNode(static_cast<int>(k), 6, &errors[k]); });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<std::vector<std::string>> errors = RunAllNodes(6);
   for (size_t k = 0; k < nodes_.size(); ++k) {
     EXPECT_TRUE(errors[k].empty()) << "node " << k << ": " << errors[k][0];
     EXPECT_EQ(nodes_[k].reducer->stats().buckets, 6 * std::size(kCounts));
@@ -353,13 +350,8 @@ TEST_F(HierarchicalReducerTest, DeadPeerFailsEveryBucketNamingIt) {
   MakeNodes({2, 2, 1}, absl::Seconds(5));
   // Node "gamma" never takes part: it goes away before the first bucket.
   nodes_[2].reducer.reset();
-  std::vector<std::vector<std::string>> errors(2);
   const absl::Time start = absl::Now();
-  std::vector<std::thread> threads;
-  for (int k = 0; k < 2; ++k) {
-    threads.emplace_back([this, k, &errors] { RunNode(k, 3, &errors[k]); });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<std::vector<std::string>> errors = RunAllNodes(3, 2);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (int k = 0; k < 2; ++k) {
     ASSERT_EQ(errors[k].size(), 1u) << "node " << k;
