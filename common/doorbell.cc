@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <thread>
 
 namespace gradd {
 namespace {
@@ -72,14 +71,11 @@ uint32_t WaitDoorbell(ControlHeader* header, uint32_t seen,
       doorbell_internal::SaturatingDeadline(start, timeout);
   const Clock::time_point spin_until =
       std::min(deadline, doorbell_internal::SaturatingDeadline(start, spin));
-  while (true) {
-    for (int i = 0; i < doorbell_internal::kSpinsPerCheck; ++i) {
-      v = header->doorbell.load(std::memory_order_acquire);
-      if (v != seen) return v;
-      doorbell_internal::CpuRelax();
-    }
-    if (Clock::now() >= spin_until) break;
-    std::this_thread::yield();
+  if (doorbell_internal::Spin(spin_until, [&] {
+        v = header->doorbell.load(std::memory_order_acquire);
+        return v != seen;
+      })) {
+    return v;
   }
 
   while (true) {
@@ -93,10 +89,7 @@ uint32_t WaitDoorbell(ControlHeader* header, uint32_t seen,
     v = header->doorbell.load(std::memory_order_seq_cst);
     if (v == seen) {
       FutexWait(&header->doorbell, seen,
-                deadline == Clock::time_point::max()
-                    ? std::chrono::nanoseconds::max()
-                    : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          deadline - now));
+                doorbell_internal::SleepBudget(deadline, now));
       v = header->doorbell.load(std::memory_order_acquire);
     }
     header->daemon_sleeping.fetch_sub(1, std::memory_order_seq_cst);

@@ -41,6 +41,31 @@ inline Clock::time_point SaturatingDeadline(Clock::time_point now,
 // the yield lets a trainer or the daemon run when cores are oversubscribed.
 inline constexpr int kSpinsPerCheck = 64;
 
+// The spin phase of every wait: calls done() (true: stop) with a pause
+// between calls, reads the clock and yields every kSpinsPerCheck calls.
+// True as soon as done() is; false once spin_until has passed.
+template <typename Done>
+bool Spin(Clock::time_point spin_until, Done done) {
+  while (true) {
+    for (int i = 0; i < kSpinsPerCheck; ++i) {
+      if (done()) return true;
+      CpuRelax();
+    }
+    if (Clock::now() >= spin_until) return false;
+    std::this_thread::yield();
+  }
+}
+
+// How long a futex sleep may last from `now` to reach `deadline`
+// (time_point::max(): forever).
+inline std::chrono::nanoseconds SleepBudget(Clock::time_point deadline,
+                                            Clock::time_point now) {
+  if (deadline == Clock::time_point::max()) {
+    return std::chrono::nanoseconds::max();
+  }
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+}
+
 }  // namespace doorbell_internal
 
 template <typename Pred>
@@ -62,14 +87,15 @@ bool WaitForDaemon(ControlHeader* header, Pred ready,
 
   // Phase 1: spin. Small buckets finish within microseconds; a futex sleep
   // and wake would cost more than the reduction itself.
-  while (true) {
-    for (int i = 0; i < doorbell_internal::kSpinsPerCheck; ++i) {
-      if (ready()) return true;
-      if (failed()) return false;
-      doorbell_internal::CpuRelax();
-    }
-    if (Clock::now() >= spin_until) break;
-    std::this_thread::yield();
+  bool result = false;
+  if (doorbell_internal::Spin(spin_until, [&] {
+        if (ready()) {
+          result = true;
+          return true;
+        }
+        return failed();  // Stop with result false.
+      })) {
+    return result;
   }
 
   // Phase 2: sleep on done_gen. The generation is read *before* the
@@ -87,10 +113,7 @@ bool WaitForDaemon(ControlHeader* header, Pred ready,
     header->sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (header->done_gen.load(std::memory_order_seq_cst) == gen) {
       FutexWait(&header->done_gen, gen,
-                deadline == Clock::time_point::max()
-                    ? std::chrono::nanoseconds::max()
-                    : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          deadline - now));
+                doorbell_internal::SleepBudget(deadline, now));
     }
     header->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
