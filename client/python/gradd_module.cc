@@ -169,6 +169,26 @@ class PyClient {
     Check(s);
   }
 
+  void MarkUnused(int i, bool keep) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->MarkUnused(
+          i, keep ? UnusedGradient::kKeep : UnusedGradient::kZero);
+    }
+    Check(s);
+  }
+
+  void SkipUsedMap() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->SkipUsedMap();
+    }
+    Check(s);
+  }
+
   void WaitAll() {
     absl::Status s;
     {
@@ -240,7 +260,7 @@ std::unique_ptr<PyClient> Attach(
     double bucket_cap_mb, double first_bucket_cap_mb, size_t broadcast_bytes,
     double connect_timeout, double attach_timeout, double wait_timeout,
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
-    const std::string& coordinator) {
+    const std::string& coordinator, bool find_unused_parameters) {
   ClientOptions options;
   options.socket_path = socket;
   options.job_id = job_id;
@@ -256,6 +276,7 @@ std::unique_ptr<PyClient> Attach(
   options.node_rank = node_rank;
   options.num_nodes = num_nodes;
   options.coordinator = coordinator;
+  options.find_unused_parameters = find_unused_parameters;
   std::vector<ClientParam> specs = ParseParams(params);
 
   absl::StatusOr<std::unique_ptr<Client>> client;
@@ -409,6 +430,34 @@ PYBIND11_MODULE(_C, m) {
            "Marks parameter `param`'s gradient final for this iteration "
            "(releases the GIL). The last parameter of a bucket hands the "
            "bucket to the daemon.")
+      .def("mark_unused", &PyClient::MarkUnused, py::arg("param"),
+           py::arg("keep") = false,
+           "find_unused_parameters only: marks `param` ready without "
+           "counting it as used by this rank; keep=False zeroes its gradient "
+           "first, keep=True contributes what the memory holds.")
+      .def(
+          "globally_used",
+          [](PyClient& c, int i) {
+            c.CheckParam(i);
+            return c.client().GloballyUsed(i);
+          },
+          py::arg("param"),
+          "After wait_all: whether some rank marked `param` with mark_ready "
+          "in the iteration just waited for (always True without "
+          "find_unused_parameters).")
+      .def(
+          "globally_used_all",
+          [](PyClient& c) {
+            std::vector<bool> out(c.params().size());
+            for (size_t i = 0; i < out.size(); ++i) {
+              out[i] = c.client().GloballyUsed(static_cast<int>(i));
+            }
+            return out;
+          },
+          "globally_used(i) for every parameter, as a list.")
+      .def("skip_used_map", &PyClient::SkipUsedMap,
+           "find_unused_parameters only: this iteration needs no used map "
+           "(every parameter counts as used); hands its slot over now.")
       .def("wait_all", &PyClient::WaitAll,
            "Blocks (GIL released) until every bucket of the iteration holds "
            "the average over all ranks, then starts the next iteration.")
@@ -454,9 +503,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("attach_timeout") = 120.0, py::arg("wait_timeout") = 600.0,
         py::arg("node_id") = "", py::arg("node_rank") = py::none(),
         py::arg("num_nodes") = 0, py::arg("coordinator") = "",
+        py::arg("find_unused_parameters") = false,
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype) tuples. "
         "Blocks (GIL released) until every local rank has attached. "
         "socket='' uses $GRADD_SOCKET or the daemon's default path; timeouts "
-        "are in seconds; bucket caps of 0 use the daemon's defaults.");
+        "are in seconds; bucket caps of 0 use the daemon's defaults. "
+        "find_unused_parameters=True adds the per-iteration used map "
+        "(mark_unused, globally_used).");
 }

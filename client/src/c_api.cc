@@ -81,6 +81,9 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
   if (GRADD_HAS_FIELD(options, wait_timeout_ms)) {
     o.wait_timeout = std::chrono::milliseconds(options->wait_timeout_ms);
   }
+  if (GRADD_HAS_FIELD(options, find_unused_parameters)) {
+    o.find_unused_parameters = options->find_unused_parameters != 0;
+  }
 
   std::vector<gradd::ClientParam> list(num_params);
   for (size_t i = 0; i < num_params; ++i) {
@@ -126,6 +129,22 @@ int gradd_mark_ready(gradd_client* client, int param) {
 int gradd_wait_all(gradd_client* client) {
   if (client == nullptr) return NullClient("gradd_wait_all");
   return Report(client->impl->WaitAll());
+}
+
+int gradd_mark_unused(gradd_client* client, int param, int keep_gradient) {
+  if (client == nullptr) return NullClient("gradd_mark_unused");
+  return Report(client->impl->MarkUnused(
+      param, keep_gradient ? gradd::UnusedGradient::kKeep
+                           : gradd::UnusedGradient::kZero));
+}
+
+int gradd_globally_used(const gradd_client* client, int param) {
+  return client != nullptr && client->impl->GloballyUsed(param) ? 1 : 0;
+}
+
+int gradd_skip_used_map(gradd_client* client) {
+  if (client == nullptr) return NullClient("gradd_skip_used_map");
+  return Report(client->impl->SkipUsedMap());
 }
 
 int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root) {

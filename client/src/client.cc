@@ -42,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "attach_internal.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -51,6 +52,7 @@
 #include "common/status_macros.h"
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "used_map_client.h"
 
 namespace gradd {
 namespace {
@@ -621,6 +623,16 @@ absl::Status ClientImpl::Detach() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
+    const ClientOptions& options, const std::vector<ClientParam>& params) {
+  if (options.find_unused_parameters) {
+    return AttachWithUsedMap(options, params);
+  }
+  return internal::AttachDirect(options, params);
+}
+
+namespace internal {
+
+absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     const ClientOptions& given, const std::vector<ClientParam>& params) {
   ClientOptions options = given;
   RETURN_IF_ERROR(FillMultiNodeFromEnv(&options));
@@ -749,4 +761,5 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
   return std::unique_ptr<Client>(std::move(client));
 }
 
+}  // namespace internal
 }  // namespace gradd

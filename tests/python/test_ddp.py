@@ -37,7 +37,12 @@ def test_construction_syncs_and_exposes_module(daemon, job_id):
             assert all(not m.training for m in ddp.module.modules())
             ddp.train()
             assert ddp.training and all(m.training for m in ddp.module.modules())
-            # Gradients are views into the shared buckets.
+            state = [t.clone() for t in ddp.module.state_dict().values()]
+            # As in torch, construction leaves .grad alone (None) ...
+            assert all(p.grad is None for p in ddp.module.parameters())
+            # ... and a backward makes every gradient a view into the shared
+            # buckets.
+            ddp(torch.randn(2, 3, 12, 12)).sum().backward()
             infos = ddp.bucket_info()
             for b, info in enumerate(infos):
                 addrs = [ddp.client.gradient_address(i) for i in info["params"]]
@@ -47,7 +52,7 @@ def test_construction_syncs_and_exposes_module(daemon, job_id):
                     assert p.grad.data_ptr() == ddp.client.gradient_address(i)
                     assert lo <= p.grad.data_ptr()
                     assert p.grad.data_ptr() + p.grad.numel() * p.grad.element_size() <= lo + info["size_bytes"]
-            return [t.clone() for t in ddp.module.state_dict().values()]
+            return state
         finally:
             ddp.shutdown()
 

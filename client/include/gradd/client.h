@@ -15,8 +15,8 @@
 //     RETURN_IF_ERROR(client->WaitAll());
 //   }
 //
-// Thread safety: MarkReady may be called from several threads at once (e.g.
-// autograd threads); all other calls from one thread at a time.
+// Thread safety: MarkReady and MarkUnused may be called from several threads
+// at once (e.g. autograd threads); all other calls from one thread at a time.
 // Errors are absl::Status with the daemon's message (job, rank, parameter);
 // the library never aborts the process. After a job error every call
 // returns that error.
@@ -41,7 +41,8 @@ enum class DType : int32_t;  // common/dtype.h; values as gradd.v1.DType
 struct ClientParam {
   std::string name;
   std::vector<int64_t> shape;
-  int32_t dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
+  int32_t
+      dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
 };
 
 struct ClientOptions {
@@ -67,6 +68,22 @@ struct ClientOptions {
   std::optional<int> node_rank;
   int num_nodes = 0;
   std::string coordinator;
+  // torch DDP's find_unused_parameters: every rank tells the others which
+  // parameters it used in each iteration (the "locally used map", reduced by
+  // the daemon like a gradient). The client registers one hidden float32
+  // parameter of num_params() elements first in registration order (so the
+  // planner puts it in the last bucket, the last to be ready anyway); it is
+  // never seen through this API (indices, num_params(), bucket(b).params).
+  // Every rank of a job must set the same value (a mismatch is reported as
+  // mismatched models). Enables MarkUnused, GloballyUsed and SkipUsedMap.
+  bool find_unused_parameters = false;
+};
+
+// What MarkUnused contributes for a parameter this rank did not use.
+enum class UnusedGradient {
+  kZero,  // zeroes the gradient memory first: contributes nothing
+  kKeep,  // contributes what the memory holds (torch contributes a locally
+          // unused parameter's existing .grad)
 };
 
 struct BucketInfo {
@@ -93,11 +110,30 @@ class Client {
   // Marks parameter `param`'s gradient final for this iteration. Errors:
   // OUT_OF_RANGE for an unknown index, FAILED_PRECONDITION when it was
   // already marked in this iteration (names the parameter).
+  // With find_unused_parameters, also records `param` as used by this rank.
   virtual absl::Status MarkReady(int param) = 0;
+
+  // find_unused_parameters only (else FAILED_PRECONDITION): marks `param`
+  // ready without recording it as used by this rank. Same errors as
+  // MarkReady.
+  virtual absl::Status MarkUnused(
+      int param, UnusedGradient gradient = UnusedGradient::kZero);
+  // After WaitAll: whether some rank marked `param` with MarkReady in the
+  // iteration just waited for. Always true without find_unused_parameters;
+  // false for an unknown index or before the first WaitAll.
+  virtual bool GloballyUsed(int param) const;
+  // find_unused_parameters only: declares that this iteration needs no used
+  // map (e.g. a static graph after its first iteration, or no parameter can
+  // be unused): the map's slot is handed over now, counting every parameter
+  // as used, so that its bucket is not held back until WaitAll. Must not run
+  // concurrently with MarkReady/MarkUnused. Without find_unused_parameters:
+  // a no-op.
+  virtual absl::Status SkipUsedMap();
 
   // Blocks until every bucket of the current iteration is averaged, then
   // starts the next iteration. FAILED_PRECONDITION (naming the parameters)
-  // if some parameters were never marked ready.
+  // if some parameters were never marked ready (with find_unused_parameters:
+  // neither by MarkReady nor by MarkUnused).
   virtual absl::Status WaitAll() = 0;
   // Non-blocking: whether bucket b of the current iteration is done.
   virtual bool BucketDone(int bucket) const = 0;

@@ -78,6 +78,10 @@ typedef struct gradd_options {
   int64_t connect_timeout_ms; /* defaults 10000 / 120000 / 600000 */
   int64_t attach_timeout_ms;
   int64_t wait_timeout_ms;
+  /* Nonzero: track which parameters each rank used (torch DDP's
+   * find_unused_parameters); enables gradd_mark_unused and
+   * gradd_globally_used. Every rank of a job must agree. */
+  int32_t find_unused_parameters;
 } gradd_options;
 
 typedef struct gradd_param {
@@ -108,6 +112,18 @@ int gradd_num_buckets(const gradd_client* client);
 
 int gradd_mark_ready(gradd_client* client, int param);
 int gradd_wait_all(gradd_client* client);
+
+/* find_unused_parameters only: marks `param` ready without counting it as
+ * used by this rank; keep_gradient = 0 zeroes its gradient first (contributes
+ * nothing), nonzero contributes what the memory holds. */
+int gradd_mark_unused(gradd_client* client, int param, int keep_gradient);
+/* After gradd_wait_all: 1 if some rank marked `param` with gradd_mark_ready
+ * in the iteration just waited for, else 0 (always 1 without
+ * find_unused_parameters; 0 for an unknown index). */
+int gradd_globally_used(const gradd_client* client, int param);
+/* find_unused_parameters only: this iteration needs no used map; hands its
+ * slot over now (every parameter counts as used). */
+int gradd_skip_used_map(gradd_client* client);
 int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root);
 
 /* Current (not yet waited) iteration, from 1. */

@@ -11,12 +11,14 @@
 
 No ``torch.distributed.init_process_group`` is needed: the node's gradd daemon
 (socket from ``socket=``, ``$GRADD_SOCKET`` or the daemon's default path) does
-the communication. Each ``param.grad`` is a view into bucket memory shared with
-the daemon (``gradient_as_bucket_view`` is always on), autograd's gradient
-accumulator of every parameter is hooked so that a bucket is handed to the
-daemon as soon as its last gradient is ready (overlapping the rest of
-backward), and a callback queued on the autograd engine waits for every bucket
-before ``backward()`` returns.
+the communication. Gradients live in bucket memory shared with the daemon:
+autograd's gradient accumulator of every parameter is hooked so that a
+bucket is handed to the daemon as soon as its last gradient is ready
+(overlapping the rest of backward), and a callback queued on the autograd
+engine waits for every bucket before ``backward()`` returns. ``.grad`` follows
+torch's rules exactly (see gradd/_reducer.py): a parameter nobody used keeps
+``grad is None``; the first gradient a parameter gets is moved into its view
+of the bucket and ``.grad`` points there from then on.
 
 Environment (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK / NODE_RANK, MASTER_ADDR, MASTER_PORT; gradd's:
@@ -27,14 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
-import weakref
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch  # the real torch: this module is gradd.torch, imports are absolute
 
 import gradd._C as _C
+from gradd import _jobs, _state_sync
 from gradd._C import GraddError
+from gradd._reducer import Reducer
 
 __all__ = ["DistributedDataParallel", "GraddError"]
 
@@ -65,23 +69,43 @@ def _first(*values):
     return None
 
 
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 tensor over t's memory (t must be contiguous)."""
-    flat = t.reshape(-1)
-    if flat.dtype == torch.uint8:
-        return flat
-    if flat.dtype == torch.bool:
-        return flat.view(torch.uint8)
-    return flat.view(torch.uint8)
-
-
 class DistributedDataParallel(torch.nn.Module):
     """Data parallelism through the node's gradd daemon.
 
-    Takes torch DDP's constructor arguments. ``device_ids``/``output_device``
-    must be None (CPU modules), ``process_group`` is ignored (the daemon
-    forms the group from the job id), ``dim`` and ``check_reduction`` are
-    accepted for compatibility, ``gradient_as_bucket_view`` is always true.
+    Takes torch DDP's constructor arguments and follows torch 1.13's
+    semantics:
+
+    * gradients: torch's ``.grad`` rules exactly, with or without
+      ``find_unused_parameters`` (a parameter some rank used ends with the
+      same average on every rank; one nobody used keeps its ``.grad`` as it
+      was, None included). gradd always reduces in place in bucket views, so
+      ``gradient_as_bucket_view=False`` is accepted and gives identical
+      results; ``.grad`` of a used parameter is its bucket view either way.
+    * only a backward that follows a DDP forward with gradient sync is
+      synchronised: backward through ``ddp.module(...)`` or through a
+      forward under ``no_sync()`` (or ``require_backward_grad_sync=False``)
+      accumulates locally, like torch.
+    * ``static_graph=True`` / ``_set_static_graph()``: unused parameters,
+      modules reused in one forward and reentrant activation checkpointing
+      (a parameter's hook firing several times per backward) as torch allows
+      them; without static graph such a second firing is torch's "marked
+      ready twice" error.
+    * every parameter and every buffer (``named_buffers()``, persistent or
+      not) is broadcast from rank 0 at construction; with
+      ``broadcast_buffers=True`` the buffers again before each forward that
+      follows a synced one.
+    * several models in one process (a GAN's generator and discriminator, a
+      model and a wrapped copy): each is its own daemon job. The n-th model a
+      rank constructs on a job id gets ``<job id>/<n>`` (the first keeps the
+      id unchanged); ranks must construct their models in the same order, as
+      torch requires for process groups.
+    * ``no_sync()``, ``require_backward_grad_sync``, ``_set_static_graph()``
+      and ``_get_ddp_logging_data()`` (torch's main keys; times in ns as
+      measured by this client).
+
+    ``device_ids``/``output_device`` must be None (CPU modules),
+    ``process_group`` is ignored (the daemon forms the group from the job
+    id), ``dim`` and ``check_reduction`` are accepted for compatibility.
 
     gradd-specific keyword arguments: ``socket``, ``job_id``, ``rank``,
     ``world_size``, ``local_rank``, ``local_world_size``, ``node_rank``,
@@ -102,7 +126,7 @@ class DistributedDataParallel(torch.nn.Module):
         bucket_cap_mb: float = 25,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
-        gradient_as_bucket_view: bool = True,
+        gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         *,
         socket: Optional[str] = None,
@@ -122,7 +146,10 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        ignore = _state_sync.ignored_names(module)
+        named = [
+            (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in ignore
+        ]
         if not named:
             raise RuntimeError(
                 "DistributedDataParallel is not needed when a module doesn't have any "
@@ -161,12 +188,15 @@ class DistributedDataParallel(torch.nn.Module):
         self.process_group = process_group
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
-        self.gradient_as_bucket_view = True
-        self.static_graph = static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = False
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self.parameters_to_ignore = list(ignore)
+        self.num_iterations = 0
         self._failure: Optional[BaseException] = None
         self._client = None
+        self._reducer: Optional[Reducer] = None
 
         # -- who we are ---------------------------------------------------
         env_rank = _env_int("RANK")
@@ -203,17 +233,18 @@ class DistributedDataParallel(torch.nn.Module):
                 self.rank // self.local_world_size,
             )
         )
-        self.job_id = _first(
+        base_job = _first(
             job_id, os.environ.get("GRADD_JOB") or None, f"torch-{master}" if master else None, "default"
         )
+        self.job_id = _jobs.derive_job_id(base_job, self.rank)
         coordinator = _first(coordinator, os.environ.get("GRADD_COORDINATOR") or None, master, "")
 
         # -- attach and register -----------------------------------------
         self._param_names: List[str] = [n for n, _ in named]
         self._params: List[torch.nn.Parameter] = [p for _, p in named]
         specs = [(n, tuple(p.shape), _DTYPES[p.dtype]) for n, p in named]
-        state = self._module_states()
-        state_bytes = sum(t.numel() * t.element_size() for t in state)
+        state = _state_sync.module_states(self.module)
+        state_bytes = _state_sync.state_bytes(state)
         self._bcast_bytes = 0
         if self.world_size > 1:
             self._bcast_bytes = int(max(4096, min(state_bytes, broadcast_chunk_mb * _MiB)))
@@ -233,6 +264,9 @@ class DistributedDataParallel(torch.nn.Module):
             node_rank=self.node_rank if multi else None,
             num_nodes=self.num_nodes if multi else 0,
             coordinator=coordinator if multi else "",
+            # Always: the used map also serves static_graph, which
+            # _set_static_graph() may turn on after construction.
+            find_unused_parameters=True,
         )
         if self._client.world_size != self.world_size or self._client.global_rank != self.rank:
             got = (self._client.global_rank, self._client.world_size)
@@ -242,36 +276,30 @@ class DistributedDataParallel(torch.nn.Module):
                 f"{got[1]}, but the environment says rank {self.rank} of {self.world_size}"
             )
 
-        # -- gradients as views into the shared buckets --------------------
-        self._views: List[torch.Tensor] = []
-        with torch.no_grad():
-            for i, p in enumerate(self._params):
-                view = torch.from_numpy(self._client.gradient(i))
-                if p.dtype == torch.bfloat16:
-                    view = view.view(torch.bfloat16)
-                view = view.view(p.shape)
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                else:
-                    view.zero_()
-                p.grad = view
-                self._views.append(view)
-
         # -- every rank starts from rank 0's state -------------------------
         if self.world_size > 1:
             self._broadcast_tensors(state)
 
-        # -- autograd hooks ------------------------------------------------
-        self._marked = [False] * len(self._params)
-        self._callback_queued = False
-        self._sync_this_backward = True
-        self._grad_accs = []
-        self_ref = weakref.ref(self)
-        with torch.enable_grad():
-            for i, p in enumerate(self._params):
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_hook(self_ref, i))
-                self._grad_accs.append(acc)  # the param holds it only weakly
+        # -- gradient views and autograd hooks -----------------------------
+        # .grad is left alone here (None stays None, as in torch): a view is
+        # handed out when the parameter gets a gradient or the average.
+        views: List[torch.Tensor] = []
+        for i, p in enumerate(self._params):
+            view = torch.from_numpy(self._client.gradient(i))
+            if p.dtype == torch.bfloat16:
+                view = view.view(torch.bfloat16)
+            views.append(view.view(p.shape))
+        self._reducer = Reducer(
+            self._client,
+            self._params,
+            self._param_names,
+            views,
+            find_unused_parameters=find_unused_parameters,
+            who=f"job '{self.job_id}', rank {self.rank}",
+            fail=self._fail,
+        )
+        if static_graph:
+            self._set_static_graph()
 
     # ------------------------------------------------------------------ info
     @property
@@ -284,7 +312,8 @@ class DistributedDataParallel(torch.nn.Module):
         return self._client.num_buckets
 
     def bucket_info(self) -> List[dict]:
-        """Per bucket: dtype, size_bytes and the names of its parameters."""
+        """Per bucket: dtype, size_bytes and the names of its parameters (a
+        bucket may also hold gradd's small used map, not listed)."""
         out = []
         for b in range(self._client.num_buckets):
             info = self._client.bucket(b)
@@ -297,6 +326,15 @@ class DistributedDataParallel(torch.nn.Module):
         """Names of the registered parameters, in registration order."""
         return list(self._param_names)
 
+    def _get_ddp_logging_data(self) -> dict:
+        """torch's DDP logging data (the main keys, same names and types;
+        times in nanoseconds, measured by this client: forward = the module's
+        forward, backward compute = end of forward to the last gradient,
+        backward comm = first bucket handed over to all averaged)."""
+        from gradd import _ddp_logging
+
+        return _ddp_logging.logging_data(self)
+
     # --------------------------------------------------------------- forward
     def forward(self, *inputs, **kwargs):
         self._raise_if_failed()
@@ -306,8 +344,8 @@ class DistributedDataParallel(torch.nn.Module):
                 f"{self.rank}) was shut down; use .module to run the model locally"
             )
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if torch.is_grad_enabled():
-            if grad_sync and any(self._marked):
+        if grad_sync:
+            if self._reducer.backward_in_progress:
                 self._fail(
                     RuntimeError(
                         "Expected to have finished reduction in the prior iteration before "
@@ -315,20 +353,26 @@ class DistributedDataParallel(torch.nn.Module):
                         f"(job '{self.job_id}', rank {self.rank})"
                     )
                 )
-            self._sync_this_backward = grad_sync
+            self.num_iterations += 1
         if self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
-            buffers = [b for b in self.module.buffers()]
+            buffers = _state_sync.module_buffers(self.module)
             if buffers:
                 self._broadcast_tensors(buffers)
+        t0 = time.monotonic_ns()
         output = self.module(*inputs, **kwargs)
-        self.require_forward_param_sync = grad_sync
+        if grad_sync:
+            self.require_forward_param_sync = True
+            self._reducer.prepare_for_backward(time.monotonic_ns() - t0)
+            output = self._reducer.wrap_output(output)
+        else:
+            self.require_forward_param_sync = False
         return output
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Inside, forward+backward accumulate gradients locally (in the shared
-        views) without talking to the daemon; the first synced backward after
-        it averages the accumulated gradients."""
+        """Inside, forward+backward accumulate gradients locally without
+        talking to the daemon; the first synced backward after it averages
+        the accumulated gradients."""
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -346,13 +390,35 @@ class DistributedDataParallel(torch.nn.Module):
         raise NotImplementedError("gradd.torch does not implement join() yet")
 
     def _set_static_graph(self):
+        """As torch: call it right after construction, before training."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.")
+            return
+        if self._reducer.iterations_done > 0 or self._reducer.backward_in_progress:
+            raise RuntimeError(
+                "set_static_graph() should be called before training loop starts and "
+                f"after DistributedDataParallel is constructed (job '{self.job_id}', rank "
+                f"{self.rank})"
+            )
         self.static_graph = True
+        self._reducer.static_graph = True
+        if self.find_unused_parameters:
+            warnings.warn(
+                "You passed find_unused_parameters=true to DistributedDataParallel, "
+                "`_set_static_graph` will detect unused parameters automatically, so "
+                "you do not need to set find_unused_parameters=true, just be sure these "
+                "unused parameters will not change during training loop while calling "
+                "`_set_static_graph`."
+            )
 
     # ---------------------------------------------------------------- close
     def shutdown(self) -> None:
         """Detaches from the daemon. Gradients stay readable (the memory stays
         mapped while views exist) but are no longer averaged."""
         client, self._client = self.__dict__.get("_client"), None
+        reducer = self.__dict__.get("_reducer")
+        if reducer is not None:
+            reducer.detach()
         if client is not None:
             client.detach()
 
@@ -363,142 +429,10 @@ class DistributedDataParallel(torch.nn.Module):
             pass
 
     # ------------------------------------------------------------ internals
-    def _module_states(self) -> List[torch.Tensor]:
-        """What torch DDP syncs at construction: state_dict()'s tensors
-        (parameters and persistent buffers), deduplicated."""
-        seen = set()
-        out = []
-        for t in self.module.state_dict().values():
-            if not isinstance(t, torch.Tensor) or id(t) in seen:
-                continue
-            seen.add(id(t))
-            out.append(t.detach())
-        return out
-
-    def _broadcast_tensors(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Overwrites `tensors` with rank 0's, through the daemon, packed into
-        chunks of at most the attach's broadcast area."""
+    def _broadcast_tensors(self, tensors) -> None:
+        """Overwrites `tensors` with rank 0's, through the daemon."""
         self._raise_if_failed()
-        chunk = self._bcast_bytes
-        staging = torch.empty(chunk, dtype=torch.uint8)
-        staging_np = staging.numpy()
-        pending: List[Tuple[torch.Tensor, int, int, int]] = []  # (bytes, src_off, len, dst_off)
-        writeback: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        used = 0
-
-        def flush():
-            nonlocal used
-            if used == 0:
-                return
-            try:
-                self._client.broadcast(staging_np[:used], 0)
-            except GraddError as e:
-                self._fail(e)
-            for dst, off, n, at in pending:
-                dst[off : off + n].copy_(staging[at : at + n])
-            pending.clear()
-            used = 0
-
-        with torch.no_grad():
-            for t in tensors:
-                if t.numel() == 0:
-                    continue
-                t = t.detach()
-                if t.is_contiguous():
-                    src = t
-                else:
-                    src = t.contiguous()
-                    writeback.append((t, src))
-                data = _bytes_of(src)
-                total = data.numel()
-                off = 0
-                while off < total:
-                    n = min(total - off, chunk - used)
-                    staging[used : used + n].copy_(data[off : off + n])
-                    pending.append((data, off, n, used))
-                    used += n
-                    off += n
-                    if used == chunk:
-                        flush()
-            flush()
-            for t, src in writeback:
-                t.copy_(src)
-
-    @staticmethod
-    def _make_hook(self_ref, index: int):
-        def hook(*unused):
-            ddp = self_ref()
-            if ddp is not None:
-                ddp._on_grad_ready(index)
-
-        return hook
-
-    def _on_grad_ready(self, i: int) -> None:
-        if not self._sync_this_backward or self._client is None:
-            return  # no_sync(): accumulate locally
-        self._raise_if_failed()
-        if not self._callback_queued:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        self._hand_over(i)
-
-    def _hand_over(self, i: int) -> None:
-        """Puts parameter i's gradient in its shared view and marks it ready."""
-        p, view = self._params[i], self._views[i]
-        g = p.grad
-        if g is not None and not self._is_view(g, view):
-            # zero_grad(set_to_none=True), create_graph or a user replaced
-            # .grad: bring the fresh gradient into shared memory.
-            with torch.no_grad():
-                view.copy_(g)
-            p.grad = view
-        self._marked[i] = True
-        try:
-            self._client.mark_ready(i)
-        except GraddError as e:
-            self._fail(e)
-
-    @staticmethod
-    def _is_view(g: torch.Tensor, view: torch.Tensor) -> bool:
-        return (
-            g.data_ptr() == view.data_ptr()
-            and g.dtype == view.dtype
-            and g.shape == view.shape
-            and g.stride() == view.stride()
-        )
-
-    def _finish_backward(self) -> None:
-        self._callback_queued = False
-        missing = [i for i, m in enumerate(self._marked) if not m]
-        unused_none = []
-        if missing:
-            if not self.find_unused_parameters:
-                names = ", ".join(self._param_names[i] for i in missing)
-                self._fail(
-                    RuntimeError(
-                        f"gradd (job '{self.job_id}', rank {self.rank}): parameters that "
-                        f"did not receive a gradient in this backward pass: {names}. "
-                        "Pass find_unused_parameters=True to DistributedDataParallel "
-                        "if the module has parameters that do not take part in the "
-                        "loss, and make sure all forward outputs contribute to it."
-                    )
-                )
-            for i in missing:
-                if self._params[i].grad is None:
-                    with torch.no_grad():
-                        self._views[i].zero_()  # contributes zeros, as in torch DDP
-                    unused_none.append(i)
-                self._hand_over(i)
-        try:
-            self._client.wait_all()
-        except GraddError as e:
-            self._fail(e)
-        self._marked = [False] * len(self._params)
-        # A parameter nobody used keeps grad None (as in torch DDP); one that
-        # another rank used gets the average.
-        for i in unused_none:
-            if bool(self._views[i].any()):
-                self._params[i].grad = self._views[i]
+        _state_sync.broadcast_tensors(self._client, tensors, self._bcast_bytes, self._fail)
 
     def _fail(self, error: BaseException):
         """Records the first error: the job can't continue after it."""

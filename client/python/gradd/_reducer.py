@@ -1,0 +1,385 @@
+"""The backward machinery of gradd.torch.DistributedDataParallel: what torch's
+c10d ``Reducer`` does, over a gradd client.
+
+One ``Reducer`` per DDP model. It owns the per-parameter gradient views into
+the shared buckets, the autograd hooks' per-iteration state and the static
+graph record. Every call runs on the thread that runs autograd for the model
+(CPU autograd runs hooks and callbacks on the caller's thread, under the GIL).
+
+Iteration state machine (torch: ``expect_autograd_hooks_``)::
+
+         DDP forward with grad sync               hooks fire: hand over
+   IDLE ---------------------------> EXPECTING ---------------------------+
+    ^     (forward without sync,        |  ^                              |
+    |      ddp.module(...): stay IDLE,  |  | another DDP forward before   |
+    |      hooks ignored)               |  | any hook: start afresh       |
+    |                                   |  +------------------------------+
+    |      end-of-backward callback     v
+    +---------------------------- FINISHING: mark the rest unused, wait,
+                                  apply torch's gradient rules
+
+Gradient rules (torch 1.13 ``mark_variable_ready_dense`` /
+``finalize_bucket_dense``, gradient_as_bucket_view or not -- the values are
+the same):
+
+* a parameter whose hook fired with a gradient contributes it; afterwards
+  ``.grad`` is its view into the bucket, holding the average;
+* a parameter no hook fired for (or whose hook saw no gradient) contributes
+  its existing ``.grad`` if it has one, zeros otherwise, and counts as
+  unused on this rank;
+* without find_unused_parameters / static_graph every parameter ends with
+  the average; with them, a parameter some rank used ends with the average on
+  every rank (None becomes the view), and one no rank used keeps ``.grad``
+  exactly as it was (None stays None; an existing gradient is neither zeroed
+  nor averaged).
+
+The "used by some rank" answer comes from the client's used map, which the
+daemon reduces like a gradient (client/src/used_map_client.h).
+
+Static graph (torch ``static_graph=True``): the first synced backward hands
+everything over at its end and records how often each parameter's hook fired
+and which parameters were unused (locally and globally); later backwards hand
+a parameter over at its last hook firing, mark the recorded unused ones at
+the first hook and skip the used map. Without static graph a second firing
+for one parameter in one backward is torch's "marked ready twice" error.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+_MARKED_TWICE = (
+    "Expected to mark a variable ready only once. This error is caused by one of the "
+    "following reasons: 1) Use of a module parameter outside the `forward` function. "
+    "Please make sure model parameters are not shared across multiple concurrent "
+    "forward-backward passes. or try to use _set_static_graph() as a workaround if this "
+    "module graph does not change during training loop.2) Reused parameters in multiple "
+    "reentrant backward passes. For example, if you use multiple `checkpoint` functions "
+    "to wrap the same part of your model, it would result in the same set of parameters "
+    "been used by different reentrant backward passes multiple times, and hence marking "
+    "a variable ready multiple times. DDP does not support such use cases in default. You "
+    "can try to use _set_static_graph() (or static_graph=True) as a workaround if your "
+    "module graph does not change over iterations."
+)
+
+
+class _Sink(torch.autograd.Function):
+    """Passes a DDP forward's outputs through so that the first thing the
+    outer backward runs queues the end-of-backward callback on the OUTER
+    graph task (a hook firing inside a reentrant backward, e.g. activation
+    checkpointing, would otherwise queue it on the inner one, which ends too
+    early). torch's _DDPSink does the same."""
+
+    @staticmethod
+    def forward(ctx, reducer_ref, *tensors):
+        ctx.set_materialize_grads(False)  # None gradients stay None
+        ctx.reducer_ref = reducer_ref
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reducer = ctx.reducer_ref()
+        if reducer is not None:
+            reducer.queue_finish()
+        return (None, *grads)
+
+
+class Reducer:
+    def __init__(
+        self,
+        client,
+        params: List[torch.nn.Parameter],
+        names: List[str],
+        views: List[torch.Tensor],
+        *,
+        find_unused_parameters: bool,
+        who: str,
+        fail: Callable[[BaseException], None],
+    ):
+        self.client = client
+        self.params = params
+        self.names = names
+        self.views = views
+        self.find_unused_parameters = find_unused_parameters
+        self.static_graph = False
+        self.who = who
+        self._fail = fail
+        n = len(params)
+        self.expect_hooks = False
+        self._fired = [0] * n
+        self._marked = [False] * n
+        self._any_marked = False
+        self._first_hook_done = False
+        self._callback_queued = False
+        # Locally unused parameters handed over this iteration: index ->
+        # "none" (grad was None), "view" (grad is the view; its value saved
+        # in _saved) or "other" (grad is another tensor, left alone).
+        self._unused: Dict[int, str] = {}
+        self._saved: Dict[int, torch.Tensor] = {}
+        # Static graph record (after its first synced backward).
+        self._static_counts: Optional[List[int]] = None
+        self._static_unused: List[int] = []
+        self._static_globally_used: List[bool] = []
+        self._remaining: List[int] = []
+        # Statistics (nanoseconds), for _get_ddp_logging_data.
+        self.iterations_done = 0
+        self.unused_parameter_size = 0
+        self.totals = {"forward": 0, "backward_compute": 0, "backward_comm": 0, "overlap": 0}
+        self.last = dict(self.totals)
+        self._t_forward_end = 0
+        self._t_first_mark = 0
+        self._hooks = []
+        self_ref = weakref.ref(self)
+        with torch.enable_grad():
+            for i, p in enumerate(params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(_make_hook(self_ref, i))
+                self._hooks.append(acc)  # the param holds its accumulator weakly
+
+    # ----------------------------------------------------------- iteration
+    @property
+    def static_first_iteration(self) -> bool:
+        return self.static_graph and self._static_counts is None
+
+    @property
+    def backward_in_progress(self) -> bool:
+        return self._any_marked
+
+    def prepare_for_backward(self, forward_ns: int) -> None:
+        """A DDP forward with gradient sync ran: the next backward syncs."""
+        self._reset()
+        self.expect_hooks = True
+        self.last["forward"] = forward_ns
+        self._t_forward_end = time.monotonic_ns()
+
+    def wrap_output(self, output):
+        """Routes the output's tensors that need a gradient through _Sink."""
+        try:
+            leaves, spec = torch.utils._pytree.tree_flatten(output)
+        except Exception:  # an output pytree cannot describe: hooks queue
+            return output
+        idx = [k for k, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not idx:
+            return output
+        passed = _Sink.apply(weakref.ref(self), *[leaves[k] for k in idx])
+        for k, t in zip(idx, passed):
+            leaves[k] = t
+        return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+    def queue_finish(self) -> None:
+        if self.expect_hooks and not self._callback_queued and self.client is not None:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _reset(self) -> None:
+        n = len(self.params)
+        self._fired = [0] * n
+        self._marked = [False] * n
+        self._any_marked = False
+        self._first_hook_done = False
+        self._unused.clear()
+        self._saved.clear()
+        if self._static_counts is not None:
+            self._remaining = list(self._static_counts)
+
+    # --------------------------------------------------------------- hooks
+    def on_grad_ready(self, i: int) -> None:
+        if not self.expect_hooks or self.client is None:
+            return  # no DDP forward with sync before this backward: local
+        self.queue_finish()
+        self._fired[i] += 1
+        if self.static_first_iteration:
+            return  # torch delays every reduction of the first iteration
+        if self.static_graph:
+            if self._remaining[i] <= 0:
+                self._fail(RuntimeError(
+                    f"gradd ({self.who}): parameter '{self.names[i]}' (index {i}) received "
+                    "a gradient more often than in the first iteration. Your training graph "
+                    "has changed in this iteration, e.g., one parameter is unused in first "
+                    "iteration, but then got used in the second iteration. this is not "
+                    "compatible with static_graph set to True."
+                ))
+            self._on_first_hook()
+            self._remaining[i] -= 1
+            if self._remaining[i] == 0:
+                self._hand_over(i)
+            return
+        if self._fired[i] > 1:
+            self._fail(RuntimeError(
+                f"{_MARKED_TWICE} Parameter at index {i} with name {self.names[i]} has been "
+                "marked as ready twice. This means that multiple autograd engine hooks have "
+                f"fired for this particular parameter during this iteration ({self.who})."
+            ))
+        self._on_first_hook()
+        self._hand_over(i)
+
+    def _on_first_hook(self) -> None:
+        if self._first_hook_done:
+            return
+        self._first_hook_done = True
+        if self.static_graph:
+            # The unused set is fixed: hand those over now, as torch does.
+            for j in self._static_unused:
+                self._mark_unused(j)
+        if not self.static_graph and self.find_unused_parameters:
+            return  # this iteration's used map is needed
+        self._call(self.client.skip_used_map)
+
+    def _hand_over(self, i: int) -> None:
+        """Parameter i's gradient is final: into its view, and ready."""
+        p, view = self.params[i], self.views[i]
+        g = p.grad
+        if g is None:  # the hook saw no gradient: torch treats it as unused
+            self._mark_unused(i)
+            return
+        if not _is_view(g, view):
+            # First use, zero_grad(set_to_none=True), no_sync accumulation or
+            # a replaced .grad: bring the gradient into shared memory.
+            with torch.no_grad():
+                view.copy_(g)
+            p.grad = view
+        self._mark(i)
+        self._call(self.client.mark_ready, i)
+
+    def _mark_unused(self, i: int) -> None:
+        p, view = self.params[i], self.views[i]
+        g = p.grad
+        if g is None:
+            self._unused[i] = "none"
+            keep = False
+        elif _is_view(g, view):
+            self._unused[i] = "view"
+            self._saved[i] = g.detach().clone()
+            keep = True
+        else:
+            self._unused[i] = "other"
+            with torch.no_grad():
+                view.copy_(g)
+            keep = True
+        self._mark(i)
+        self._call(self.client.mark_unused, i, keep)
+
+    def _mark(self, i: int) -> None:
+        if not self._any_marked:
+            self._any_marked = True
+            self._t_first_mark = time.monotonic_ns()
+        self._marked[i] = True
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except RuntimeError as e:  # GraddError: the job cannot go on
+            self._fail(e)
+
+    # -------------------------------------------------------------- finish
+    def _finish(self) -> None:
+        self._callback_queued = False
+        if not self.expect_hooks or self.client is None:
+            return
+        if not any(self._fired) and not self.static_first_iteration:
+            return  # no parameter took part: nothing was handed over
+        t_compute_end = time.monotonic_ns()
+        first_static = self.static_first_iteration
+        n = len(self.params)
+        if first_static:
+            self._first_hook_done = True  # no skip: the used map is needed
+            for i in range(n):
+                if self._fired[i] > 0:
+                    self._hand_over(i)
+                else:
+                    self._mark_unused(i)
+        elif self.static_graph:
+            short = [i for i in range(n) if not self._marked[i] and self._remaining[i] > 0]
+            if short:
+                self._fail(RuntimeError(
+                    f"gradd ({self.who}): with static_graph=True, parameters "
+                    f"{self._names(short)} received fewer gradients in this backward than in "
+                    "the first iteration; the training graph must not change with "
+                    "static_graph"
+                ))
+            for i in range(n):
+                if not self._marked[i]:
+                    self._mark_unused(i)
+        else:
+            missing = [i for i in range(n) if not self._marked[i]]
+            if missing and not self.find_unused_parameters:
+                self._fail(RuntimeError(
+                    f"gradd ({self.who}): parameters that did not receive a gradient in "
+                    f"this backward pass: {self._names(missing)}. Pass "
+                    "find_unused_parameters=True to DistributedDataParallel if the module "
+                    "has parameters that do not take part in the loss, and make sure all "
+                    "forward outputs contribute to it."
+                ))
+            for i in missing:
+                self._mark_unused(i)
+        self._call(self.client.wait_all)
+        t_done = time.monotonic_ns()
+
+        if first_static:
+            self._static_counts = list(self._fired)
+            self._static_unused = [i for i in range(n) if self._fired[i] == 0]
+            self._static_globally_used = self.client.globally_used_all()
+        used = self._globally_used(first_static)
+        unused_bytes = 0
+        for i, kind in self._unused.items():
+            view = self.views[i]
+            if used is None or used[i]:
+                self.params[i].grad = view  # the average (None became it)
+                continue
+            unused_bytes += view.numel() * view.element_size()
+            if kind == "view":  # nobody used it: as it was, not averaged
+                with torch.no_grad():
+                    view.copy_(self._saved[i])
+        self.unused_parameter_size = unused_bytes
+        self._record_times(t_compute_end, t_done)
+        self._reset()
+        self.expect_hooks = False
+        self.iterations_done += 1
+
+    def _globally_used(self, first_static: bool) -> Optional[List[bool]]:
+        """None: every parameter counts as used (no find_unused / static)."""
+        if self.static_graph and not first_static:
+            return self._static_globally_used
+        if self.static_graph or self.find_unused_parameters:
+            return self.client.globally_used_all()
+        return None
+
+    def _record_times(self, t_compute_end: int, t_done: int) -> None:
+        compute = max(0, t_compute_end - self._t_forward_end)
+        comm = max(0, t_done - self._t_first_mark)
+        self.last.update(
+            backward_compute=compute,
+            backward_comm=comm,
+            overlap=max(0, t_compute_end - self._t_first_mark),
+        )
+        for k in self.totals:
+            self.totals[k] += self.last[k]
+
+    def _names(self, idx: List[int]) -> str:
+        shown = ", ".join(self.names[i] for i in idx[:10])
+        return shown + (f" and {len(idx) - 10} more" if len(idx) > 10 else "")
+
+    def detach(self) -> None:
+        self.client = None
+        self.expect_hooks = False
+
+
+def _make_hook(reducer_ref, index: int):
+    def hook(*unused):
+        reducer = reducer_ref()
+        if reducer is not None:
+            reducer.on_grad_ready(index)
+
+    return hook
+
+
+def _is_view(g: torch.Tensor, view: torch.Tensor) -> bool:
+    return (
+        g.data_ptr() == view.data_ptr()
+        and g.dtype == view.dtype
+        and g.shape == view.shape
+        and g.stride() == view.stride()
+    )

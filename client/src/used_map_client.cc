@@ -1,0 +1,225 @@
+// UsedMapClient (used_map_client.h) and the defaults of the find_unused_
+// parameters calls for clients without a used map.
+#include "used_map_client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "attach_internal.h"
+#include "common/status_macros.h"
+
+namespace gradd {
+
+absl::Status Client::MarkUnused(int param, UnusedGradient) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("MarkUnused(", param,
+                   ") needs a client attached with "
+                   "ClientOptions::find_unused_parameters"));
+}
+
+bool Client::GloballyUsed(int param) const {
+  return param >= 0 && param < num_params();
+}
+
+absl::Status Client::SkipUsedMap() { return absl::OkStatus(); }
+
+namespace {
+
+// How many unmarked parameters an error message names (as client.cc).
+constexpr size_t kNamedInErrors = 5;
+
+class UsedMapClient final : public Client {
+ public:
+  UsedMapClient(std::unique_ptr<Client> inner, std::vector<std::string> names,
+                std::string who)
+      : inner_(std::move(inner)),
+        names_(std::move(names)),
+        who_(std::move(who)),
+        map_(static_cast<float*>(inner_->gradient(0))),
+        marked_(names_.size()),
+        used_(names_.size(), false) {
+    for (auto& m : marked_) m.store(0, std::memory_order_relaxed);
+    buckets_.resize(inner_->num_buckets());
+    for (int b = 0; b < inner_->num_buckets(); ++b) {
+      const BucketInfo& info = inner_->bucket(b);
+      buckets_[b].dtype = info.dtype;
+      buckets_[b].size_bytes = info.size_bytes;
+      for (int32_t i : info.params) {
+        if (i > 0) buckets_[b].params.push_back(i - 1);
+      }
+    }
+  }
+
+  void* gradient(int param) const override {
+    return Known(param) ? inner_->gradient(param + 1) : nullptr;
+  }
+  size_t gradient_bytes(int param) const override {
+    return Known(param) ? inner_->gradient_bytes(param + 1) : 0;
+  }
+  int num_params() const override { return static_cast<int>(names_.size()); }
+
+  absl::Status MarkReady(int param) override {
+    RETURN_IF_ERROR(Claim(param));
+    const uint64_t it = inner_->iteration();
+    if (skipped_.load(std::memory_order_acquire) != it) map_[param] = 1.0f;
+    return inner_->MarkReady(param + 1);
+  }
+
+  absl::Status MarkUnused(int param, UnusedGradient gradient) override {
+    RETURN_IF_ERROR(Claim(param));
+    if (gradient == UnusedGradient::kZero) {
+      std::memset(inner_->gradient(param + 1), 0,
+                  inner_->gradient_bytes(param + 1));
+    }
+    return inner_->MarkReady(param + 1);
+  }
+
+  bool GloballyUsed(int param) const override {
+    return Known(param) && used_[param];
+  }
+
+  absl::Status SkipUsedMap() override {
+    const uint64_t it = inner_->iteration();
+    if (skipped_.load(std::memory_order_relaxed) == it) return absl::OkStatus();
+    std::fill(map_, map_ + names_.size(), 1.0f);
+    skipped_.store(it, std::memory_order_release);
+    return inner_->MarkReady(0);
+  }
+
+  absl::Status WaitAll() override {
+    const uint64_t it = inner_->iteration();
+    std::vector<int> missing;
+    for (int i = 0; i < num_params(); ++i) {
+      if (marked_[i].load(std::memory_order_acquire) != it) {
+        missing.push_back(i);
+      }
+    }
+    if (!missing.empty()) return MissingError(missing, it);
+    if (skipped_.load(std::memory_order_relaxed) != it) {
+      RETURN_IF_ERROR(inner_->MarkReady(0));
+    }
+    RETURN_IF_ERROR(inner_->WaitAll());
+    for (size_t i = 0; i < names_.size(); ++i) used_[i] = map_[i] > 0.0f;
+    // The next iteration starts from "used by nobody".
+    std::memset(map_, 0, names_.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  bool BucketDone(int bucket) const override {
+    return inner_->BucketDone(bucket);
+  }
+  absl::Status Broadcast(void* data, size_t bytes, int root) override {
+    return inner_->Broadcast(data, bytes, root);
+  }
+  absl::Status Detach() override { return inner_->Detach(); }
+  int num_buckets() const override { return inner_->num_buckets(); }
+  const BucketInfo& bucket(int b) const override {
+    static const BucketInfo kNone{};
+    if (b < 0 || b >= num_buckets()) return kNone;
+    return buckets_[b];
+  }
+  uint64_t iteration() const override { return inner_->iteration(); }
+  int global_rank() const override { return inner_->global_rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  int local_rank() const override { return inner_->local_rank(); }
+  int local_world_size() const override { return inner_->local_world_size(); }
+
+ private:
+  bool Known(int param) const { return param >= 0 && param < num_params(); }
+
+  // Records `param` as marked in the current iteration; the errors name the
+  // caller's index (the inner client would name index + 1).
+  absl::Status Claim(int param) {
+    if (!Known(param)) {
+      return absl::OutOfRangeError(
+          absl::StrCat("MarkReady(", param, "): unknown parameter index; ",
+                       who_, " registered ", num_params(),
+                       " parameters (indices 0..", num_params() - 1, ")"));
+    }
+    const uint64_t it = inner_->iteration();
+    if (marked_[param].exchange(it, std::memory_order_acq_rel) == it) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter '", names_[param], "' (index ", param,
+          ") marked ready twice in iteration ", it, " (", who_,
+          "); a parameter's gradient may be marked ready only once per "
+          "iteration (a parameter shared by several modules, or reentrant "
+          "backward, can cause this)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MissingError(const std::vector<int>& missing,
+                            uint64_t it) const {
+    std::string names;
+    for (size_t k = 0; k < std::min(missing.size(), kNamedInErrors); ++k) {
+      absl::StrAppend(&names, k ? ", '" : "'", names_[missing[k]], "' (index ",
+                      missing[k], ")");
+    }
+    if (missing.size() > kNamedInErrors) {
+      absl::StrAppend(&names, " and ", missing.size() - kNamedInErrors,
+                      " more");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        missing.size(), " of ", num_params(),
+        " parameters were not marked ready in iteration ", it, " (", who_,
+        "): ", names,
+        "; with find_unused_parameters, mark each parameter either ready "
+        "(MarkReady) or unused (MarkUnused) every iteration"));
+  }
+
+  const std::unique_ptr<Client> inner_;
+  const std::vector<std::string> names_;
+  const std::string who_;
+  float* const map_;  // the hidden parameter's gradient memory
+  std::vector<BucketInfo> buckets_;
+  // Iteration in which each parameter was last marked (ready or unused).
+  std::vector<std::atomic<uint64_t>> marked_;
+  // Iteration whose map was handed over early by SkipUsedMap (0: none).
+  std::atomic<uint64_t> skipped_{0};
+  // Result of the last WaitAll (touched by the WaitAll thread only).
+  std::vector<bool> used_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
+    const ClientOptions& options, const std::vector<ClientParam>& params) {
+  if (params.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", options.local_rank, " of job '",
+                     options.job_id, "' registered no parameters"));
+  }
+  std::vector<ClientParam> all;
+  all.reserve(params.size() + 1);
+  all.push_back(ClientParam{kUsedMapParamName,
+                            {static_cast<int64_t>(params.size())},
+                            /*dtype=float32*/ 1});
+  all.insert(all.end(), params.begin(), params.end());
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> inner,
+                   internal::AttachDirect(options, all));
+  if (inner->num_params() != static_cast<int>(all.size()) ||
+      inner->gradient(0) == nullptr ||
+      inner->gradient_bytes(0) != params.size() * sizeof(float)) {
+    return absl::InternalError(
+        absl::StrCat("gradd returned no memory for the used map of job '",
+                     options.job_id, "', local rank ", options.local_rank));
+  }
+  std::vector<std::string> names;
+  names.reserve(params.size());
+  for (const ClientParam& p : params) names.push_back(p.name);
+  return std::unique_ptr<Client>(std::make_unique<UsedMapClient>(
+      std::move(inner), std::move(names),
+      absl::StrCat("job '", options.job_id, "', local rank ",
+                   options.local_rank)));
+}
+
+}  // namespace gradd

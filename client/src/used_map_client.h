@@ -1,0 +1,45 @@
+// find_unused_parameters for the client library: which parameters each rank
+// used in an iteration, reduced by the daemon (torch DDP's allreduce of
+// `local_used_map`).
+//
+// UsedMapClient decorates a Client attached with one extra float32
+// parameter of num_params() elements registered FIRST (index 0 of the inner
+// client; the planner goes in reverse registration order, so it lands in the
+// last bucket, which is the last to be ready anyway). The decorator hides it:
+// user index i is inner index i + 1. Per iteration:
+//
+//   MarkReady(i)   map[i] = 1, inner MarkReady(i + 1)
+//   MarkUnused(i)  (zero gradient i), inner MarkReady(i + 1); map[i] stays 0
+//   SkipUsedMap()  map = all ones, inner MarkReady(0) now
+//   WaitAll()      inner MarkReady(0) unless skipped, inner WaitAll();
+//                  used[i] = (average of map[i] over ranks) > 0; map = 0
+//
+// The daemon averages the map like any gradient; an average of 0/1 values is
+// > 0 exactly when some rank used the parameter, whatever the world size,
+// divide factor or join state.
+//
+// Threads: as Client (MarkReady / MarkUnused from several threads at once;
+// each writes only its own map element).
+#ifndef GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
+#define GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gradd/client.h"
+
+namespace gradd {
+
+// Name of the hidden parameter (it appears in the daemon's plan and in
+// mismatched-model errors when ranks disagree on find_unused_parameters).
+inline constexpr char kUsedMapParamName[] =
+    "[gradd] find_unused_parameters used map";
+
+// Attaches with the hidden used-map parameter and returns the decorator.
+absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
+    const ClientOptions& options, const std::vector<ClientParam>& params);
+
+}  // namespace gradd
+
+#endif  // GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
