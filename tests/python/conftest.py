@@ -94,15 +94,90 @@ def daemon(gradd_binary):
     assert alive, f"gradd died during the tests:\n{log}"
 
 
+class TwoDaemons:
+    """Two real gradd daemons on loopback forming multi-node jobs: node-a is
+    the rendezvous coordinator (OS-chosen port), node-b points at it. Node
+    ranks are given explicitly by the trainers (gradd.torch derives them from
+    RANK // LOCAL_WORLD_SIZE), so node i hosts global ranks
+    i*L .. i*L+L-1 for a local world size L."""
+
+    def __init__(self, binary):
+        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-2n-")
+        config = os.path.join(self.dir, "gradd.yaml")
+        with open(config, "w") as f:
+            f.write("rendezvous:\n  join_timeout_ms: 60000\n  collective_timeout_ms: 60000\n")
+        port_file = os.path.join(self.dir, "coordinator.port")
+        self.nodes = []
+        a = Daemon(binary, ["--node-id", "node-a", "--config", config,
+                            "--rendezvous-listen", "127.0.0.1:0",
+                            "--rendezvous-port-file", port_file])
+        self.nodes.append(a)
+        deadline = time.monotonic() + 30
+        port = 0
+        while port <= 0:
+            try:
+                with open(port_file) as f:
+                    port = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                port = 0
+            if port > 0:
+                break
+            if time.monotonic() > deadline or a.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"coordinator wrote no port:\n{a.log()}")
+            time.sleep(0.02)
+        self.coordinator = f"127.0.0.1:{port}"
+        try:
+            self.nodes.append(Daemon(binary, ["--node-id", "node-b", "--config", config,
+                                              "--coordinator", self.coordinator]))
+        except Exception:
+            self.stop()
+            raise
+
+    def rank_env(self, rank, local_world_size):
+        """Environment of global rank `rank` (torchrun's names + gradd's)."""
+        node = rank // local_world_size
+        return dict(
+            LOCAL_RANK=str(rank % local_world_size),
+            LOCAL_WORLD_SIZE=str(local_world_size),
+            GROUP_RANK=str(node),
+            GRADD_SOCKET=self.nodes[node].socket,
+            GRADD_COORDINATOR=self.coordinator,
+        )
+
+    def logs(self):
+        return "\n".join(f"--- {n.log_path}\n{n.log()}" for n in self.nodes)
+
+    def alive(self):
+        return all(n.proc.poll() is None for n in self.nodes)
+
+    def stop(self):
+        for n in reversed(self.nodes):
+            n.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def two_daemons(gradd_binary):
+    """Two gradd daemons on loopback (multi-node jobs); see TwoDaemons."""
+    d = TwoDaemons(gradd_binary)
+    yield d
+    alive, logs = d.alive(), d.logs()
+    d.stop()
+    assert alive, f"a gradd daemon died during the tests:\n{logs}"
+
+
 @pytest.fixture
 def job_id(request):
     name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def run_workers(script, world, args, env_extra, timeout=120):
+def run_workers(script, world, args, env_extra, timeout=120, rank_env=None):
     """Runs `world` copies of `script` (rank in RANK), returns their stdouts;
-    fails with every worker's output if one fails or runs past `timeout`."""
+    fails with every worker's output if one fails or runs past `timeout`.
+    `rank_env(rank)` may return per-rank variables (e.g.
+    TwoDaemons.rank_env) that override the single-node defaults."""
     procs = []
     for rank in range(world):
         env = dict(os.environ)
@@ -115,6 +190,8 @@ def run_workers(script, world, args, env_extra, timeout=120):
             OMP_NUM_THREADS="1",
             OPENBLAS_NUM_THREADS="1",
         )
+        if rank_env is not None:
+            env.update(rank_env(rank))
         procs.append(
             subprocess.Popen(
                 [sys.executable, os.path.join(HERE, script), *args],
