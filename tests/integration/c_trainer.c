@@ -5,6 +5,9 @@
  *   gradd_c_trainer train SOCKET JOB RANK WORLD ITERATIONS
  *                                        float32 + float64 params, every
  *                                        average checked exactly
+ *   gradd_c_trainer unused SOCKET JOB RANK WORLD
+ *                                        find_unused_parameters: "w" used
+ *                                        by rank 0 only, "b" by nobody
  * Prints PASS and exits 0, or prints why and exits 1. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,12 +122,58 @@ static int Train(const char* socket, const char* job, int rank, int world,
   return 0;
 }
 
+static int Unused(const char* socket, const char* job, int rank, int world) {
+  static const int64_t shape[] = {4};
+  gradd_param params[2] = {{"w", shape, 1, GRADD_FLOAT32},
+                           {"b", shape, 1, GRADD_FLOAT32}};
+  gradd_options opts;
+  gradd_options_init(&opts);
+  opts.socket_path = socket;
+  opts.job_id = job;
+  opts.local_rank = rank;
+  opts.local_world_size = world;
+  opts.attach_timeout_ms = 20000;
+  opts.wait_timeout_ms = 20000;
+  opts.find_unused_parameters = 1;
+  gradd_client* c = NULL;
+  if (gradd_attach(&opts, params, 2, &c) != GRADD_OK) {
+    printf("FAIL attach: %s\n", gradd_last_error());
+    return 1;
+  }
+  if (gradd_num_params(c) != 2 || gradd_gradient(c, 2) != NULL) {
+    printf("FAIL: the used map is visible\n");
+    return 1;
+  }
+  float* w = (float*)gradd_gradient(c, 0);
+  for (int j = 0; j < 4; ++j) w[j] = (float)(world * (rank == 0));
+  int rc = rank == 0 ? gradd_mark_ready(c, 0) : gradd_mark_unused(c, 0, 0);
+  if (rc != GRADD_OK || gradd_mark_unused(c, 1, 0) != GRADD_OK ||
+      gradd_wait_all(c) != GRADD_OK) {
+    printf("FAIL iteration: %s\n", gradd_last_error());
+    return 1;
+  }
+  if (gradd_globally_used(c, 0) != 1 || gradd_globally_used(c, 1) != 0 ||
+      gradd_globally_used(c, 2) != 0 || w[0] != 1.0f || w[3] != 1.0f) {
+    printf("FAIL: used %d %d, w[0] = %g\n", gradd_globally_used(c, 0),
+           gradd_globally_used(c, 1), w[0]);
+    return 1;
+  }
+  gradd_free(c);
+  printf("PASS unused\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "nodaemon") == 0) return NoDaemon(argv[2]);
   if (argc == 7 && strcmp(argv[1], "train") == 0) {
     return Train(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
   }
-  fprintf(stderr, "usage: %s nodaemon SOCKET | train SOCKET JOB RANK WORLD N\n",
+  if (argc == 6 && strcmp(argv[1], "unused") == 0) {
+    return Unused(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+  }
+  fprintf(stderr,
+          "usage: %s nodaemon SOCKET | train SOCKET JOB RANK WORLD N | "
+          "unused SOCKET JOB RANK WORLD\n",
           argv[0]);
   return 2;
 }

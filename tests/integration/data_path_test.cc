@@ -80,6 +80,20 @@ TEST_F(DataPathTest, CAbi) {
   }
 }
 
+TEST_F(DataPathTest, CAbiFindUnusedParameters) {
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(Spawn(
+        absl::StrCat("c_unused", r),
+        {GRADD_C_TRAINER, "unused", socket_, "cunused", absl::StrCat(r), "2"}));
+  }
+  for (Proc& p : ps) {
+    Exit x = Wait(p, milliseconds(30000));
+    EXPECT_EQ(x.code, 0) << x.output;
+    EXPECT_THAT(x.output, HasSubstr("PASS unused"));
+  }
+}
+
 TEST_F(DataPathTest, ExampleTrainer) {
   std::vector<Proc> ps;
   for (int r = 0; r < 2; ++r) {
