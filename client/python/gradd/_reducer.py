@@ -50,6 +50,7 @@ import weakref
 from typing import Callable, Dict, List, Optional
 
 import torch
+from torch.utils import _pytree
 
 _MARKED_TWICE = (
     "Expected to mark a variable ready only once. This error is caused by one of the "
@@ -158,7 +159,7 @@ class Reducer:
     def wrap_output(self, output):
         """Routes the output's tensors that need a gradient through _Sink."""
         try:
-            leaves, spec = torch.utils._pytree.tree_flatten(output)
+            leaves, spec = _pytree.tree_flatten(output)
         except Exception:  # an output pytree cannot describe: hooks queue
             return output
         idx = [k for k, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -167,7 +168,7 @@ class Reducer:
         passed = _Sink.apply(weakref.ref(self), *[leaves[k] for k in idx])
         for k, t in zip(idx, passed):
             leaves[k] = t
-        return torch.utils._pytree.tree_unflatten(leaves, spec)
+        return _pytree.tree_unflatten(leaves, spec)
 
     def queue_finish(self) -> None:
         if self.expect_hooks and not self._callback_queued and self.client is not None:
