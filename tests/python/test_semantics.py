@@ -8,7 +8,10 @@ and buffers after every step (semantics_worker.py has the scenarios):
                   zeroed and stale (not zeroed) gradients
   unused_stale    locally unused parameters with existing, rank-specific
                   gradients (from a local backward): contributed when somebody
-                  used the parameter, left untouched when nobody did
+                  used the parameter; a parameter used only in the local
+                  backward counts as used, as in torch 2.x (torch 1.13 leaves
+                  its ranks out of sync there; gradd keeps them identical and
+                  the test expects torch 2.x's result)
   sync_rules      only backwards after a DDP forward sync: ddp.module(...)
                   backward on one rank only, uneven no_sync accumulation,
                   forwards never backpropagated, require_backward_grad_sync

@@ -27,6 +27,12 @@ the same):
 * a parameter no hook fired for (or whose hook saw no gradient) contributes
   its existing ``.grad`` if it has one, zeros otherwise, and counts as
   unused on this rank;
+* with find_unused_parameters, a parameter that got a gradient in a local
+  backward (under no_sync(), or through ``ddp.module``) since the last synced
+  one counts as used by this rank, as in torch 2.x. (torch 1.13 forgets such
+  use and leaves the parameter's gradient untouched where nobody used it in
+  the synced backward, so ranks end up with different gradients; gradd keeps
+  them identical.)
 * without find_unused_parameters / static_graph every parameter ends with
   the average; with them, a parameter some rank used ends with the average on
   every rank (None becomes the view), and one no rank used keeps ``.grad``
@@ -118,6 +124,10 @@ class Reducer:
         # Locally unused parameters handed over this iteration: index ->
         # "none" (grad was None), "view" (grad is the view; its value saved
         # in _saved) or "other" (grad is another tensor, left alone).
+        # Parameters that got a gradient in a local backward since the last
+        # synced one (find_unused_parameters; torch 2.x's local_used_map
+        # survives no_sync iterations).
+        self._used_since_sync = [False] * n
         self._unused: Dict[int, str] = {}
         self._saved: Dict[int, torch.Tensor] = {}
         # Static graph record (after its first synced backward).
@@ -189,7 +199,10 @@ class Reducer:
     # --------------------------------------------------------------- hooks
     def on_grad_ready(self, i: int) -> None:
         if not self.expect_hooks or self.client is None:
-            return  # no DDP forward with sync before this backward: local
+            # No DDP forward with sync before this backward: purely local.
+            if self.find_unused_parameters and self.params[i].grad is not None:
+                self._used_since_sync[i] = True
+            return
         self.queue_finish()
         self._fired[i] += 1
         if self.static_first_iteration:
@@ -315,7 +328,10 @@ class Reducer:
                     "forward outputs contribute to it."
                 ))
             for i in missing:
-                self._mark_unused(i)
+                if self._used_since_sync[i] and self.params[i].grad is not None:
+                    self._hand_over(i)  # used locally: counts, contributes
+                else:
+                    self._mark_unused(i)
         self._call(self.client.wait_all)
         t_done = time.monotonic_ns()
 
@@ -337,6 +353,7 @@ class Reducer:
         self.unused_parameter_size = unused_bytes
         self._record_times(t_compute_end, t_done)
         self._reset()
+        self._used_since_sync = [False] * n
         self.expect_hooks = False
         self.iterations_done += 1
 
