@@ -44,19 +44,9 @@ class UsedMapClient final : public Client {
       : inner_(std::move(inner)),
         names_(std::move(names)),
         who_(std::move(who)),
-        map_(static_cast<float*>(inner_->gradient(0))),
         marked_(names_.size()),
         used_(names_.size(), false) {
     for (auto& m : marked_) m.store(0, std::memory_order_relaxed);
-    buckets_.resize(inner_->num_buckets());
-    for (int b = 0; b < inner_->num_buckets(); ++b) {
-      const BucketInfo& info = inner_->bucket(b);
-      buckets_[b].dtype = info.dtype;
-      buckets_[b].size_bytes = info.size_bytes;
-      for (int32_t i : info.params) {
-        if (i > 0) buckets_[b].params.push_back(i - 1);
-      }
-    }
   }
 
   void* gradient(int param) const override {
@@ -70,7 +60,7 @@ class UsedMapClient final : public Client {
   absl::Status MarkReady(int param) override {
     RETURN_IF_ERROR(Claim(param));
     const uint64_t it = inner_->iteration();
-    if (skipped_.load(std::memory_order_acquire) != it) map_[param] = 1.0f;
+    if (skipped_.load(std::memory_order_acquire) != it) Map()[param] = 1.0f;
     return inner_->MarkReady(param + 1);
   }
 
@@ -90,7 +80,7 @@ class UsedMapClient final : public Client {
   absl::Status SkipUsedMap() override {
     const uint64_t it = inner_->iteration();
     if (skipped_.load(std::memory_order_relaxed) == it) return absl::OkStatus();
-    std::fill(map_, map_ + names_.size(), 1.0f);
+    std::fill(Map(), Map() + names_.size(), 1.0f);
     skipped_.store(it, std::memory_order_release);
     return inner_->MarkReady(0);
   }
@@ -108,9 +98,10 @@ class UsedMapClient final : public Client {
       RETURN_IF_ERROR(inner_->MarkReady(0));
     }
     RETURN_IF_ERROR(inner_->WaitAll());
-    for (size_t i = 0; i < names_.size(); ++i) used_[i] = map_[i] > 0.0f;
+    const float* map = Map();
+    for (size_t i = 0; i < names_.size(); ++i) used_[i] = map[i] > 0.0f;
     // The next iteration starts from "used by nobody".
-    std::memset(map_, 0, names_.size() * sizeof(float));
+    std::memset(Map(), 0, names_.size() * sizeof(float));
     return absl::OkStatus();
   }
 
@@ -122,10 +113,23 @@ class UsedMapClient final : public Client {
   }
   absl::Status Detach() override { return inner_->Detach(); }
   int num_buckets() const override { return inner_->num_buckets(); }
+  // Translated on each call (the inner plan may change, e.g. when buckets
+  // are rebuilt); the reference stays valid until the next bucket(b) call.
   const BucketInfo& bucket(int b) const override {
     static const BucketInfo kNone{};
     if (b < 0 || b >= num_buckets()) return kNone;
-    return buckets_[b];
+    if (buckets_.size() != static_cast<size_t>(num_buckets())) {
+      buckets_.resize(num_buckets());
+    }
+    const BucketInfo& info = inner_->bucket(b);
+    BucketInfo& out = buckets_[b];
+    out.dtype = info.dtype;
+    out.size_bytes = info.size_bytes;
+    out.params.clear();
+    for (int32_t i : info.params) {
+      if (i > 0) out.params.push_back(i - 1);
+    }
+    return out;
   }
   uint64_t iteration() const override { return inner_->iteration(); }
   int global_rank() const override { return inner_->global_rank(); }
@@ -135,6 +139,9 @@ class UsedMapClient final : public Client {
 
  private:
   bool Known(int param) const { return param >= 0 && param < num_params(); }
+  // The hidden parameter's gradient memory, looked up each time: the inner
+  // client owns where it lives.
+  float* Map() const { return static_cast<float*>(inner_->gradient(0)); }
 
   // Records `param` as marked in the current iteration; the errors name the
   // caller's index (the inner client would name index + 1).
@@ -179,8 +186,7 @@ class UsedMapClient final : public Client {
   const std::unique_ptr<Client> inner_;
   const std::vector<std::string> names_;
   const std::string who_;
-  float* const map_;  // the hidden parameter's gradient memory
-  std::vector<BucketInfo> buckets_;
+  mutable std::vector<BucketInfo> buckets_;  // bucket(b)'s answers
   // Iteration in which each parameter was last marked (ready or unused).
   std::vector<std::atomic<uint64_t>> marked_;
   // Iteration whose map was handed over early by SkipUsedMap (0: none).
