@@ -197,6 +197,13 @@ class UsedMapClient final : public Client {
 
 }  // namespace
 
+std::unique_ptr<Client> NewUsedMapClient(std::unique_ptr<Client> inner,
+                                         std::vector<std::string> names,
+                                         std::string who) {
+  return std::make_unique<UsedMapClient>(std::move(inner), std::move(names),
+                                         std::move(who));
+}
+
 absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
     const ClientOptions& options, const std::vector<ClientParam>& params) {
   if (params.empty()) {
@@ -222,10 +229,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
   std::vector<std::string> names;
   names.reserve(params.size());
   for (const ClientParam& p : params) names.push_back(p.name);
-  return std::unique_ptr<Client>(std::make_unique<UsedMapClient>(
-      std::move(inner), std::move(names),
-      absl::StrCat("job '", options.job_id, "', local rank ",
-                   options.local_rank)));
+  return NewUsedMapClient(std::move(inner), std::move(names),
+                          absl::StrCat("job '", options.job_id,
+                                       "', local rank ", options.local_rank));
 }
 
 }  // namespace gradd

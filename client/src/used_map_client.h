@@ -24,6 +24,7 @@
 #define GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,13 @@ inline constexpr char kUsedMapParamName[] =
 // Attaches with the hidden used-map parameter and returns the decorator.
 absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
     const ClientOptions& options, const std::vector<ClientParam>& params);
+
+// The decorator over `inner`, whose parameter 0 is the used map (float32,
+// names.size() elements) and whose parameter i + 1 is `names[i]`. `who`
+// names the job and rank in errors. Exposed for tests (fake inner clients).
+std::unique_ptr<Client> NewUsedMapClient(std::unique_ptr<Client> inner,
+                                         std::vector<std::string> names,
+                                         std::string who);
 
 }  // namespace gradd
 
