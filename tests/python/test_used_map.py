@@ -117,3 +117,18 @@ def test_without_used_map(daemon, job_id):
         assert c.globally_used(0)
     finally:
         c.detach()
+
+
+def test_ranks_disagreeing_on_the_used_map(daemon, job_id):
+    def rank_fn(rank):
+        try:
+            gradd.attach(PARAMS, socket=daemon.socket, job_id=job_id, local_rank=rank,
+                         local_world_size=2, attach_timeout=20,
+                         find_unused_parameters=rank == 0)
+        except gradd.GraddError as e:
+            return e
+        return None
+
+    for err in run_ranks(2, rank_fn):
+        assert isinstance(err, gradd.InvalidArgumentError), err
+        assert "find_unused_parameters used map" in str(err), str(err)
