@@ -1,11 +1,14 @@
 #include "server/daemon.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -114,11 +117,33 @@ absl::Status RemoveStaleSocket(const std::string& path, int socket_type) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Raises the soft RLIMIT_NOFILE to the hard limit: every rank of every job
+// holds a session socket and its gRPC connection, and a distribution's soft
+// default (1024) is far below what a busy node needs. The session caps
+// (max_sessions) keep idle connections well below it.
+void RaiseFdLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) {
+    return;
+  }
+  const rlim_t old = lim.rlim_cur;
+  lim.rlim_cur = lim.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    std::fprintf(stderr, "gradd: cannot raise the fd limit from %llu: %s\n",
+                 static_cast<unsigned long long>(old), std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     const v1::DaemonConfig& config) {
   RETURN_IF_ERROR(ValidateConfig(config));
+  RaiseFdLimit();
   const std::string& path = config.socket_path();
   const std::string session_path = SessionSocketPath(path);
   RETURN_IF_ERROR(PrepareSocketDirectory(path));
@@ -142,7 +167,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     }
   }
   d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
-  ASSIGN_OR_RETURN(d->listener_, SessionListener::Create(session_path));
+  SessionListener::Options session_options;
+  session_options.max_sessions = config.max_sessions();
+  session_options.max_sessions_per_uid = config.max_sessions_per_uid();
+  session_options.idle_timeout =
+      std::chrono::milliseconds(config.session_idle_timeout_ms());
+  ASSIGN_OR_RETURN(d->listener_,
+                   SessionListener::Create(session_path, session_options));
   d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
                                              d->pool_.get());
   d->listener_->Start(d->manager_.get());

@@ -432,7 +432,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
                      "'; each rank needs its own session")));
     return;
   }
-  if (!sessions_->IsLive(sid)) {
+  if (!sessions_->Claim(sid)) {
     std::move(done)(absl::FailedPreconditionError(absl::StrCat(
         who, ": session ", sid,
         " is not connected; connect to the daemon's session socket first and "
