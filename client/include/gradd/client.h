@@ -41,12 +41,17 @@ enum class DType : int32_t;  // common/dtype.h; values as gradd.v1.DType
 struct ClientParam {
   std::string name;
   std::vector<int64_t> shape;
-  int32_t dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
+  int32_t
+      dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
 };
 
 struct ClientOptions {
   // Daemon socket. Empty: $GRADD_SOCKET, else the daemon's default path.
   std::string socket_path;
+  // A daemon uid to trust besides root and this process's own (unset:
+  // $GRADD_DAEMON_UID if set). A socket served by anyone else is refused
+  // with PERMISSION_DENIED before anything is sent to it.
+  std::optional<uint32_t> daemon_uid;
   std::string job_id = "default";
   int local_rank = 0;
   int local_world_size = 1;
