@@ -19,6 +19,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
+#include "server/rpc/unix_acceptor.h"
 
 namespace gradd {
 namespace {
@@ -179,21 +180,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   d->listener_->Start(d->manager_.get());
   d->service_ = std::make_unique<NodeService>(d->manager_.get());
 
+  // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
+  // credentials, no dead listener after EMFILE); the server itself listens
+  // on no port.
+  ASSIGN_OR_RETURN(d->acceptor_, UnixAcceptor::Create(path));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", path),
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(d->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("gRPC cannot listen on unix:", path));
+        absl::StrCat("cannot start the gRPC server for unix:", path));
   }
-  // Same uid only (the directory normally guarantees it already).
-  if (chmod(path.c_str(), 0600) != 0) {
-    return ErrnoStatus("cannot chmod socket", path);
-  }
+  d->acceptor_->Start(d->server_.get());
   return d;
 }
 
@@ -212,6 +212,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   down_ = true;
   // Trainers first: they learn why before their connections go away.
   if (manager_) manager_->Shutdown();
+  if (acceptor_) acceptor_->Stop();  // no new connections; unlinks the socket
   if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   if (listener_) listener_->Stop();
   if (manager_) manager_->Stop();

@@ -6,6 +6,7 @@ These need root (to run a fake daemon or a trainer as another uid); they
 skip otherwise.
 """
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -143,3 +144,40 @@ def test_daemon_tells_a_refused_trainer_why(daemon):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("PermissionDeniedError"), out.stdout
     assert "refused this trainer" in out.stdout and f"uid {NOBODY}" in out.stdout, out.stdout
+
+
+RAW_RPC = textwrap.dedent(
+    """
+    import os, socket, sys
+    os.setgid(%d); os.setuid(%d)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sys.argv[1])
+    print("eof" if s.recv(1024) == b"" else "served")
+    """
+    % (NOBODY, NOBODY)
+)
+
+
+def test_grpc_socket_refuses_other_uids(daemon):
+    """The gRPC socket checks SO_PEERCRED like the session socket: another
+    user's connection is closed before gRPC sees it (gRPC would otherwise
+    greet it with its HTTP/2 settings)."""
+    d = os.path.dirname(daemon.socket)
+    paths = (os.path.dirname(d), d, daemon.socket)
+    modes = {p: os.stat(p).st_mode for p in paths}
+    try:
+        for p in modes:
+            os.chmod(p, 0o777)
+        other = subprocess.run([sys.executable, "-c", RAW_RPC, daemon.socket],
+                               capture_output=True, text=True, timeout=30)
+    finally:
+        for p, m in modes.items():
+            os.chmod(p, m & 0o7777)
+    assert other.stdout.strip() == "eof", other.stdout + other.stderr
+    # The daemon's own user is served (gRPC sends its settings frame).
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(daemon.socket)
+    assert s.recv(1024) != b""
+    s.close()

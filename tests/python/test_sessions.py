@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import gradd
 import gradd._C as _C
 from conftest import Daemon
 
@@ -80,7 +81,15 @@ def test_session_limits_refuse_with_a_reason(gradd_binary, tmp_path):
             time.sleep(0.02)
         for s in held:
             s.close()
-        _attach_and_run(d, "after-limit")
+        # The daemon sees the closes asynchronously; then it serves again.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                _attach_and_run(d, f"after-limit-{time.monotonic_ns()}")
+                break
+            except gradd.ResourceExhaustedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
     finally:
         d.stop()
 
@@ -135,6 +144,17 @@ def test_fd_exhaustion_does_not_spin_and_recovers(gradd_binary, tmp_path):
                 held.append(_connect(d.socket, timeout=0.2))
             except OSError:
                 break  # backlog full: the daemon stopped accepting
+        # gRPC connections too: gradd accepts that socket itself, so a failed
+        # accept there must not kill the listener either (gRPC 1.51's own
+        # listener stops for good after EMFILE).
+        for _ in range(8):
+            r = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            r.settimeout(0.2)
+            try:
+                r.connect(d.socket)
+                held.append(r)
+            except OSError:
+                r.close()
         time.sleep(0.3)
         before = _cpu_seconds(d.proc.pid)
         time.sleep(1.0)
