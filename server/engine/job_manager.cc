@@ -769,6 +769,13 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
                      " buckets reduced; phase split ms: local_reduce=",
                      ms(st.local_reduce_ns), " network=", ms(st.network_ns),
                      " write_back=", ms(st.write_back_ns)));
+    // A process that still maps the block (its rank was detached from
+    // under it, or it outlived its session) reads this instead of waiting
+    // for an engine that is gone.
+    active.job->Fail(absl::StatusCode::kAborted,
+                     absl::StrCat("job '", job_id,
+                                  "' ended: every local rank detached or "
+                                  "disconnected"));
     jobs_.erase(it);  // joins the engine, releases the memory
   }
 }
