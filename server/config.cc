@@ -41,6 +41,7 @@ constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
 constexpr uint32_t kDefaultMaxSessions = 1024;
 constexpr uint32_t kDefaultMaxSessionsPerUid = 256;
 constexpr uint32_t kDefaultSessionIdleTimeoutMs = 30000;
+constexpr uint32_t kDefaultHeartbeatIntervalMs = 250;
 
 // sockaddr_un.sun_path holds 108 bytes including the NUL.
 constexpr size_t kMaxSocketPathBytes = 107 - sizeof(".session") + 1;
@@ -247,6 +248,9 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   }
   if (c->session_idle_timeout_ms() == 0) {
     c->set_session_idle_timeout_ms(kDefaultSessionIdleTimeoutMs);
+  }
+  if (c->heartbeat_interval_ms() == 0) {
+    c->set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
   }
   if (c->node_id().empty()) c->set_node_id(HostName());
   v1::RendezvousConfig* rv = c->mutable_rendezvous();

@@ -474,6 +474,21 @@ absl::Status ClientImpl::Wait(Pred ready, const std::string& what) {
     if (header_->status.load(std::memory_order_acquire) != 0) {
       return Fail(ReadError(header_));
     }
+    if (const uint64_t beat =
+            header_->heartbeat_ns.load(std::memory_order_acquire);
+        MonotonicNs() - beat >
+        static_cast<uint64_t>(options_.heartbeat_timeout.count()) * 1000000u) {
+      if (header_->status.load(std::memory_order_acquire) != 0) {
+        return Fail(ReadError(header_));
+      }
+      return Fail(absl::UnavailableError(
+          absl::StrCat("gradd daemon at ", socket_path_,
+                       " not responding: no heartbeat for ",
+                       (MonotonicNs() - beat) / 1000000, " ms (", Who(),
+                       ", waiting for ", what,
+                       "); is it stopped (SIGSTOP) or wedged? The limit is "
+                       "heartbeat_timeout / GRADD_HEARTBEAT_TIMEOUT_MS")));
+    }
     if (!DaemonAlive()) {
       // The daemon may have published its error just before closing.
       if (header_->status.load(std::memory_order_acquire) != 0) {
@@ -644,6 +659,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
     const ClientOptions& given, const std::vector<ClientParam>& params) {
   ClientOptions options = given;
   RETURN_IF_ERROR(FillMultiNodeFromEnv(&options));
+  if (const char* env = std::getenv("GRADD_HEARTBEAT_TIMEOUT_MS");
+      env != nullptr && *env != '\0') {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(env, &ms) || ms <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GRADD_HEARTBEAT_TIMEOUT_MS='", env,
+                       "' is not a positive number of milliseconds"));
+    }
+    options.heartbeat_timeout = std::chrono::milliseconds(ms);
+  }
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
   if (options.local_world_size < 1 || options.local_rank < 0) {

@@ -354,7 +354,7 @@ int JobManager::NumJobs() {
 }
 
 absl::Time JobManager::NextDeadline() const {
-  absl::Time next = absl::InfiniteFuture();
+  absl::Time next = jobs_.empty() ? absl::InfiniteFuture() : next_heartbeat_;
   for (const auto& [id, p] : pending_) {
     if (p.formation != 0) continue;  // the formation answers them
     for (const auto& r : p.ranks) {
@@ -379,7 +379,14 @@ void JobManager::Loop() {
     }
     for (Task& t : batch) std::move(t)();
     ExpireAttaches(absl::Now());
+    Beat(absl::Now());
   }
+}
+
+void JobManager::Beat(absl::Time now) {
+  if (now < next_heartbeat_) return;
+  for (auto& [id, active] : jobs_) active.job->Heartbeat();
+  next_heartbeat_ = now + absl::Milliseconds(config_.heartbeat_interval_ms());
 }
 
 void JobManager::ExpireAttaches(absl::Time now) {

@@ -174,3 +174,27 @@ def test_fd_exhaustion_does_not_spin_and_recovers(gradd_binary, tmp_path):
                 time.sleep(0.2)
     finally:
         d.stop()
+
+
+def test_stopped_daemon_is_reported_not_waited_for(gradd_binary, tmp_path, monkeypatch):
+    """A SIGSTOPped daemon keeps its sockets open, so only its heartbeat
+    tells: the trainer fails with UNAVAILABLE 'not responding' after its
+    heartbeat timeout instead of its (600 s) wait timeout."""
+    monkeypatch.setenv("GRADD_HEARTBEAT_TIMEOUT_MS", "1500")
+    d = Daemon(gradd_binary)
+    try:
+        c = _C.attach([("w", (4,), "float32")], socket=d.socket, job_id="stopped",
+                      local_rank=0, local_world_size=1)
+        c.mark_ready(0)
+        c.wait_all()  # beats normally
+        os.kill(d.proc.pid, 19)  # SIGSTOP
+        try:
+            c.mark_ready(0)
+            start = time.monotonic()
+            with pytest.raises(gradd.UnavailableError, match="not responding"):
+                c.wait_all()
+            assert time.monotonic() - start < 30
+        finally:
+            os.kill(d.proc.pid, 18)  # SIGCONT
+    finally:
+        d.stop()
