@@ -1,5 +1,7 @@
 #include "common/control_block.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -13,6 +15,13 @@ namespace {
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
+
+uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
 
 ControlLayout::ControlLayout(uint32_t local_world_size, uint32_t num_buckets)
     : world_(local_world_size), buckets_(num_buckets) {
@@ -54,6 +63,7 @@ void ControlLayout::Initialize(void* base) const {
   h->num_buckets = buckets_;
   h->local_world_size = world_;
   h->total_bytes = total_bytes_;
+  h->heartbeat_ns.store(MonotonicNs(), std::memory_order_release);
 }
 
 absl::Status ControlLayout::Validate(const void* base,

@@ -43,7 +43,7 @@
 namespace gradd {
 
 inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
-inline constexpr uint32_t kControlVersion = 1;
+inline constexpr uint32_t kControlVersion = 2;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -69,7 +69,17 @@ struct alignas(kCacheLine) ControlHeader {
 
   alignas(kCacheLine) std::atomic<int32_t> status;  // absl::StatusCode
   char error[kControlErrorBytes];
+
+  // Daemon -> clients: MonotonicNs() of the daemon's last heartbeat,
+  // stamped every few hundred ms while the job lives. A client waiting
+  // for the daemon that sees it go stale (a stopped or wedged daemon keeps
+  // its sockets open) fails with UNAVAILABLE instead of waiting for its
+  // wait timeout.
+  alignas(kCacheLine) std::atomic<uint64_t> heartbeat_ns;
 };
+
+// CLOCK_MONOTONIC in nanoseconds: one clock for every process on the host.
+uint64_t MonotonicNs();
 
 struct alignas(kCacheLine) BroadcastSlot {
   std::atomic<uint64_t> ready_seq;

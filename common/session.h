@@ -12,6 +12,7 @@
 #ifndef GRADD_COMMON_SESSION_H_
 #define GRADD_COMMON_SESSION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -21,7 +22,7 @@ namespace gradd {
 inline constexpr uint32_t kSessionMagic = 0x53445247;  // "GRDS"
 inline constexpr uint32_t kSessionVersion = 1;
 
-enum class SessionMessageKind : uint32_t { kHello = 1, kFds = 2 };
+enum class SessionMessageKind : uint32_t { kHello = 1, kFds = 2, kRefused = 3 };
 
 struct SessionHello {
   uint32_t magic = kSessionMagic;
@@ -29,6 +30,19 @@ struct SessionHello {
   uint32_t version = kSessionVersion;
   uint32_t reserved = 0;
   uint64_t session_id = 0;
+};
+
+// Sent instead of the hello to a peer the daemon will not serve (wrong uid,
+// too many sessions), just before it closes the connection, so the trainer
+// can say why (PERMISSION_DENIED / RESOURCE_EXHAUSTED) instead of "peer
+// closed the socket".
+inline constexpr size_t kSessionReasonBytes = 480;
+struct SessionRefused {
+  uint32_t magic = kSessionMagic;
+  uint32_t kind = static_cast<uint32_t>(SessionMessageKind::kRefused);
+  uint32_t version = kSessionVersion;
+  int32_t code = 0;                       // absl::StatusCode
+  char reason[kSessionReasonBytes] = {};  // NUL-terminated
 };
 
 struct SessionFds {

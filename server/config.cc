@@ -36,6 +36,12 @@ constexpr uint32_t kDefaultMaxLocalWorldSize = 256;
 constexpr uint32_t kDefaultSpinUs = 50;
 constexpr uint32_t kDefaultJoinTimeoutMs = 60000;
 constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
+// Well below the fd limit the daemon raises itself to (see main.cc), so idle
+// connections can never use up the descriptors the jobs need.
+constexpr uint32_t kDefaultMaxSessions = 1024;
+constexpr uint32_t kDefaultMaxSessionsPerUid = 256;
+constexpr uint32_t kDefaultSessionIdleTimeoutMs = 30000;
+constexpr uint32_t kDefaultHeartbeatIntervalMs = 250;
 
 // sockaddr_un.sun_path holds 108 bytes including the NUL.
 constexpr size_t kMaxSocketPathBytes = 107 - sizeof(".session") + 1;
@@ -141,7 +147,9 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
           Where(source, key, it->first), " is not a known setting (known in ",
           prefix.empty() ? "the top level" : prefix, ": ", KnownKeys(d), ")"));
     }
-    const YAML::Node& value = it->second;
+    // A copy: yaml-cpp iterators yield temporaries, so a reference to
+    // it->second dangles after this statement (caught by ASan).
+    const YAML::Node value = it->second;
     if (field->is_repeated()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(source, key, value), ": lists are not supported"));
@@ -234,6 +242,16 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     c->set_max_local_world_size(kDefaultMaxLocalWorldSize);
   }
   if (c->spin_us() == 0) c->set_spin_us(kDefaultSpinUs);
+  if (c->max_sessions() == 0) c->set_max_sessions(kDefaultMaxSessions);
+  if (c->max_sessions_per_uid() == 0) {
+    c->set_max_sessions_per_uid(kDefaultMaxSessionsPerUid);
+  }
+  if (c->session_idle_timeout_ms() == 0) {
+    c->set_session_idle_timeout_ms(kDefaultSessionIdleTimeoutMs);
+  }
+  if (c->heartbeat_interval_ms() == 0) {
+    c->set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
+  }
   if (c->node_id().empty()) c->set_node_id(HostName());
   v1::RendezvousConfig* rv = c->mutable_rendezvous();
   if (rv->join_timeout_ms() == 0)

@@ -1,11 +1,14 @@
 #include "server/daemon.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
+#include "server/rpc/unix_acceptor.h"
 
 namespace gradd {
 namespace {
@@ -114,11 +118,33 @@ absl::Status RemoveStaleSocket(const std::string& path, int socket_type) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Raises the soft RLIMIT_NOFILE to the hard limit: every rank of every job
+// holds a session socket and its gRPC connection, and a distribution's soft
+// default (1024) is far below what a busy node needs. The session caps
+// (max_sessions) keep idle connections well below it.
+void RaiseFdLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) {
+    return;
+  }
+  const rlim_t old = lim.rlim_cur;
+  lim.rlim_cur = lim.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    std::fprintf(stderr, "gradd: cannot raise the fd limit from %llu: %s\n",
+                 static_cast<unsigned long long>(old), std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     const v1::DaemonConfig& config) {
   RETURN_IF_ERROR(ValidateConfig(config));
+  RaiseFdLimit();
   const std::string& path = config.socket_path();
   const std::string session_path = SessionSocketPath(path);
   RETURN_IF_ERROR(PrepareSocketDirectory(path));
@@ -142,27 +168,32 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     }
   }
   d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
-  ASSIGN_OR_RETURN(d->listener_, SessionListener::Create(session_path));
+  SessionListener::Options session_options;
+  session_options.max_sessions = config.max_sessions();
+  session_options.max_sessions_per_uid = config.max_sessions_per_uid();
+  session_options.idle_timeout =
+      std::chrono::milliseconds(config.session_idle_timeout_ms());
+  ASSIGN_OR_RETURN(d->listener_,
+                   SessionListener::Create(session_path, session_options));
   d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
                                              d->pool_.get());
   d->listener_->Start(d->manager_.get());
   d->service_ = std::make_unique<NodeService>(d->manager_.get());
 
+  // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
+  // credentials, no dead listener after EMFILE); the server itself listens
+  // on no port.
+  ASSIGN_OR_RETURN(d->acceptor_, UnixAcceptor::Create(path));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", path),
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(d->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("gRPC cannot listen on unix:", path));
+        absl::StrCat("cannot start the gRPC server for unix:", path));
   }
-  // Same uid only (the directory normally guarantees it already).
-  if (chmod(path.c_str(), 0600) != 0) {
-    return ErrnoStatus("cannot chmod socket", path);
-  }
+  d->acceptor_->Start(d->server_.get());
   return d;
 }
 
@@ -181,6 +212,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   down_ = true;
   // Trainers first: they learn why before their connections go away.
   if (manager_) manager_->Shutdown();
+  if (acceptor_) acceptor_->Stop();  // no new connections; unlinks the socket
   if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   if (listener_) listener_->Stop();
   if (manager_) manager_->Stop();

@@ -24,6 +24,7 @@
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "server/rpc/node_service.h"
+#include "server/rpc/unix_acceptor.h"
 #include "server/session_listener.h"
 
 namespace gradd {
@@ -69,6 +70,8 @@ class Daemon {
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<NodeService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Declared after server_: destroyed (joined) before it.
+  std::unique_ptr<UnixAcceptor> acceptor_;
   bool down_ = false;
 };
 

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,10 +26,20 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
+// Tells a peer why it is not served, best effort (the socket is
+// non-blocking and a fresh connection's buffer has room).
+void Refuse(int fd, absl::StatusCode code, absl::string_view reason) {
+  SessionRefused msg;
+  msg.code = static_cast<int32_t>(code);
+  const size_t n = std::min(reason.size(), kSessionReasonBytes - 1);
+  std::memcpy(msg.reason, reason.data(), n);
+  (void)!send(fd, &msg, sizeof(msg), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionListener>> SessionListener::Create(
-    const std::string& path) {
+    const std::string& path, const Options& options) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -45,19 +57,16 @@ absl::StatusOr<std::unique_ptr<SessionListener>> SessionListener::Create(
   if (listen(fd.get(), 128) != 0) return Errno("listen on", path);
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd for", path);
-  // Random start: a stale session id from a previous daemon never matches.
-  std::random_device rd;
-  uint64_t first = (uint64_t{rd()} << 32 | rd()) & ((uint64_t{1} << 62) - 1);
   return std::unique_ptr<SessionListener>(
-      new SessionListener(path, std::move(fd), std::move(wake), first + 1));
+      new SessionListener(path, std::move(fd), std::move(wake), options));
 }
 
 SessionListener::SessionListener(std::string path, UniqueFd listen_fd,
-                                 UniqueFd wake_fd, uint64_t first_id)
+                                 UniqueFd wake_fd, const Options& options)
     : path_(std::move(path)),
       listen_fd_(std::move(listen_fd)),
       wake_fd_(std::move(wake_fd)),
-      next_id_(first_id) {}
+      options_(options) {}
 
 SessionListener::~SessionListener() { Stop(); }
 
@@ -76,6 +85,7 @@ void SessionListener::Stop() {
   if (thread_.joinable()) thread_.join();
   absl::MutexLock lock(&mu_);
   sessions_.clear();
+  per_uid_.clear();
   if (listen_fd_.valid()) {
     listen_fd_.reset();
     unlink(path_.c_str());
@@ -85,6 +95,19 @@ void SessionListener::Stop() {
 bool SessionListener::IsLive(uint64_t session_id) const {
   absl::MutexLock lock(&mu_);
   return sessions_.contains(session_id);
+}
+
+bool SessionListener::Claim(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  it->second.claimed = true;
+  return true;
+}
+
+size_t SessionListener::num_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
 }
 
 absl::Status SessionListener::SendFds(uint64_t session_id, uint64_t attach_id,
@@ -98,21 +121,44 @@ absl::Status SessionListener::SendFds(uint64_t session_id, uint64_t attach_id,
         absl::StrCat("session ", session_id, " is closed"));
   }
   return SendWithFds(
-      it->second.get(),
+      it->second.fd.get(),
       std::string_view(reinterpret_cast<const char*>(&msg), sizeof(msg)), fds);
 }
 
-void SessionListener::Accept() {
+uint64_t SessionListener::NewSessionId() const {
+  while (true) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) {
+      // getrandom on Linux >= 3.17 does not fail for 8 bytes once the pool
+      // is initialised; fall back to the C++ generator rather than abort.
+      std::random_device rd;
+      id = uint64_t{rd()} << 32 | rd();
+    }
+    id &= (uint64_t{1} << 62) - 1;
+    if (id != 0 && !sessions_.contains(id)) return id;
+  }
+}
+
+bool SessionListener::Accept() {
   UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr,
                       SOCK_CLOEXEC | SOCK_NONBLOCK));
-  if (!fd.valid()) return;  // EAGAIN / ECONNABORTED: nothing to do
+  if (!fd.valid()) {
+    // Out of fds or memory: the pending connection stays in the backlog,
+    // so polling again at once would spin. The caller backs off.
+    return !(errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+             errno == ENOMEM);
+  }
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
       (cred.uid != geteuid() && cred.uid != 0)) {
     std::fprintf(stderr, "gradd: refused session from uid %u pid %d on %s\n",
                  cred.uid, cred.pid, path_.c_str());
-    return;
+    Refuse(fd.get(), absl::StatusCode::kPermissionDenied,
+           absl::StrCat("this daemon runs as uid ", geteuid(),
+                        " and serves only root and uid ", geteuid(),
+                        "; the trainer runs as uid ", cred.uid));
+    return true;
   }
   // Register the session before greeting: the trainer calls Attach with the
   // id as soon as it reads the hello, and Attach must find the session.
@@ -120,14 +166,60 @@ void SessionListener::Accept() {
   const int raw_fd = fd.get();
   {
     absl::MutexLock lock(&mu_);
-    hello.session_id = next_id_++;
-    sessions_.emplace(hello.session_id, std::move(fd));
+    std::string refusal;
+    if (sessions_.size() >= options_.max_sessions) {
+      refusal = absl::StrCat("the daemon has ", sessions_.size(),
+                             " open sessions, its limit (max_sessions)");
+    } else if (per_uid_[cred.uid] >= options_.max_sessions_per_uid) {
+      refusal = absl::StrCat("uid ", cred.uid, " has ", per_uid_[cred.uid],
+                             " open sessions, the limit per uid "
+                             "(max_sessions_per_uid)");
+    }
+    if (!refusal.empty()) {
+      std::fprintf(stderr, "gradd: refused session from uid %u pid %d: %s\n",
+                   cred.uid, cred.pid, refusal.c_str());
+      Refuse(raw_fd, absl::StatusCode::kResourceExhausted, refusal);
+      return true;
+    }
+    hello.session_id = NewSessionId();
+    ++per_uid_[cred.uid];
+    sessions_.emplace(hello.session_id,
+                      Session{std::move(fd), cred.uid, false, Clock::now()});
   }
   if (send(raw_fd, &hello, sizeof(hello), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(hello))) {
     absl::MutexLock lock(&mu_);
-    sessions_.erase(hello.session_id);
+    if (auto it = sessions_.find(hello.session_id); it != sessions_.end()) {
+      if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
+      sessions_.erase(it);
+    }
   }
+  return true;
+}
+
+std::vector<uint64_t> SessionListener::ExpireIdle(Clock::time_point now,
+                                                  Clock::time_point* next) {
+  std::vector<uint64_t> closed;
+  *next = Clock::time_point::max();
+  for (auto& [id, session] : sessions_) {
+    if (session.claimed) continue;
+    const Clock::time_point expiry = session.accepted + options_.idle_timeout;
+    if (expiry <= now) {
+      Refuse(session.fd.get(), absl::StatusCode::kDeadlineExceeded,
+             absl::StrCat("no Attach used this session within ",
+                          options_.idle_timeout.count(),
+                          " ms (session_idle_timeout_ms)"));
+      closed.push_back(id);
+    } else {
+      *next = std::min(*next, expiry);
+    }
+  }
+  for (uint64_t id : closed) {
+    auto it = sessions_.find(id);
+    if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
+    sessions_.erase(it);
+  }
+  return closed;
 }
 
 void SessionListener::Loop() {
@@ -136,24 +228,53 @@ void SessionListener::Loop() {
   while (true) {
     pfds.clear();
     ids.clear();
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = Clock::time_point::max();
+    std::vector<uint64_t> expired;
+    const bool accepting = now >= accept_paused_until_;
     pfds.push_back({wake_fd_.get(), POLLIN, 0});
-    pfds.push_back({listen_fd_.get(), POLLIN, 0});
+    // While accepting is paused the listening socket is polled for nothing
+    // (fd -1 is ignored by poll), so a full backlog cannot wake us.
+    pfds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
+    if (!accepting) next = accept_paused_until_;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      for (const auto& [id, fd] : sessions_) {
-        pfds.push_back({fd.get(), POLLIN | POLLRDHUP, 0});
+      Clock::time_point idle_next;
+      expired = ExpireIdle(now, &idle_next);
+      next = std::min(next, idle_next);
+      for (const auto& [id, session] : sessions_) {
+        pfds.push_back({session.fd.get(), POLLIN | POLLRDHUP, 0});
         ids.push_back(id);
       }
     }
-    if (poll(pfds.data(), pfds.size(), -1) < 0) {
+    if (observer_ != nullptr) {
+      for (uint64_t id : expired) observer_->OnSessionClosed(id);
+    }
+    int timeout_ms = -1;
+    if (next != Clock::time_point::max()) {
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          1, std::chrono::duration_cast<std::chrono::milliseconds>(next - now)
+                     .count() +
+                 1));
+    }
+    if (poll(pfds.data(), pfds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       std::fprintf(stderr, "gradd: poll on session sockets failed: %s\n",
                    std::strerror(errno));
       return;
     }
     if (pfds[0].revents != 0) continue;  // Stop(): re-check stopping_
-    if (pfds[1].revents & POLLIN) Accept();
+    if (pfds[1].revents & POLLIN) {
+      if (!Accept()) {
+        std::fprintf(stderr,
+                     "gradd: cannot accept sessions on %s (%s); retrying in "
+                     "%lld ms\n",
+                     path_.c_str(), std::strerror(errno),
+                     static_cast<long long>(kAcceptBackoff.count()));
+        accept_paused_until_ = Clock::now() + kAcceptBackoff;
+      }
+    }
     for (size_t i = 2; i < pfds.size(); ++i) {
       short ev = pfds[i].revents;
       if (ev == 0) continue;
@@ -168,7 +289,10 @@ void SessionListener::Loop() {
       if (!closed) continue;
       {
         absl::MutexLock lock(&mu_);
-        sessions_.erase(ids[i - 2]);
+        auto it = sessions_.find(ids[i - 2]);
+        if (it == sessions_.end()) continue;
+        if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
+        sessions_.erase(it);
       }
       if (observer_ != nullptr) observer_->OnSessionClosed(ids[i - 2]);
     }

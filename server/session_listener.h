@@ -3,12 +3,27 @@
 // socket; one thread polls them all, so a trainer's death (its socket
 // closing) is seen within milliseconds and reported to the observer.
 //
-// Threads: Start() spawns the poll thread; IsLive/SendFds are called from the
-// job manager's thread; Stop() from the owner. Peers whose uid is neither ours
-// nor root (SO_PEERCRED) are refused at accept.
+// Threads: Start() spawns the poll thread; IsLive/Claim/SendFds are called
+// from the job manager's thread; Stop() from the owner.
+//
+// Nothing a peer does can wedge it:
+// - peers whose uid is neither ours nor root (SO_PEERCRED) are refused at
+//   accept with a SessionRefused message saying why;
+// - at most Options::max_sessions sessions, max_sessions_per_uid per uid:
+//   beyond that a connection is refused (RESOURCE_EXHAUSTED), so idle
+//   connections cannot use up the daemon's file descriptors;
+// - a session that no Attach claims within idle_timeout is closed;
+// - when accept() fails for want of resources (EMFILE, ENFILE, ENOBUFS,
+//   ENOMEM) the listener stops polling the listening socket for
+//   kAcceptBackoff instead of spinning on it, and resumes by itself;
+// - session ids are random 62-bit values (getrandom), so one trainer cannot
+//   guess another's.
 #ifndef GRADD_SERVER_SESSION_LISTENER_H_
 #define GRADD_SERVER_SESSION_LISTENER_H_
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,10 +41,17 @@ namespace gradd {
 
 class SessionListener final : public SessionRegistryInterface {
  public:
+  struct Options {
+    uint32_t max_sessions = 1024;
+    uint32_t max_sessions_per_uid = 256;
+    std::chrono::milliseconds idle_timeout{30000};
+  };
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
   // Binds and listens on `path` (mode 0600). The caller has removed any stale
   // file. Errors: UNAVAILABLE/INTERNAL from socket calls, naming the path.
   static absl::StatusOr<std::unique_ptr<SessionListener>> Create(
-      const std::string& path);
+      const std::string& path, const Options& options);
   ~SessionListener() override;
 
   // Starts accepting and watching. `observer` must outlive Stop().
@@ -39,16 +61,34 @@ class SessionListener final : public SessionRegistryInterface {
   void Stop();
 
   bool IsLive(uint64_t session_id) const override;
+  bool Claim(uint64_t session_id) override;
+  // Open sessions (claimed or not). Any thread.
+  size_t num_sessions() const;
   absl::Status SendFds(uint64_t session_id, uint64_t attach_id,
                        const std::vector<int>& fds) override;
 
   const std::string& path() const { return path_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Session {
+    UniqueFd fd;
+    uid_t uid = 0;
+    bool claimed = false;
+    Clock::time_point accepted;
+  };
+
   SessionListener(std::string path, UniqueFd listen_fd, UniqueFd wake_fd,
-                  uint64_t first_id);
+                  const Options& options);
   void Loop();
-  void Accept();
+  // Accepts one connection; false if accept failed for want of resources.
+  bool Accept();
+  // Closes unclaimed sessions past idle_timeout; returns the ids closed and
+  // the time of the next expiry (Clock::time_point::max() if none).
+  std::vector<uint64_t> ExpireIdle(Clock::time_point now,
+                                   Clock::time_point* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NewSessionId() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   UniqueFd listen_fd_;
@@ -56,10 +96,14 @@ class SessionListener final : public SessionRegistryInterface {
   std::thread thread_;
   SessionObserverInterface* observer_ = nullptr;
 
+  const Options options_;
+  // Poll thread only: accept() is paused until then (resource exhaustion).
+  Clock::time_point accept_paused_until_{};
+
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, UniqueFd> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, uint32_t> per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradd

@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "attach_internal.h"
+#include "client/src/daemon_peer.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -86,6 +87,25 @@ std::chrono::milliseconds Left(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - Clock::now());
   return std::max(left, std::chrono::milliseconds(0));
+}
+
+// The daemon's refusal (SessionRefused) as a status, or OK for any other
+// message.
+absl::Status RefusalStatus(const std::string& payload,
+                           const std::string& socket_path) {
+  SessionRefused refused;
+  if (payload.size() != sizeof(refused)) return absl::OkStatus();
+  std::memcpy(&refused, payload.data(), sizeof(refused));
+  if (refused.magic != kSessionMagic ||
+      refused.kind != static_cast<uint32_t>(SessionMessageKind::kRefused)) {
+    return absl::OkStatus();
+  }
+  refused.reason[kSessionReasonBytes - 1] = '\0';
+  absl::StatusCode code = static_cast<absl::StatusCode>(refused.code);
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kPermissionDenied;
+  return absl::Status(code,
+                      absl::StrCat("gradd at ", socket_path,
+                                   " refused this trainer: ", refused.reason));
 }
 
 // Connects to the daemon's session socket, retrying while nobody listens
@@ -456,6 +476,21 @@ absl::Status ClientImpl::Wait(Pred ready, const std::string& what) {
     if (header_->status.load(std::memory_order_acquire) != 0) {
       return Fail(ReadError(header_));
     }
+    if (const uint64_t beat =
+            header_->heartbeat_ns.load(std::memory_order_acquire);
+        MonotonicNs() - beat >
+        static_cast<uint64_t>(options_.heartbeat_timeout.count()) * 1000000u) {
+      if (header_->status.load(std::memory_order_acquire) != 0) {
+        return Fail(ReadError(header_));
+      }
+      return Fail(absl::UnavailableError(
+          absl::StrCat("gradd daemon at ", socket_path_,
+                       " not responding: no heartbeat for ",
+                       (MonotonicNs() - beat) / 1000000, " ms (", Who(),
+                       ", waiting for ", what,
+                       "); is it stopped (SIGSTOP) or wedged? The limit is "
+                       "heartbeat_timeout / GRADD_HEARTBEAT_TIMEOUT_MS")));
+    }
     if (!DaemonAlive()) {
       // The daemon may have published its error just before closing.
       if (header_->status.load(std::memory_order_acquire) != 0) {
@@ -636,6 +671,16 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     const ClientOptions& given, const std::vector<ClientParam>& params) {
   ClientOptions options = given;
   RETURN_IF_ERROR(FillMultiNodeFromEnv(&options));
+  if (const char* env = std::getenv("GRADD_HEARTBEAT_TIMEOUT_MS");
+      env != nullptr && *env != '\0') {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(env, &ms) || ms <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GRADD_HEARTBEAT_TIMEOUT_MS='", env,
+                       "' is not a positive number of milliseconds"));
+    }
+    options.heartbeat_timeout = std::chrono::milliseconds(ms);
+  }
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
   if (options.local_world_size < 1 || options.local_rank < 0) {
@@ -647,12 +692,18 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   const Clock::time_point connect_deadline =
       After<Clock>(options.connect_timeout);
 
+  ASSIGN_OR_RETURN(std::optional<uid_t> trusted_uid,
+                   TrustedDaemonUid(options.daemon_uid));
   ASSIGN_OR_RETURN(UniqueFd session,
                    ConnectSession(socket_path, options.connect_timeout));
+  ASSIGN_OR_RETURN(PeerIdentity daemon, SocketPeer(session.get()));
+  RETURN_IF_ERROR(
+      CheckDaemonPeer(daemon, SessionSocketPath(socket_path), trusted_uid));
   ASSIGN_OR_RETURN(
       ReceivedMessage hello_msg,
-      ReceiveWithFds(session.get(), sizeof(SessionHello), 0,
+      ReceiveWithFds(session.get(), sizeof(SessionRefused), 0,
                      std::max(Left(connect_deadline), kFdsTimeout)));
+  RETURN_IF_ERROR(RefusalStatus(hello_msg.payload, socket_path));
   SessionHello hello;
   if (hello_msg.payload.size() != sizeof(hello)) {
     return absl::InternalError(absl::StrCat(
@@ -667,6 +718,18 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
         "unexpected greeting from ", SessionSocketPath(socket_path), " (magic ",
         hello.magic, ", version ", hello.version,
         "); this library speaks session protocol version ", kSessionVersion));
+  }
+
+  // The gRPC socket must be served by the same daemon: the Attach request
+  // carries the job id and every parameter name.
+  ASSIGN_OR_RETURN(PeerIdentity rpc_peer, ProbeStreamSocketPeer(socket_path));
+  RETURN_IF_ERROR(CheckDaemonPeer(rpc_peer, socket_path, trusted_uid));
+  if (rpc_peer.pid != daemon.pid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("gradd's sockets are served by two processes: ",
+                     SessionSocketPath(socket_path), " by pid ", daemon.pid,
+                     ", ", socket_path, " by pid ", rpc_peer.pid,
+                     "; refusing to send the attach request"));
   }
 
   grpc::ChannelArguments args;

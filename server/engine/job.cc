@@ -131,6 +131,10 @@ int Job::live_ranks() const {
   return n;
 }
 
+void Job::Heartbeat() {
+  header_->heartbeat_ns.store(MonotonicNs(), std::memory_order_release);
+}
+
 void Job::Fail(absl::StatusCode code, absl::string_view message) {
   FailJob(code, message);
   RingDaemon(header_);

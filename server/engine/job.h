@@ -95,6 +95,9 @@ class Job {
   // Number of ranks that have not gone.
   int live_ranks() const;
 
+  // Stamps the control block's heartbeat (clients watch it). Any thread.
+  void Heartbeat();
+
   // Publishes a job failure now (e.g. daemon shutdown). Any thread.
   void Fail(absl::StatusCode code, absl::string_view message);
 

@@ -354,7 +354,7 @@ int JobManager::NumJobs() {
 }
 
 absl::Time JobManager::NextDeadline() const {
-  absl::Time next = absl::InfiniteFuture();
+  absl::Time next = jobs_.empty() ? absl::InfiniteFuture() : next_heartbeat_;
   for (const auto& [id, p] : pending_) {
     if (p.formation != 0) continue;  // the formation answers them
     for (const auto& r : p.ranks) {
@@ -379,7 +379,14 @@ void JobManager::Loop() {
     }
     for (Task& t : batch) std::move(t)();
     ExpireAttaches(absl::Now());
+    Beat(absl::Now());
   }
+}
+
+void JobManager::Beat(absl::Time now) {
+  if (now < next_heartbeat_) return;
+  for (auto& [id, active] : jobs_) active.job->Heartbeat();
+  next_heartbeat_ = now + absl::Milliseconds(config_.heartbeat_interval_ms());
 }
 
 void JobManager::ExpireAttaches(absl::Time now) {
@@ -432,7 +439,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
                      "'; each rank needs its own session")));
     return;
   }
-  if (!sessions_->IsLive(sid)) {
+  if (!sessions_->Claim(sid)) {
     std::move(done)(absl::FailedPreconditionError(absl::StrCat(
         who, ": session ", sid,
         " is not connected; connect to the daemon's session socket first and "
@@ -769,6 +776,13 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
                      " buckets reduced; phase split ms: local_reduce=",
                      ms(st.local_reduce_ns), " network=", ms(st.network_ns),
                      " write_back=", ms(st.write_back_ns)));
+    // A process that still maps the block (its rank was detached from
+    // under it, or it outlived its session) reads this instead of waiting
+    // for an engine that is gone.
+    active.job->Fail(absl::StatusCode::kAborted,
+                     absl::StrCat("job '", job_id,
+                                  "' ended: every local rank detached or "
+                                  "disconnected"));
     jobs_.erase(it);  // joins the engine, releases the memory
   }
 }

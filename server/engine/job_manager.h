@@ -126,6 +126,8 @@ class JobManager final : public NodeHandlerInterface,
   void Post(Task task);
   void Loop();
   absl::Time NextDeadline() const;
+  // Stamps every active job's heartbeat when it is due.
+  void Beat(absl::Time now);
   void ExpireAttaches(absl::Time now);
 
   void DoAttach(v1::AttachRequest request, absl::Time deadline,
@@ -157,6 +159,7 @@ class JobManager final : public NodeHandlerInterface,
   std::thread thread_;
 
   // Control thread only.
+  absl::Time next_heartbeat_ = absl::InfinitePast();
   bool shutting_down_ = false;
   std::string shutdown_message_;
   uint64_t next_attach_id_ = 1;

@@ -20,6 +20,11 @@ class SessionRegistryInterface {
   // True while the trainer's session socket is connected.
   virtual bool IsLive(uint64_t session_id) const = 0;
 
+  // IsLive, and marks the session as used by an Attach, so the registry
+  // does not close it as idle. The default suits registries without idle
+  // timeouts.
+  virtual bool Claim(uint64_t session_id) { return IsLive(session_id); }
+
   // Sends SessionFds{attach_id} with `fds` (SCM_RIGHTS; duplicated into the
   // peer, the caller keeps its own) on the session's socket. UNAVAILABLE if
   // the session is gone.

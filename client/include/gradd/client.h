@@ -48,6 +48,10 @@ struct ClientParam {
 struct ClientOptions {
   // Daemon socket. Empty: $GRADD_SOCKET, else the daemon's default path.
   std::string socket_path;
+  // A daemon uid to trust besides root and this process's own (unset:
+  // $GRADD_DAEMON_UID if set). A socket served by anyone else is refused
+  // with PERMISSION_DENIED before anything is sent to it.
+  std::optional<uint32_t> daemon_uid;
   std::string job_id = "default";
   int local_rank = 0;
   int local_world_size = 1;
@@ -63,6 +67,10 @@ struct ClientOptions {
   // Upper bound on one WaitAll/Broadcast (the daemon reports failures much
   // sooner; this only guards against a wedged daemon).
   std::chrono::milliseconds wait_timeout{600000};
+  // A daemon whose heartbeat (control block) is older than this while we
+  // wait for it is taken for stopped or wedged: UNAVAILABLE "daemon not
+  // responding". $GRADD_HEARTBEAT_TIMEOUT_MS overrides the default.
+  std::chrono::milliseconds heartbeat_timeout{5000};
   // Multi-node (empty / unset: single node, or taken from the environment).
   std::string node_id;
   std::optional<int> node_rank;

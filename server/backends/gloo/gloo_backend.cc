@@ -348,7 +348,58 @@ constexpr int kFusedRecvSlots = 4;
 
 }  // namespace
 
+size_t GlooBackend::FusedSegmentElements(size_t count, size_t elem) const {
+  // Shards: after the reduce-scatter node c holds the finished shard
+  // (c + 1) % nodes. Shard and segment boundaries fall on multiples of 64
+  // elements (cache lines) and are the same on every node.
+  const size_t shard = (count + num_nodes_ - 1) / num_nodes_;
+  const size_t per_shard = (shard + 63) / 64 * 64;
+  return std::max<size_t>(
+      64, std::min(per_shard, fused_segment_bytes_ / elem / 64 * 64));
+}
+
 void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
+  const size_t elem = DTypeSize(work.dtype);
+  const size_t count = work.count;
+  const size_t per_segment = FusedSegmentElements(count, elem);
+  const size_t slot_bytes = per_segment * elem;
+  if (fused_tmp_bytes_ < slot_bytes * kFusedRecvSlots) {
+    fused_tmp_bytes_ = slot_bytes * kFusedRecvSlots;
+    fused_tmp_.reset(
+        static_cast<char*>(std::aligned_alloc(64, fused_tmp_bytes_)));
+    if (fused_tmp_ == nullptr) {
+      fused_tmp_bytes_ = 0;
+      throw std::bad_alloc();
+    }
+  }
+  std::unique_ptr<gloo::transport::UnboundBuffer> data =
+      context_->createUnboundBuffer(work.buffers[0], count * elem);
+  std::unique_ptr<gloo::transport::UnboundBuffer> tmp =
+      context_->createUnboundBuffer(fused_tmp_.get(), fused_tmp_bytes_);
+  const uint64_t reduce_slot =
+      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
+  const uint64_t gather_slot =
+      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
+  try {
+    FusedRingSteps(work, deadline, data.get(), tmp.get(), reduce_slot,
+                   gather_slot);
+  } catch (...) {
+    // Receives and sends may still be pending on both buffers, and Gloo's
+    // I/O thread signals a buffer when its pair fails or closes: destroying
+    // them here, while unwinding, races with that thread. They are retired
+    // instead and freed in Close(), after the device (and its thread) is
+    // gone. A failed backend runs no further collective, so this happens
+    // at most once per backend.
+    retired_buffers_.push_back(std::move(data));
+    retired_buffers_.push_back(std::move(tmp));
+    throw;
+  }
+}
+
+void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
+                                 gloo::transport::UnboundBuffer* data,
+                                 gloo::transport::UnboundBuffer* tmp,
+                                 uint64_t reduce_slot, uint64_t gather_slot) {
   const int nodes = num_nodes_;
   const int me = node_rank_;
   const int right = (me + 1) % nodes;
@@ -357,14 +408,8 @@ void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
   const size_t elem = DTypeSize(dtype);
   const size_t count = work.count;
   const int locals = static_cast<int>(work.buffers.size());
-
-  // Shards: after the reduce-scatter node c holds the finished shard
-  // (c + 1) % nodes. Shard and segment boundaries fall on multiples of 64
-  // elements (cache lines) and are the same on every node.
-  const size_t shard = (count + nodes - 1) / nodes;
-  const size_t per_shard = (shard + 63) / 64 * 64;
-  const size_t per_segment = std::max<size_t>(
-      64, std::min(per_shard, fused_segment_bytes_ / elem / 64 * 64));
+  const size_t per_shard = ((count + nodes - 1) / nodes + 63) / 64 * 64;
+  const size_t per_segment = FusedSegmentElements(count, elem);
   struct Segment {
     int step;  // Of the reduce-scatter or of the allgather.
     size_t begin;
@@ -384,25 +429,7 @@ void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
   auto wait_budget = [&]() {
     return ToMillis(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
   };
-
   const size_t slot_bytes = per_segment * elem;
-  if (fused_tmp_bytes_ < slot_bytes * kFusedRecvSlots) {
-    fused_tmp_bytes_ = slot_bytes * kFusedRecvSlots;
-    fused_tmp_.reset(
-        static_cast<char*>(std::aligned_alloc(64, fused_tmp_bytes_)));
-    if (fused_tmp_ == nullptr) {
-      fused_tmp_bytes_ = 0;
-      throw std::bad_alloc();
-    }
-  }
-  std::unique_ptr<gloo::transport::UnboundBuffer> data =
-      context_->createUnboundBuffer(work.buffers[0], count * elem);
-  std::unique_ptr<gloo::transport::UnboundBuffer> tmp =
-      context_->createUnboundBuffer(fused_tmp_.get(), fused_tmp_bytes_);
-  const uint64_t reduce_slot =
-      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
-  const uint64_t gather_slot =
-      gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
   int sends = 0;
   auto send = [&](uint64_t slot, const Segment& s) {
     data->send(right, slot, s.begin * elem, bytes(s));
@@ -522,6 +549,8 @@ void GlooBackend::Close() {
     context_.reset();
   }
   device_.reset();
+  // Only now that no I/O thread can signal them (see FusedRing).
+  retired_buffers_.clear();
   if (broken_.ok() && num_nodes_ > 1) {
     broken_ = absl::FailedPreconditionError(
         absl::StrCat("gloo backend of job '", job_id_, "' is closed"));

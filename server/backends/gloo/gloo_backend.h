@@ -49,6 +49,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -143,8 +144,17 @@ class GlooBackend final : public CollectiveBackendInterface {
   // Nodes that did not mark themselves failed within the probe budget.
   std::vector<int> SilentPeers(absl::Time op_start);
   absl::Status CheckUsable() const;
-  // The fused ring of AllreduceAverage; throws what Gloo throws.
+  // The fused ring of AllreduceAverage; throws what Gloo throws. Its
+  // buffers outlive Gloo's use of them on every path (see retired_buffers_).
   void FusedRing(const LocalAverage& work, absl::Time deadline);
+  // The ring's schedule over the buffers FusedRing made.
+  void FusedRingSteps(const LocalAverage& work, absl::Time deadline,
+                      gloo::transport::UnboundBuffer* data,
+                      gloo::transport::UnboundBuffer* tmp, uint64_t reduce_slot,
+                      uint64_t gather_slot);
+  // Elements per segment of a fused ring over `count` elements of `elem`
+  // bytes: the same on every node.
+  size_t FusedSegmentElements(size_t count, size_t elem) const;
 
   const int node_rank_;
   const int num_nodes_;
@@ -171,6 +181,9 @@ class GlooBackend final : public CollectiveBackendInterface {
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
   absl::Status broken_;
+  // Buffers of a fused ring that failed: Gloo may still signal them until
+  // the connections are closed, so they are freed only in Close().
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> retired_buffers_;
 };
 
 }  // namespace gradd

@@ -451,11 +451,32 @@ TEST_F(JobManagerTest, CleanDetachAfterTheLastIterationIsNoError) {
               StatusIs(absl::StatusCode::kNotFound, "is not attached"));
   EXPECT_TRUE(Detach(manager(), "bye", 0, ranks[0]->session()).ok());
   // The job's engine has been joined: the block's final state is settled.
+  // The ranks detached, so nobody reads it; a process that still mapped it
+  // would read why nothing answers any more.
   EXPECT_EQ(manager().NumJobs(), 0);
-  EXPECT_TRUE(ranks[0]->Error().ok()) << ranks[0]->Error();
+  EXPECT_THAT(ranks[0]->Error(),
+              StatusIs(absl::StatusCode::kAborted,
+                       "job 'bye' ended: every local rank detached"));
   // A session that detached may be closed later without effect.
   sessions_.Close(ranks[0]->session());
   EXPECT_EQ(manager().NumJobs(), 0);
+}
+
+TEST_F(JobManagerTest, RanksDetachedFromUnderALiveTrainerSeeAnError) {
+  // Someone detaches both ranks (e.g. with their session ids) while both
+  // trainers still wait: they get an error at once, not a hang.
+  auto ranks = AttachJob("torn", 2, kSmallModel);
+  ASSERT_EQ(ranks.size(), 2u);
+  ranks[0]->Publish(0, 1);
+  ranks[1]->Publish(0, 1);
+  ASSERT_TRUE(ranks[0]->WaitAllDone(1));
+  ranks[0]->Publish(0, 2);
+  EXPECT_TRUE(Detach(manager(), "torn", 0, ranks[0]->session()).ok());
+  EXPECT_TRUE(Detach(manager(), "torn", 1, ranks[1]->session()).ok());
+  EXPECT_FALSE(ranks[0]->WaitAllDone(2, std::chrono::seconds(10)));
+  EXPECT_THAT(ranks[0]->Error(),
+              StatusIs(absl::StatusCode::kAborted, "detached"));
+  EXPECT_FALSE(ranks[1]->Error().ok());
 }
 
 TEST_F(JobManagerTest, DetachWhileOthersWaitIsAnError) {

@@ -1,0 +1,126 @@
+#include "server/rpc/unix_acceptor.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_posix.h"
+
+namespace gradd {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Create(
+    const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", path));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return Errno("socket() for", path);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno("cannot bind gRPC socket", path);
+  }
+  if (chmod(path.c_str(), 0600) != 0) return Errno("chmod", path);
+  if (listen(fd.get(), 128) != 0) return Errno("listen on", path);
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return Errno("eventfd for", path);
+  return std::unique_ptr<UnixAcceptor>(
+      new UnixAcceptor(path, std::move(fd), std::move(wake)));
+}
+
+UnixAcceptor::UnixAcceptor(std::string path, UniqueFd listen_fd,
+                           UniqueFd wake_fd)
+    : path_(std::move(path)),
+      listen_fd_(std::move(listen_fd)),
+      wake_fd_(std::move(wake_fd)) {}
+
+UnixAcceptor::~UnixAcceptor() { Stop(); }
+
+void UnixAcceptor::Start(grpc::Server* server) {
+  server_ = server;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void UnixAcceptor::Stop() {
+  stop_.store(true);
+  uint64_t one = 1;
+  if (wake_fd_.valid()) (void)!write(wake_fd_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_.valid()) {
+    listen_fd_.reset();
+    unlink(path_.c_str());
+  }
+}
+
+void UnixAcceptor::Loop() {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point paused_until{};
+  while (!stop_.load()) {
+    const Clock::time_point now = Clock::now();
+    const bool accepting = now >= paused_until;
+    pollfd pfds[2] = {{wake_fd_.get(), POLLIN, 0},
+                      {accepting ? listen_fd_.get() : -1, POLLIN, 0}};
+    const int timeout_ms =
+        accepting ? -1
+                  : static_cast<int>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            paused_until - now)
+                            .count() +
+                        1);
+    if (poll(pfds, 2, timeout_ms) < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "gradd: poll on %s failed: %s\n", path_.c_str(),
+                   std::strerror(errno));
+      paused_until = Clock::now() + kAcceptBackoff;
+      continue;
+    }
+    if (pfds[0].revents != 0 || !(pfds[1].revents & POLLIN)) continue;
+    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr,
+                        SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        std::fprintf(stderr,
+                     "gradd: cannot accept on %s (%s); retrying in %lld ms\n",
+                     path_.c_str(), std::strerror(errno),
+                     static_cast<long long>(kAcceptBackoff.count()));
+        paused_until = Clock::now() + kAcceptBackoff;
+      }
+      continue;  // EAGAIN, ECONNABORTED, EINTR: nothing to hand over
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != geteuid() && cred.uid != 0)) {
+      std::fprintf(stderr,
+                   "gradd: refused gRPC connection from uid %u pid %d on %s\n",
+                   cred.uid, cred.pid, path_.c_str());
+      refused_.fetch_add(1);
+      continue;  // closes it
+    }
+    accepted_.fetch_add(1);
+    // gRPC owns the fd from here on (and closes it).
+    grpc::AddInsecureChannelFromFd(server_, fd.release());
+  }
+}
+
+}  // namespace gradd
