@@ -105,6 +105,7 @@ class Reducer:
         find_unused_parameters: bool,
         who: str,
         fail: Callable[[BaseException], None],
+        sparse=None,
     ):
         self.client = client
         self.params = params
@@ -114,6 +115,10 @@ class Reducer:
         self.static_graph = False
         self.who = who
         self._fail = fail
+        # Sparse parameters (gradd/_sparse.py): reduced after the dense
+        # buckets of every synced backward, outside the bucket machinery.
+        self.sparse = sparse
+        self._sparse_fired = False
         n = len(params)
         self.expect_hooks = False
         self._fired = [0] * n
@@ -149,6 +154,10 @@ class Reducer:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 acc.register_hook(_make_hook(self_ref, i))
                 self._hooks.append(acc)  # the param holds its accumulator weakly
+            for p in sparse.params if sparse is not None else ():
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(_make_hook(self_ref, -1))
+                self._hooks.append(acc)
 
     # ----------------------------------------------------------- iteration
     @property
@@ -187,6 +196,7 @@ class Reducer:
 
     def _reset(self) -> None:
         n = len(self.params)
+        self._sparse_fired = False
         self._fired = [0] * n
         self._marked = [False] * n
         self._any_marked = False
@@ -198,6 +208,11 @@ class Reducer:
 
     # --------------------------------------------------------------- hooks
     def on_grad_ready(self, i: int) -> None:
+        if i < 0:  # a sparse parameter: only makes sure the finish runs
+            if self.expect_hooks and self.client is not None:
+                self.queue_finish()
+                self._sparse_fired = True
+            return
         if not self.expect_hooks or self.client is None:
             # No DDP forward with sync before this backward: purely local.
             if self.find_unused_parameters and self.params[i].grad is not None:
@@ -293,7 +308,11 @@ class Reducer:
         self._callback_queued = False
         if not self.expect_hooks or self.client is None:
             return
-        if not any(self._fired) and not self.static_first_iteration:
+        if (
+            not any(self._fired)
+            and not self.static_first_iteration
+            and not self._sparse_fired
+        ):
             return  # no parameter took part: nothing was handed over
         t_compute_end = time.monotonic_ns()
         first_static = self.static_first_iteration
@@ -333,6 +352,8 @@ class Reducer:
                 else:
                     self._mark_unused(i)
         self._call(self.client.wait_all)
+        if self.sparse is not None and len(self.sparse):
+            self._call(self.sparse.reduce)
         t_done = time.monotonic_ns()
 
         if first_static:

@@ -55,8 +55,10 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
 
-def broadcast_tensors(client, tensors: Iterable[torch.Tensor], chunk: int, on_error) -> None:
-    """Overwrites `tensors` with rank 0's, packed into rounds of at most
+def broadcast_tensors(
+    client, tensors: Iterable[torch.Tensor], chunk: int, on_error, root: int = 0
+) -> None:
+    """Overwrites `tensors` with global rank `root`'s, packed into rounds of at most
     `chunk` bytes (the attach's broadcast area). `on_error(exc)` is called
     (and must raise) when the daemon reports a failure."""
     staging = torch.empty(chunk, dtype=torch.uint8)
@@ -70,7 +72,7 @@ def broadcast_tensors(client, tensors: Iterable[torch.Tensor], chunk: int, on_er
         if used == 0:
             return
         try:
-            client.broadcast(staging_np[:used], 0)
+            client.broadcast(staging_np[:used], root)
         except RuntimeError as e:
             on_error(e)
         for dst, off, n, at in pending:

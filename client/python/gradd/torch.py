@@ -39,6 +39,7 @@ import gradd._C as _C
 from gradd import _jobs, _state_sync
 from gradd._C import GraddError
 from gradd._reducer import Reducer
+from gradd._sparse import SparseReducer, sparse_parameter_ids
 
 __all__ = ["DistributedDataParallel", "GraddError"]
 
@@ -150,6 +151,16 @@ class DistributedDataParallel(torch.nn.Module):
         named = [
             (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in ignore
         ]
+        # Sparse gradients (Embedding(sparse=True)) bypass the dense buckets:
+        # see gradd/_sparse.py.
+        sparse_ids = sparse_parameter_ids(module)
+        sparse_named = [(n, p) for n, p in named if id(p) in sparse_ids]
+        named = [(n, p) for n, p in named if id(p) not in sparse_ids]
+        if not named and sparse_named:
+            raise NotImplementedError(
+                "gradd needs at least one dense parameter besides the sparse "
+                f"ones ({', '.join(n for n, _ in sparse_named)})"
+            )
         if not named:
             raise RuntimeError(
                 "DistributedDataParallel is not needed when a module doesn't have any "
@@ -297,6 +308,13 @@ class DistributedDataParallel(torch.nn.Module):
             find_unused_parameters=find_unused_parameters,
             who=f"job '{self.job_id}', rank {self.rank}",
             fail=self._fail,
+            sparse=SparseReducer(
+                [n for n, _ in sparse_named],
+                [p for _, p in sparse_named],
+                self.rank,
+                self.world_size,
+                lambda buf, root: self._broadcast_tensors([buf], root),
+            ),
         )
         if static_graph:
             self._set_static_graph()
@@ -429,10 +447,12 @@ class DistributedDataParallel(torch.nn.Module):
             pass
 
     # ------------------------------------------------------------ internals
-    def _broadcast_tensors(self, tensors) -> None:
-        """Overwrites `tensors` with rank 0's, through the daemon."""
+    def _broadcast_tensors(self, tensors, root: int = 0) -> None:
+        """Overwrites `tensors` with global rank `root`'s, through the daemon."""
         self._raise_if_failed()
-        _state_sync.broadcast_tensors(self._client, tensors, self._bcast_bytes, self._fail)
+        _state_sync.broadcast_tensors(
+            self._client, tensors, self._bcast_bytes, self._fail, root=root
+        )
 
     def _fail(self, error: BaseException):
         """Records the first error: the job can't continue after it."""
