@@ -32,8 +32,10 @@ import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch  # the real torch: this module is gradd.torch, imports are absolute
+from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
+from gradd import _join  # join() for uneven inputs
 from gradd._C import GraddError
 
 __all__ = ["DistributedDataParallel", "GraddError"]
@@ -75,7 +77,7 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Data parallelism through the node's gradd daemon.
 
     Takes torch DDP's constructor arguments. ``device_ids``/``output_device``
@@ -120,6 +122,8 @@ class DistributedDataParallel(torch.nn.Module):
         wait_timeout: float = 600.0,
     ):
         super().__init__()
+        Joinable.__init__(self)  # join(): gradd/_join.py
+        self._divide_by_initial_world_size = True
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -316,7 +320,11 @@ class DistributedDataParallel(torch.nn.Module):
                     )
                 )
             self._sync_this_backward = grad_sync
-        if self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
+        if self._join_config.enable:
+            # Join mode (gradd/_join.py): tell the daemon this rank takes part;
+            # buffers come from the highest active rank instead of rank 0.
+            _join.on_forward(self, grad_sync)
+        elif self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
             buffers = [b for b in self.module.buffers()]
             if buffers:
                 self._broadcast_tensors(buffers)
@@ -342,8 +350,34 @@ class DistributedDataParallel(torch.nn.Module):
             "gradd runs communication hooks in the daemon; configure them there"
         )
 
-    def join(self, *args, **kwargs):
-        raise NotImplementedError("gradd.torch does not implement join() yet")
+    # ------------------------------------------------------------- join
+    # Uneven inputs: the daemon fills in for ranks that ran out of inputs
+    # (no shadow collectives here); see gradd/_join.py.
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ):
+        return _join.GraddJoin(
+            [self],
+            enable,
+            throw_on_early_termination,
+            divide_by_initial_world_size=divide_by_initial_world_size,
+        )
+
+    def join_hook(self, **kwargs):
+        return _join.GraddJoinHook(
+            self, kwargs.get("divide_by_initial_world_size", True)
+        )
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return _join.join_process_group(self)
 
     def _set_static_graph(self):
         self.static_graph = True
