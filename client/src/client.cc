@@ -520,6 +520,8 @@ absl::Status ClientImpl::MarkReady(int param) {
   }
   RETURN_IF_ERROR(CheckFailed());
   const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  // Join mode: this rank takes part in `it`.
+  RETURN_IF_ERROR(join_->NoteActive(it));
   if (marked_[param].exchange(it, std::memory_order_acq_rel) == it) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parameter '", params_[param].name, "' (index ", param,
@@ -528,7 +530,6 @@ absl::Status ClientImpl::MarkReady(int param) {
         "iteration (a parameter shared by several modules, or reentrant "
         "backward, can cause this)"));
   }
-  join_->NoteActive(it);  // join mode: this rank takes part in `it`
   const int b = params_[param].bucket;
   // acq_rel: the last marker's release store below must carry every other
   // marker's gradient writes with it (they precede their fetch_sub).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/doorbell.h"
+#include "common/status_macros.h"
 
 namespace gradd {
 
@@ -46,16 +47,30 @@ absl::Status JoinClient::Enter(const JoinOptions& options, uint64_t iteration) {
   return absl::OkStatus();
 }
 
-void JoinClient::NoteActive(uint64_t iteration) {
-  if (!in_join()) return;
-  if (noted_.load(std::memory_order_relaxed) >= iteration) return;
+absl::Status JoinClient::NoteActive(uint64_t iteration) {
+  if (!in_join()) return absl::OkStatus();
+  if (noted_.load(std::memory_order_relaxed) >= iteration) {
+    return absl::OkStatus();
+  }
+  if (flags_ & kJoinThrowOnEarlyTermination) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradient marked ready in iteration ", iteration,
+        " before JoinActive (", who_,
+        "); with throw_on_early_termination call JoinActive before "
+        "computing each iteration"));
+  }
+  return Publish(iteration);
+}
+
+absl::Status JoinClient::Publish(uint64_t iteration) {
   if (noted_.exchange(iteration, std::memory_order_acq_rel) >= iteration) {
-    return;
+    return absl::OkStatus();
   }
   // A bucket published before this store only makes the daemon wait for
   // it: a rank counts as active once active_seq says so.
   slot_->active_seq.store(iteration, std::memory_order_release);
   RingDaemon(layout_.header(base_));
+  return absl::OkStatus();
 }
 
 std::string JoinClient::ThrownMessage(int exhausted) const {
@@ -85,7 +100,7 @@ absl::Status JoinClient::Active(uint64_t iteration, void* sync_data,
         "iteration ",
         iteration, " (", who_, "); call it before marking gradients ready"));
   }
-  NoteActive(iteration);
+  RETURN_IF_ERROR(Publish(iteration));
   const bool throws = flags_ & kJoinThrowOnEarlyTermination;
   if (!throws && sync_bytes == 0) return absl::OkStatus();
 

@@ -3,7 +3,8 @@
 // state machine is drawn in server/engine/join_state.h).
 //
 //   Enter(options)   before an iteration: join mode from it on (epoch e)
-//   NoteActive(i)    this rank takes part in iteration i (MarkReady does it)
+//   NoteActive(i)    this rank takes part in iteration i (MarkReady does it;
+//                    with throw_on_early_termination Active must come first)
 //   Active(i, sync)  the same, explicitly, before computing: with
 //                    throw_on_early_termination it waits for the daemon's
 //                    decision and fails if some rank ran out of inputs; with
@@ -54,7 +55,10 @@ class JoinClient {
   bool in_join() const { return open_.load(std::memory_order_acquire); }
 
   absl::Status Enter(const JoinOptions& options, uint64_t iteration);
-  void NoteActive(uint64_t iteration);
+  // FAILED_PRECONDITION with throw_on_early_termination when Active() was
+  // not called first: the iteration may be abandoned, so nothing of it may
+  // reach the daemon before the decision.
+  absl::Status NoteActive(uint64_t iteration);
   // On an epoch that ended (thrown) while waiting, fills *catch_up.
   absl::Status Active(uint64_t iteration, void* sync_data, size_t sync_bytes,
                       CatchUp* catch_up);
@@ -64,6 +68,8 @@ class JoinClient {
   // After done_epoch >= epoch_: moves this rank's rows up to the job,
   // clears joined_at, leaves join mode.
   CatchUp Finish();
+  // Declares this rank active in `iteration` (once; any thread).
+  absl::Status Publish(uint64_t iteration);
   std::string ThrownMessage(int exhausted) const;
 
   const ControlLayout layout_;

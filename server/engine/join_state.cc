@@ -182,7 +182,9 @@ absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
     ++out.global_active;
     out.max_active = g;
   }
-  if (throws && min_joined >= 0) {
+  // As torch: a rank that runs out throws only if others still have inputs;
+  // ranks that all run out together end the join normally.
+  if (throws && min_joined >= 0 && out.global_active > 0) {
     out.kind = Kind::kThrown;
     out.exhausted_rank = min_joined;
   } else if (out.global_active == 0) {

@@ -26,7 +26,8 @@
 //    |        Resolve(summed round):                              |
 //    +-- kComplete: no rank active (authoritative rank = highest  |
 //    |   rank active in the last iteration that had any)          |
-//    +-- kThrown: throw_on_early_termination and some rank joined |
+//    +-- kThrown: throw_on_early_termination, some rank joined    |
+//    |   while others are still active                             |
 //    |                                                            v
 //    |                      kContinue: divisor, max active  kRunning(i)
 //    |                      buckets of i run with the local active ranks

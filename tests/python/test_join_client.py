@@ -115,7 +115,9 @@ def test_misuse_is_reported(daemon, job_id):
         c = attach(daemon, job_id, rank, 1)
         with pytest.raises(gradd.FailedPreconditionError, match="outside join mode"):
             c.join()
-        c.join_enter()
+        c.join_enter(throw_on_early_termination=True)
+        with pytest.raises(gradd.FailedPreconditionError, match="before JoinActive"):
+            c.mark_ready(0)
         with pytest.raises(gradd.FailedPreconditionError, match="entered twice"):
             c.join_enter()
         with pytest.raises(gradd.FailedPreconditionError, match="Broadcast in join mode"):

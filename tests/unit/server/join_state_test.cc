@@ -142,6 +142,15 @@ TEST(JoinStateTest, ThrowOnEarlyTerminationNamesTheRank) {
   EXPECT_EQ(s.phase(), Phase::kOff);
 }
 
+TEST(JoinStateTest, ThrowModeRanksRunningOutTogetherDoNotThrow) {
+  JoinState s("job", 2, 0, 2, 1);
+  std::vector<JoinRankView> v = Entered(2, 1, kJoinThrowOnEarlyTermination);
+  v[0].joined_at = v[1].joined_at = 1;
+  JoinState::Outcome o = Round(s, v, 1);
+  EXPECT_EQ(o.kind, Kind::kComplete);
+  EXPECT_EQ(o.authoritative_rank, 1);
+}
+
 TEST(JoinStateTest, SyncBytesMustAgree) {
   JoinState s("job", 2, 0, 2, 1);
   std::vector<JoinRankView> v = Entered(2, 1, kDivide);
