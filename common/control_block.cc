@@ -49,8 +49,7 @@ BroadcastSlot* ControlLayout::bcast(void* base, uint32_t rank) const {
 }
 
 JoinBoard* ControlLayout::join_board(void* base) const {
-  return reinterpret_cast<JoinBoard*>(static_cast<char*>(base) +
-                                      join_offset_);
+  return reinterpret_cast<JoinBoard*>(static_cast<char*>(base) + join_offset_);
 }
 
 JoinSlot* ControlLayout::join_slot(void* base, uint32_t rank) const {

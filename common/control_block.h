@@ -59,7 +59,7 @@
 namespace gradd {
 
 inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
-inline constexpr uint32_t kControlVersion = 2;  // 2: join region
+inline constexpr uint32_t kControlVersion = 2;         // 2: join region
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -99,8 +99,8 @@ inline constexpr uint32_t kJoinThrowOnEarlyTermination = 2;
 
 // Rank -> daemon: rank r's join state (written only by rank r).
 struct alignas(kCacheLine) JoinSlot {
-  std::atomic<uint64_t> epoch;      // join contexts entered; 0 = never
-  std::atomic<uint64_t> begin;      // first iteration of epoch `epoch`
+  std::atomic<uint64_t> epoch;       // join contexts entered; 0 = never
+  std::atomic<uint64_t> begin;       // first iteration of epoch `epoch`
   std::atomic<uint64_t> active_seq;  // last iteration declared active in
   std::atomic<uint64_t> joined_at;   // 0, or: joined from this iteration on
   std::atomic<uint64_t> sync_bytes;  // bytes of the per-iteration sync

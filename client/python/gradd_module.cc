@@ -499,8 +499,8 @@ PYBIND11_MODULE(_C, m) {
       .def("join", &PyClient::Join,
            "This rank ran out of inputs: blocks (GIL released) until every "
            "rank joined; returns the authoritative global rank.")
-      .def_property_readonly(
-          "in_join", [](PyClient& c) { return c.client().in_join(); })
+      .def_property_readonly("in_join",
+                             [](PyClient& c) { return c.client().in_join(); })
       .def("detach", &PyClient::Detach,
            "Clean goodbye. Views stay valid memory until they are dropped.")
       .def("__enter__", [](py::object self) { return self; })

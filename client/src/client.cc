@@ -43,6 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/src/join_client.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -50,7 +51,6 @@
 #include "common/session.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
-#include "client/src/join_client.h"
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -449,8 +449,8 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     return BroadcastImpl(data, bytes, root);
   };
   join_ = std::make_unique<JoinClient>(layout_, control_.data(),
-                                       options_.local_rank, global_rank_,
-                                       Who(), std::move(hooks));
+                                       options_.local_rank, global_rank_, Who(),
+                                       std::move(hooks));
   return absl::OkStatus();
 }
 

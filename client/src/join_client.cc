@@ -30,11 +30,10 @@ absl::Status JoinClient::Enter(const JoinOptions& options, uint64_t iteration) {
         absl::StrCat("join mode entered twice (", who_,
                      "); finish the running join with Join() first"));
   }
-  flags_ = (options.divide_by_initial_world_size
-                ? kJoinDivideByInitialWorldSize
-                : 0) |
-           (options.throw_on_early_termination ? kJoinThrowOnEarlyTermination
-                                               : 0);
+  flags_ =
+      (options.divide_by_initial_world_size ? kJoinDivideByInitialWorldSize
+                                            : 0) |
+      (options.throw_on_early_termination ? kJoinThrowOnEarlyTermination : 0);
   slot_->flags.store(flags_, std::memory_order_relaxed);
   slot_->begin.store(iteration, std::memory_order_relaxed);
   slot_->sync_bytes.store(0, std::memory_order_relaxed);
@@ -76,7 +75,8 @@ absl::Status JoinClient::Publish(uint64_t iteration) {
 std::string JoinClient::ThrownMessage(int exhausted) const {
   return absl::StrCat(
       "Detected at least one rank that exhausted inputs (global rank ",
-      exhausted, "). Throwing across all ranks (join with "
+      exhausted,
+      "). Throwing across all ranks (join with "
       "throw_on_early_termination=True; ",
       who_, ", global rank ", global_rank_, ")");
 }
@@ -118,9 +118,9 @@ absl::Status JoinClient::Active(uint64_t iteration, void* sync_data,
         board_->exhausted_rank.load(std::memory_order_relaxed);
     *catch_up = Finish();
     if (exhausted >= 0) return absl::AbortedError(ThrownMessage(exhausted));
-    return absl::InternalError(absl::StrCat(
-        "the join ended at iteration ", catch_up->next_iteration,
-        " while this rank was active in it (", who_, ")"));
+    return absl::InternalError(
+        absl::StrCat("the join ended at iteration ", catch_up->next_iteration,
+                     " while this rank was active in it (", who_, ")"));
   }
   if (sync_bytes == 0) return absl::OkStatus();
   synced_ = iteration;
@@ -156,9 +156,10 @@ absl::StatusOr<JoinResult> JoinClient::Join(uint64_t iteration,
   *catch_up = Finish();
   result.next_iteration = catch_up->next_iteration;
   if (exhausted >= 0) {
-    return absl::AbortedError(absl::StrCat(
-        "Rank ", global_rank_, " exhausted all inputs (join with "
-        "throw_on_early_termination=True; ", who_, ")"));
+    return absl::AbortedError(absl::StrCat("Rank ", global_rank_,
+                                           " exhausted all inputs (join with "
+                                           "throw_on_early_termination=True; ",
+                                           who_, ")"));
   }
   return result;
 }

@@ -57,8 +57,9 @@ void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
     // and then ignored.
     std::unique_ptr<void, FreeDeleter>& zero = zero_buckets_[work.bucket];
     const size_t bytes = std::max<size_t>(
-        kAccAlignment, (work.count * DTypeSize(work.dtype) + kAccAlignment - 1) /
-                           kAccAlignment * kAccAlignment);
+        kAccAlignment,
+        (work.count * DTypeSize(work.dtype) + kAccAlignment - 1) /
+            kAccAlignment * kAccAlignment);
     if (zero == nullptr) {
       zero.reset(std::aligned_alloc(kAccAlignment, bytes));
       if (zero == nullptr) {
@@ -219,11 +220,11 @@ void HierarchicalReducer::NetworkLoop() {
                (failed_ || (rounds_.front().work.iteration == next_iteration_ &&
                             next_bucket_ == 0 && next_chunk_ == 0));
       };
-      auto has_work = [this, &next,
-                       &round_due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !broadcasts_.empty() || round_due() ||
-               next() != ready_.end();
-      };
+      auto has_work = [this, &next, &round_due]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                            return stop_ || !broadcasts_.empty() ||
+                                   round_due() || next() != ready_.end();
+                          };
       mu_.AwaitWithTimeout(absl::Condition(&has_work), kIdleWait);
       stopping = stop_;
       if (!broadcasts_.empty()) {
@@ -236,7 +237,8 @@ void HierarchicalReducer::NetworkLoop() {
         item.emplace(std::move(it->second));
         ready_.erase(it);
       }
-      network_busy_ = bcast.has_value() || item.has_value() || round.has_value();
+      network_busy_ =
+          bcast.has_value() || item.has_value() || round.has_value();
     }
     if (stopping) {
       // Nobody will wait for these any more, but each completion runs once.

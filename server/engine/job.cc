@@ -295,9 +295,8 @@ bool Job::ScanBroadcast() {
           absl::StatusCode::kInvalidArgument,
           absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
                        need, ": local rank ", first_part, " asks for root ",
-                       root, ", ", bytes,
-                       " bytes; local rank ", r, " for root ", rr, ", ", rb,
-                       " bytes"));
+                       root, ", ", bytes, " bytes; local rank ", r,
+                       " for root ", rr, ", ", rb, " bytes"));
       failed_ = true;
       return false;
     }
@@ -315,8 +314,10 @@ bool Job::ScanBroadcast() {
       local_root >= 0 && local_root < world && !part[local_root]) {
     FailJob(absl::StatusCode::kInvalidArgument,
             absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
-                         " from root ", root, ", which has joined (ran out "
-                         "of inputs) in iteration ", join_.iteration()));
+                         " from root ", root,
+                         ", which has joined (ran out "
+                         "of inputs) in iteration ",
+                         join_.iteration()));
     failed_ = true;
     return false;
   }

@@ -119,16 +119,16 @@ bool Job::StepJoin() {
   JoinRoundWork work;
   work.iteration = join_.iteration();
   work.values = *std::move(round);
-  reducer_->StartJoinRound(
-      std::move(work), [this](absl::Status s, std::vector<double> values) {
-        {
-          absl::MutexLock lock(&round_mu_);
-          round_done_ = true;
-          round_status_ = std::move(s);
-          round_values_ = std::move(values);
-        }
-        RingDaemon(header_);
-      });
+  reducer_->StartJoinRound(std::move(work),
+                           [this](absl::Status s, std::vector<double> values) {
+                             {
+                               absl::MutexLock lock(&round_mu_);
+                               round_done_ = true;
+                               round_status_ = std::move(s);
+                               round_values_ = std::move(values);
+                             }
+                             RingDaemon(header_);
+                           });
   return true;
 }
 
@@ -164,10 +164,9 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
       const uint64_t iteration = outcome.iteration;
       reducer_->StartBroadcast(work, [this, iteration](absl::Status s) {
         if (!s.ok()) {
-          FailJob(s.code(),
-                  absl::StrCat("job '", spec_.job_id,
-                               "' join sync of iteration ", iteration, ": ",
-                               s.message()));
+          FailJob(s.code(), absl::StrCat("job '", spec_.job_id,
+                                         "' join sync of iteration ", iteration,
+                                         ": ", s.message()));
         }
       });
     }
@@ -206,8 +205,8 @@ bool Job::ScanJoinBuckets() {
       if (s != d) {
         FailJob(absl::StatusCode::kFailedPrecondition,
                 absl::StrCat(RankName(r), " published bucket ", b,
-                             " for iteration ", s, " while join iteration ",
-                             it, " is in progress"));
+                             " for iteration ", s, " while join iteration ", it,
+                             " is in progress"));
         failed_ = true;
         return false;
       }

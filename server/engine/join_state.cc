@@ -49,9 +49,9 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
     int opener = -1;
     for (int r = 0; r < local_world_; ++r) {
       if (ranks[r].epoch > next_epoch) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            RankName(r), " entered join mode ", ranks[r].epoch,
-            " while join ", next_epoch, " is the next one"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(RankName(r), " entered join mode ", ranks[r].epoch,
+                         " while join ", next_epoch, " is the next one"));
       }
       if (ranks[r].epoch == next_epoch && opener < 0) opener = r;
     }
@@ -61,9 +61,10 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
       const JoinRankView& v = ranks[r];
       if (v.epoch != next_epoch) {
         if (!v.live) {
-          return absl::AbortedError(absl::StrCat(
-              RankName(r), " left before entering join mode (", RankName(opener),
-              " entered it before iteration ", first.begin, ")"));
+          return absl::AbortedError(
+              absl::StrCat(RankName(r), " left before entering join mode (",
+                           RankName(opener), " entered it before iteration ",
+                           first.begin, ")"));
         }
         if (v.published) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -84,8 +85,8 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
     }
     if (first.begin != next_iteration) {
       return absl::FailedPreconditionError(absl::StrCat(
-          RankName(opener), " entered join mode before iteration ",
-          first.begin, " while iteration ", next_iteration, " is next"));
+          RankName(opener), " entered join mode before iteration ", first.begin,
+          " while iteration ", next_iteration, " is next"));
     }
     epoch_ = next_epoch;
     iteration_ = first.begin;
@@ -106,15 +107,14 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
     }
     const bool joined = v.joined_at != 0;
     if (joined && v.joined_at > iteration_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          RankName(r), " joined from iteration ", v.joined_at,
-          " while iteration ", iteration_, " is in progress"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(RankName(r), " joined from iteration ", v.joined_at,
+                       " while iteration ", iteration_, " is in progress"));
     }
     if (joined && v.active_seq >= v.joined_at) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(RankName(r), " declared itself active in iteration ",
-                       v.active_seq, " but joined from iteration ",
-                       v.joined_at));
+      return absl::FailedPreconditionError(absl::StrCat(
+          RankName(r), " declared itself active in iteration ", v.active_seq,
+          " but joined from iteration ", v.joined_at));
     }
     const bool active = !joined && v.active_seq >= iteration_;
     if (!joined && !active) return std::vector<double>();  // undecided
@@ -133,8 +133,8 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
 absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
     const std::vector<double>& summed) {
   if (phase_ != Phase::kRound) {
-    return absl::InternalError(absl::StrCat(
-        "job '", job_id_, "': join round result outside a round"));
+    return absl::InternalError(
+        absl::StrCat("job '", job_id_, "': join round result outside a round"));
   }
   if (summed.size() != round_size()) {
     return absl::InternalError(
@@ -149,8 +149,10 @@ absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
       summed[kDivideAt] != (divide ? nodes : 0.0) ||
       summed[kThrowAt] != (throws ? nodes : 0.0)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_id_, "': the nodes disagree on join: this node is at "
-        "iteration ", iteration_, " with ", Options(flags_),
+        "job '", job_id_,
+        "': the nodes disagree on join: this node is at "
+        "iteration ",
+        iteration_, " with ", Options(flags_),
         " (every rank of every node must enter join() before the same "
         "iteration with the same options)"));
   }
@@ -166,9 +168,9 @@ absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
       continue;
     }
     if (v < 1.0 || v != std::floor(v)) {
-      return absl::InternalError(absl::StrCat(
-          "job '", job_id_, "': join round: global rank ", g,
-          " reported as ", v, " (no node, or several, hold it)"));
+      return absl::InternalError(
+          absl::StrCat("job '", job_id_, "': join round: global rank ", g,
+                       " reported as ", v, " (no node, or several, hold it)"));
     }
     const uint64_t bytes = static_cast<uint64_t>(v) - 1;
     if (sync_from >= 0 && bytes != sync_bytes) {

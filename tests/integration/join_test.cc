@@ -13,8 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class JoinTest : public GraddTest, public ::testing::WithParamInterface<int> {
-};
+class JoinTest : public GraddTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(JoinTest, UnevenInputsAverageOverTheActiveRanks) {
   const int world = 3;

@@ -175,8 +175,7 @@ TEST(JoinStateTest, MisuseIsNamed) {
     v[1].flags = 0;
     absl::Status st = s.Poll(v, 1).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(st.message(),
-                HasSubstr("divide_by_initial_world_size=False"));
+    EXPECT_THAT(st.message(), HasSubstr("divide_by_initial_world_size=False"));
   }
   {
     JoinState s("job", 2, 0, 2, 1);
