@@ -232,6 +232,14 @@ class ClientImpl final : public Client {
   // Join: join_client.h does the work; these add the Client's state.
   absl::Status JoinEnter(const JoinOptions& options) override {
     RETURN_IF_ERROR(CheckFailed());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (pending_[b].load(std::memory_order_acquire) !=
+          static_cast<int32_t>(buckets_[b].params.size())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "JoinEnter in the middle of iteration ", iteration(), " (", Who(),
+            "); enter join mode between iterations (after WaitAll)"));
+      }
+    }
     return join_->Enter(options, iteration());
   }
   bool in_join() const override { return join_ != nullptr && join_->in_join(); }

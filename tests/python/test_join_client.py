@@ -115,6 +115,11 @@ def test_misuse_is_reported(daemon, job_id):
         c = attach(daemon, job_id, rank, 1)
         with pytest.raises(gradd.FailedPreconditionError, match="outside join mode"):
             c.join()
+        c.mark_ready(1)
+        with pytest.raises(gradd.FailedPreconditionError, match="middle of iteration"):
+            c.join_enter()
+        c.mark_ready(0)
+        c.wait_all()
         c.join_enter(throw_on_early_termination=True)
         with pytest.raises(gradd.FailedPreconditionError, match="before JoinActive"):
             c.mark_ready(0)
