@@ -80,7 +80,7 @@ def test_join_throw_on_early_termination(daemon, job_id, tmp_path):
     outs = run_workers(
         "join_worker.py",
         3,
-        ["mlp", str(tmp_path / "gloo_init"), "method", "1", "1", "1"],
+        ["mlp", str(tmp_path / "gloo_init"), "generic", "1", "1", "1"],
         {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id},
         timeout=150,
     )
