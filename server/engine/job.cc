@@ -255,16 +255,18 @@ bool Job::ScanBroadcast() {
   const uint64_t need = d + 1;
   // Who takes part: every rank, or in a join iteration the active ones
   // (none of them broadcasts before the iteration is decided).
-  std::vector<bool> part(world, true);
+  // (No copy: this runs on every scan of the engine loop.)
+  const std::vector<bool>* active = nullptr;
   if (join_.active()) {
     if (join_.phase() != JoinState::Phase::kRunning) return false;
-    part = join_.current().local_active;
+    active = &join_.current().local_active;
   }
+  auto part = [active](int r) { return active == nullptr || (*active)[r]; };
   int ready = 0;
   int parts = 0;
   int first_part = -1;
   for (int r = 0; r < world; ++r) {
-    if (!part[r]) continue;
+    if (!part(r)) continue;
     ++parts;
     if (first_part < 0) first_part = r;
     const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
@@ -286,7 +288,7 @@ bool Job::ScanBroadcast() {
   const int32_t root = first->root.load(std::memory_order_relaxed);
   const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
   for (int r = first_part + 1; r < world; ++r) {
-    if (!part[r]) continue;
+    if (!part(r)) continue;
     const BroadcastSlot* slot = layout_.bcast(base, r);
     const int32_t rr = slot->root.load(std::memory_order_relaxed);
     const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
@@ -311,7 +313,7 @@ bool Job::ScanBroadcast() {
     return false;
   }
   if (const int local_root = root - spec_.global_rank_offset;
-      local_root >= 0 && local_root < world && !part[local_root]) {
+      local_root >= 0 && local_root < world && !part(local_root)) {
     FailJob(absl::StatusCode::kInvalidArgument,
             absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
                          " from root ", root,
@@ -338,7 +340,7 @@ bool Job::ScanBroadcast() {
   if (parts < world) {
     join_areas_.assign(world, nullptr);
     for (int r = 0; r < world; ++r) {
-      if (part[r]) join_areas_[r] = bcast_areas_[r];
+      if (part(r)) join_areas_[r] = bcast_areas_[r];
     }
     work.rank_areas = &join_areas_;
   }
