@@ -103,9 +103,11 @@ def main():
 
     # -- phase 2: gradd, no torch process group ---------------------------
     assert not dist.is_initialized()
+    from torch.distributed.algorithms.join import Joinable
     ours = gradd.torch.DistributedDataParallel(
         copy.deepcopy(model), bucket_cap_mb=CAP_MB, first_bucket_cap_mb=CAP_MB
     )
+    assert isinstance(ours, Joinable)
     per_step = []
 
     def compare(step, grads, ddp):

@@ -82,6 +82,24 @@ def test_joined_ranks_contribute_zeros(daemon, job_id, divide):
             assert np.allclose(g, sum(range(world)) / world)
 
 
+def test_rank_without_inputs(daemon, job_id):
+    # Rank 1 has no inputs at all: it joins before the first iteration.
+    def rank_fn(rank):
+        c = attach(daemon, job_id, rank, 2)
+        c.join_enter(divide_by_initial_world_size=False)
+        got = [step(c, 4.0) for _ in range(2 if rank == 0 else 0)]
+        authoritative = c.join()
+        c.detach()
+        return got, authoritative
+
+    (got0, a0), (got1, a1) = run_ranks(2, rank_fn)
+    assert a0 == a1 == 0
+    assert not got1
+    for grads in got0:
+        for g in grads:
+            assert np.allclose(g, 4.0)  # alone: divided by 1 active rank
+
+
 def test_throw_on_early_termination(daemon, job_id):
     def rank_fn(rank):
         c = attach(daemon, job_id, rank, 2)
