@@ -31,7 +31,9 @@ ControlLayout::ControlLayout(uint32_t local_world_size, uint32_t num_buckets)
   ready_offset_ = RoundUp(sizeof(ControlHeader), kCacheLine);
   done_offset_ = ready_offset_ + row_bytes_ * world_;
   bcast_offset_ = done_offset_ + row_bytes_;
-  total_bytes_ = RoundUp(bcast_offset_ + sizeof(BroadcastSlot) * world_, 4096);
+  join_offset_ = bcast_offset_ + sizeof(BroadcastSlot) * world_;
+  total_bytes_ = RoundUp(
+      join_offset_ + sizeof(JoinBoard) + sizeof(JoinSlot) * world_, 4096);
 }
 
 ControlHeader* ControlLayout::header(void* base) const {
@@ -52,6 +54,16 @@ std::atomic<uint64_t>* ControlLayout::done_seq(void* base) const {
 BroadcastSlot* ControlLayout::bcast(void* base, uint32_t rank) const {
   return reinterpret_cast<BroadcastSlot*>(static_cast<char*>(base) +
                                           bcast_offset_) +
+         rank;
+}
+
+JoinBoard* ControlLayout::join_board(void* base) const {
+  return reinterpret_cast<JoinBoard*>(static_cast<char*>(base) + join_offset_);
+}
+
+JoinSlot* ControlLayout::join_slot(void* base, uint32_t rank) const {
+  return reinterpret_cast<JoinSlot*>(static_cast<char*>(base) + join_offset_ +
+                                     sizeof(JoinBoard)) +
          rank;
 }
 

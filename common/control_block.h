@@ -3,7 +3,7 @@
 // read-write by the daemon and by every local rank.
 //
 //   [ControlHeader][ready_seq: world x RankRow][done_seq: buckets x u64]
-//   [bcast: world x BroadcastSlot]
+//   [bcast: world x BroadcastSlot][join: JoinBoard][world x JoinSlot]
 //
 // Sequence numbers are iteration numbers starting at 1; 0 means "never".
 //
@@ -24,6 +24,22 @@
 //           copies root's area into every other rank's area,
 //           header.bcast_done_seq = k, WakeClients.
 //
+// Join (uneven inputs, DDP's join(); the state machine is drawn in
+// server/engine/join_state.h), per join "epoch" e = 1, 2, ...:
+//   client: JoinSlot(r): flags, begin = current iteration, then
+//           epoch.store(e, release) (entering join mode before iteration
+//           `begin`); per iteration it takes part in: sync_bytes, then
+//           active_seq.store(i, release); when out of inputs:
+//           joined_at.store(i, release) (zeros from iteration i on).
+//   daemon: per iteration, once every rank is active or joined: decides
+//           (JoinBoard: max_active, then decided_iteration.store(i)), or
+//           ends the epoch (next_iteration, bcast_seq, authoritative_rank,
+//           exhausted_rank, then done_epoch.store(e, release)).
+//   client: after done_epoch >= e, a rank that lags (joined early) moves its
+//           ready rows to next_iteration - 1 and its broadcast row to
+//           bcast_seq, then clears joined_at (release): until then the
+//           daemon treats its old rows as "not ready", not as an error.
+//
 // Failure: the daemon writes header.error (NUL-terminated), then
 // header.status.store(absl::StatusCode, release), then WakeClients. Status
 // never goes back to 0 for the life of the block.
@@ -43,6 +59,7 @@
 namespace gradd {
 
 inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
+// 2: the daemon's heartbeat and the join region.
 inline constexpr uint32_t kControlVersion = 2;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
@@ -87,6 +104,37 @@ struct alignas(kCacheLine) BroadcastSlot {
   std::atomic<int32_t> root;
 };
 
+// JoinSlot::flags.
+inline constexpr uint32_t kJoinDivideByInitialWorldSize = 1;
+inline constexpr uint32_t kJoinThrowOnEarlyTermination = 2;
+
+// Rank -> daemon: rank r's join state (written only by rank r).
+struct alignas(kCacheLine) JoinSlot {
+  std::atomic<uint64_t> epoch;       // join contexts entered; 0 = never
+  std::atomic<uint64_t> begin;       // first iteration of epoch `epoch`
+  std::atomic<uint64_t> active_seq;  // last iteration declared active in
+  std::atomic<uint64_t> joined_at;   // 0, or: joined from this iteration on
+  std::atomic<uint64_t> sync_bytes;  // bytes of the per-iteration sync
+  std::atomic<uint32_t> flags;       // kJoin* of epoch `epoch`
+};
+
+// Daemon -> ranks: outcome of the join rounds (written only by the daemon).
+struct alignas(kCacheLine) JoinBoard {
+  // Last iteration the ranks may proceed with, and its highest active
+  // global rank (the root of that iteration's sync).
+  std::atomic<uint64_t> decided_iteration;
+  std::atomic<int32_t> max_active;
+  // The last finished epoch and how it ended: the job's next iteration,
+  // the broadcast sequence at that moment, the rank whose model is final
+  // (-1 when thrown) and the lowest rank that ran out of inputs when
+  // thrown (-1 otherwise).
+  alignas(kCacheLine) std::atomic<uint64_t> done_epoch;
+  std::atomic<uint64_t> next_iteration;
+  std::atomic<uint64_t> bcast_seq;
+  std::atomic<int32_t> authoritative_rank;
+  std::atomic<int32_t> exhausted_rank;
+};
+
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -104,6 +152,8 @@ class ControlLayout {
   std::atomic<uint64_t>* ready_row(void* base, uint32_t rank) const;
   std::atomic<uint64_t>* done_seq(void* base) const;
   BroadcastSlot* bcast(void* base, uint32_t rank) const;
+  JoinBoard* join_board(void* base) const;
+  JoinSlot* join_slot(void* base, uint32_t rank) const;
 
   // Initialises a freshly mapped, zero-filled block (daemon side).
   void Initialize(void* base) const;
@@ -117,6 +167,7 @@ class ControlLayout {
   size_t ready_offset_;
   size_t done_offset_;
   size_t bcast_offset_;
+  size_t join_offset_;
   size_t total_bytes_;
 };
 

@@ -215,6 +215,53 @@ class PyClient {
     Check(s);
   }
 
+  void JoinEnter(bool divide_by_initial_world_size,
+                 bool throw_on_early_termination) {
+    JoinOptions options;
+    options.divide_by_initial_world_size = divide_by_initial_world_size;
+    options.throw_on_early_termination = throw_on_early_termination;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->JoinEnter(options);
+    }
+    Check(s);
+  }
+
+  void JoinActive(const std::optional<py::buffer>& data) {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    std::optional<py::buffer_info> info;
+    if (data.has_value()) {
+      info = data->request(/*writable=*/true);
+      if (!PyBuffer_IsContiguous(reinterpret_cast<Py_buffer*>(info->view()),
+                                 'A')) {
+        throw py::value_error("join_active needs a contiguous buffer");
+      }
+      ptr = info->ptr;
+      bytes = static_cast<size_t>(info->size) * info->itemsize;
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->JoinActive(ptr, bytes);
+    }
+    Check(s);
+  }
+
+  int Join() {
+    absl::StatusOr<JoinResult> r;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      r = client_->Join();
+    }
+    if (!r.ok()) RaiseStatus(r.status());
+    return r->authoritative_rank;
+  }
+
   void Detach() {
     absl::Status s;
     {
@@ -487,6 +534,22 @@ PYBIND11_MODULE(_C, m) {
            "Daemon-mediated broadcast, in place, of a writable contiguous "
            "buffer (bytes <= the attach's broadcast_bytes) from global rank "
            "`root`. Every rank must make the same sequence of calls.")
+      .def("join_enter", &PyClient::JoinEnter,
+           py::arg("divide_by_initial_world_size") = true,
+           py::arg("throw_on_early_termination") = false,
+           "Enters join mode (uneven inputs) before the current iteration; "
+           "every rank must do so before the same iteration.")
+      .def("join_active", &PyClient::JoinActive, py::arg("sync") = py::none(),
+           "This rank takes part in the current iteration (GIL released). "
+           "`sync` (a writable contiguous buffer, same size on every rank) "
+           "is replaced by the highest active rank's bytes. With "
+           "throw_on_early_termination raises AbortedError if a rank ran "
+           "out of inputs.")
+      .def("join", &PyClient::Join,
+           "This rank ran out of inputs: blocks (GIL released) until every "
+           "rank joined; returns the authoritative global rank.")
+      .def_property_readonly("in_join",
+                             [](PyClient& c) { return c.client().in_join(); })
       .def("detach", &PyClient::Detach,
            "Clean goodbye. Views stay valid memory until they are dropped.")
       .def("__enter__", [](py::object self) { return self; })

@@ -152,6 +152,34 @@ int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root) {
   return Report(client->impl->Broadcast(data, bytes, root));
 }
 
+int gradd_join_enter(gradd_client* client, int divide_by_initial_world_size,
+                     int throw_on_early_termination) {
+  if (client == nullptr) return NullClient("gradd_join_enter");
+  gradd::JoinOptions options;
+  options.divide_by_initial_world_size = divide_by_initial_world_size != 0;
+  options.throw_on_early_termination = throw_on_early_termination != 0;
+  return Report(client->impl->JoinEnter(options));
+}
+
+int gradd_join_active(gradd_client* client, void* sync_data,
+                      size_t sync_bytes) {
+  if (client == nullptr) return NullClient("gradd_join_active");
+  return Report(client->impl->JoinActive(sync_data, sync_bytes));
+}
+
+int gradd_join(gradd_client* client, int* authoritative_rank) {
+  if (client == nullptr) return NullClient("gradd_join");
+  absl::StatusOr<gradd::JoinResult> r = client->impl->Join();
+  if (r.ok() && authoritative_rank != nullptr) {
+    *authoritative_rank = r->authoritative_rank;
+  }
+  return Report(r.status());
+}
+
+int gradd_in_join(const gradd_client* client) {
+  return client != nullptr && client->impl->in_join() ? 1 : 0;
+}
+
 uint64_t gradd_iteration(const gradd_client* client) {
   return client == nullptr ? 0 : client->impl->iteration();
 }

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -44,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "attach_internal.h"
 #include "client/src/daemon_peer.h"
+#include "client/src/join_client.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -249,6 +251,36 @@ class ClientImpl final : public Client {
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Detach() override;
 
+  // Join: join_client.h does the work; these add the Client's state.
+  absl::Status JoinEnter(const JoinOptions& options) override {
+    RETURN_IF_ERROR(CheckFailed());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (pending_[b].load(std::memory_order_acquire) !=
+          static_cast<int32_t>(buckets_[b].params.size())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "JoinEnter in the middle of iteration ", iteration(), " (", Who(),
+            "); enter join mode between iterations (after WaitAll)"));
+      }
+    }
+    return join_->Enter(options, iteration());
+  }
+  bool in_join() const override { return join_ != nullptr && join_->in_join(); }
+  absl::Status JoinActive(void* sync_data, size_t sync_bytes) override {
+    RETURN_IF_ERROR(CheckFailed());
+    JoinClient::CatchUp catch_up;
+    absl::Status s =
+        join_->Active(iteration(), sync_data, sync_bytes, &catch_up);
+    if (catch_up.next_iteration > 0) CatchUpAfterJoin(catch_up);
+    return s;
+  }
+  absl::StatusOr<JoinResult> Join() override {
+    RETURN_IF_ERROR(CheckFailed());
+    JoinClient::CatchUp catch_up;
+    absl::StatusOr<JoinResult> r = join_->Join(iteration(), &catch_up);
+    if (catch_up.next_iteration > 0) CatchUpAfterJoin(catch_up);
+    return r;
+  }
+
   int num_buckets() const override { return static_cast<int>(buckets_.size()); }
   const BucketInfo& bucket(int b) const override {
     static const BucketInfo kNone{};
@@ -284,6 +316,11 @@ class ClientImpl final : public Client {
   // it could not publish an error. `what` describes the wait for errors.
   template <typename Pred>
   absl::Status Wait(Pred ready, const std::string& what);
+  void CatchUpAfterJoin(const JoinClient::CatchUp& c) {
+    iteration_.store(c.next_iteration, std::memory_order_release);
+    broadcast_seq_ = std::max(broadcast_seq_, c.bcast_seq);
+  }
+  absl::Status BroadcastImpl(void* data, size_t bytes, int root);
   std::string Who() const {
     return absl::StrCat("job '", options_.job_id, "', local rank ",
                         options_.local_rank);
@@ -318,6 +355,8 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> iteration_{1};
   int global_rank_ = 0;
   int world_size_ = 0;
+
+  std::unique_ptr<JoinClient> join_;
 
   mutable std::atomic<bool> failed_{false};
   mutable absl::Mutex mu_;
@@ -433,6 +472,15 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
   }
   global_rank_ = response.global_rank();
   world_size_ = response.world_size();
+  JoinClient::Hooks hooks;
+  hooks.wait = [this](const std::function<bool()>& ready,
+                      const std::string& what) { return Wait(ready, what); };
+  hooks.broadcast = [this](void* data, size_t bytes, int root) {
+    return BroadcastImpl(data, bytes, root);
+  };
+  join_ = std::make_unique<JoinClient>(layout_, control_.data(),
+                                       options_.local_rank, global_rank_, Who(),
+                                       std::move(hooks));
   return absl::OkStatus();
 }
 
@@ -517,6 +565,8 @@ absl::Status ClientImpl::MarkReady(int param) {
   }
   RETURN_IF_ERROR(CheckFailed());
   const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  // Join mode: this rank takes part in `it`.
+  RETURN_IF_ERROR(join_->NoteActive(it));
   if (marked_[param].exchange(it, std::memory_order_acq_rel) == it) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parameter '", params_[param].name, "' (index ", param,
@@ -591,6 +641,16 @@ bool ClientImpl::BucketDone(int bucket) const {
 }
 
 absl::Status ClientImpl::Broadcast(void* data, size_t bytes, int root) {
+  if (in_join()) {
+    // Joined ranks take no part in broadcasts; JoinActive syncs.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Broadcast in join mode (", Who(),
+        "); use JoinActive's sync, or broadcast after Join() returned"));
+  }
+  return BroadcastImpl(data, bytes, root);
+}
+
+absl::Status ClientImpl::BroadcastImpl(void* data, size_t bytes, int root) {
   RETURN_IF_ERROR(CheckFailed());
   if (broadcast_bytes_ == 0) {
     return absl::FailedPreconditionError(

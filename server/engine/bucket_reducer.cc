@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/reduce.h"
 
 namespace gradd {
@@ -32,10 +33,11 @@ void FusedReducer::Start(const BucketWork& work, Completion done) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
-  SplitAcrossPool(
-      pool_, work.dtype, 0, work.count, [&](size_t begin, size_t end) {
-        FusedAverage(work.dtype, buffers.data(), n, begin, end, divisor_);
-      });
+  SplitAcrossPool(pool_, work.dtype, 0, work.count,
+                  [&](size_t begin, size_t end) {
+                    FusedAverage(work.dtype, buffers.data(), n, begin, end,
+                                 work.divisor > 0 ? work.divisor : divisor_);
+                  });
   reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count(),
@@ -48,11 +50,23 @@ void BucketReducerInterface::StartBroadcast(const BroadcastWork& work,
                                             Completion done) {
   // Single node: global rank == local rank.
   const std::vector<void*>& areas = *work.rank_areas;
+  if (work.root < 0 || static_cast<size_t>(work.root) >= areas.size() ||
+      areas[work.root] == nullptr) {
+    std::move(done)(absl::InternalError(
+        absl::StrCat("broadcast ", work.seq, ": root rank ", work.root,
+                     " does not take part on this node")));
+    return;
+  }
   for (size_t r = 0; r < areas.size(); ++r) {
-    if (static_cast<int>(r) == work.root) continue;
+    if (static_cast<int>(r) == work.root || areas[r] == nullptr) continue;
     std::memcpy(areas[r], areas[work.root], work.bytes);
   }
   std::move(done)(absl::OkStatus());
+}
+
+void BucketReducerInterface::StartJoinRound(JoinRoundWork work,
+                                            RoundCompletion done) {
+  std::move(done)(absl::OkStatus(), std::move(work.values));
 }
 
 ReducerStats FusedReducer::stats() const {

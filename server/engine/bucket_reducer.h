@@ -47,8 +47,14 @@ struct BucketWork {
   uint64_t iteration = 0;
   DType dtype = DType::kFloat32;
   size_t count = 0;  // elements
-  // Bucket `bucket` in each local rank's memory, by local rank.
+  // Bucket `bucket` in the memory of each local rank that contributes (all
+  // of them, except ranks that joined: join_state.h); may be empty (a node
+  // whose ranks all joined contributes zeros to the network collective).
+  // Only these buffers are written.
   const std::vector<void*>* rank_buffers = nullptr;
+  // What the sum is divided by; 0: the reducer's own (the world size).
+  // Join mode sets it per iteration (initial world size or active ranks).
+  double divisor = 0;
 };
 
 // One daemon-mediated broadcast (common/control_block.h): `bytes` bytes from
@@ -57,8 +63,16 @@ struct BroadcastWork {
   uint64_t seq = 0;
   int root = 0;  // global rank, already checked to be in range
   size_t bytes = 0;
-  // Each local rank's broadcast area, by local rank.
+  // Each local rank's broadcast area, by local rank; nullptr for a rank that
+  // takes no part (joined ranks, join_state.h). A node none of whose ranks
+  // take part passes one scratch area (it only relays, never the root).
   const std::vector<void*>* rank_areas = nullptr;
+};
+
+// One join round (join_state.h): `values` summed element-wise across nodes.
+struct JoinRoundWork {
+  uint64_t iteration = 0;
+  std::vector<double> values;
 };
 
 class BucketReducerInterface {
@@ -76,6 +90,13 @@ class BucketReducerInterface {
   // `work.rank_areas` stays valid until completion. The default is the
   // single-node copy (global rank == local rank), completing inline.
   virtual void StartBroadcast(const BroadcastWork& work, Completion done);
+  // Engine thread only. Called before any bucket of `work.iteration` is
+  // started, and only while no bucket is with the reducer. The result goes
+  // to the network in plan order, before bucket 0 of that iteration. The
+  // default (single node) completes inline with the values unchanged.
+  using RoundCompletion =
+      absl::AnyInvocable<void(absl::Status, std::vector<double>) &&>;
+  virtual void StartJoinRound(JoinRoundWork work, RoundCompletion done);
   // Any thread.
   virtual ReducerStats stats() const { return {}; }
 };

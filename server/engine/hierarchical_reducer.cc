@@ -34,7 +34,9 @@ HierarchicalReducer::HierarchicalReducer(
     : options_(std::move(options)),
       store_(std::move(store)),
       backend_(std::move(backend)),
-      accumulators_(options_.num_buckets) {
+      accumulators_(options_.num_buckets),
+      zero_buckets_(options_.num_buckets),
+      zero_ptrs_(options_.num_buckets) {
   thread_ = std::thread([this] { NetworkLoop(); });
 }
 
@@ -46,7 +48,31 @@ HierarchicalReducer::~HierarchicalReducer() {
   thread_.join();
 }
 
-void HierarchicalReducer::Start(const BucketWork& work, Completion done) {
+void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
+  BucketWork work = given;
+  if (work.rank_buffers->empty()) {
+    // No local rank contributes (they all joined): the node still takes
+    // part in the bucket's collective, with zeros of its own, so that the
+    // other nodes' sequence of collectives is matched. Written back into
+    // and then ignored.
+    std::unique_ptr<void, FreeDeleter>& zero = zero_buckets_[work.bucket];
+    const size_t bytes = std::max<size_t>(
+        kAccAlignment,
+        (work.count * DTypeSize(work.dtype) + kAccAlignment - 1) /
+            kAccAlignment * kAccAlignment);
+    if (zero == nullptr) {
+      zero.reset(std::aligned_alloc(kAccAlignment, bytes));
+      if (zero == nullptr) {
+        std::move(done)(absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate the ", bytes,
+                         "-byte zero bucket of bucket ", work.bucket)));
+        return;
+      }
+      zero_ptrs_[work.bucket] = {zero.get()};
+    }
+    std::memset(zero.get(), 0, bytes);
+    work.rank_buffers = &zero_ptrs_[work.bucket];
+  }
   const DType acc_type = AccumulatorDType(work.dtype);
   const size_t acc_elem = DTypeSize(acc_type);
   const std::vector<void*>& buffers = *work.rank_buffers;
@@ -157,6 +183,12 @@ void HierarchicalReducer::StartBroadcast(const BroadcastWork& work,
   broadcasts_.push_back(BroadcastItem{work, std::move(done)});
 }
 
+void HierarchicalReducer::StartJoinRound(JoinRoundWork work,
+                                         RoundCompletion done) {
+  absl::MutexLock lock(&mu_);
+  rounds_.push_back(RoundItem{std::move(work), std::move(done)});
+}
+
 ReducerStats HierarchicalReducer::stats() const {
   ReducerStats s;
   s.buckets = buckets_.load(std::memory_order_relaxed);
@@ -170,6 +202,7 @@ void HierarchicalReducer::NetworkLoop() {
   while (true) {
     std::optional<Item> item;
     std::optional<BroadcastItem> bcast;
+    std::optional<RoundItem> round;
     bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
@@ -180,19 +213,32 @@ void HierarchicalReducer::NetworkLoop() {
                    : ready_.find(
                          ChunkKey(next_iteration_, next_bucket_, next_chunk_));
       };
-      auto has_work = [this, &next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !broadcasts_.empty() || next() != ready_.end();
+      // A round goes before bucket 0 of its iteration (or at once when
+      // broken: it fails like everything else).
+      auto round_due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !rounds_.empty() &&
+               (failed_ || (rounds_.front().work.iteration == next_iteration_ &&
+                            next_bucket_ == 0 && next_chunk_ == 0));
       };
+      auto has_work = [this, &next, &round_due]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                            return stop_ || !broadcasts_.empty() ||
+                                   round_due() || next() != ready_.end();
+                          };
       mu_.AwaitWithTimeout(absl::Condition(&has_work), kIdleWait);
       stopping = stop_;
       if (!broadcasts_.empty()) {
         bcast.emplace(std::move(broadcasts_.front()));
         broadcasts_.pop_front();
+      } else if (round_due()) {
+        round.emplace(std::move(rounds_.front()));
+        rounds_.pop_front();
       } else if (auto it = next(); it != ready_.end()) {
         item.emplace(std::move(it->second));
         ready_.erase(it);
       }
-      network_busy_ = bcast.has_value() || item.has_value();
+      network_busy_ =
+          bcast.has_value() || item.has_value() || round.has_value();
     }
     if (stopping) {
       // Nobody will wait for these any more, but each completion runs once.
@@ -208,9 +254,27 @@ void HierarchicalReducer::NetworkLoop() {
         std::move(rest.done)(absl::CancelledError("reducer stopped"));
       }
       broadcasts_.clear();
+      if (round) {
+        std::move(round->done)(absl::CancelledError("reducer stopped"), {});
+      }
+      for (RoundItem& rest : rounds_) {
+        std::move(rest.done)(absl::CancelledError("reducer stopped"), {});
+      }
+      rounds_.clear();
       break;
     }
     if (bcast) RunBroadcast(*bcast);
+    if (round) {
+      if (broken_.ok()) {
+        const Clock::time_point start = Clock::now();
+        absl::Status s =
+            backend_->AllreduceSum(round->work.values.data(),
+                                   round->work.values.size(), DType::kFloat64);
+        network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+        if (!s.ok()) broken_ = std::move(s);
+      }
+      std::move(round->done)(broken_, std::move(round->work.values));
+    }
     if (item) {
       const int num_chunks = item->num_chunks;
       RunChunk(*item);
@@ -242,7 +306,7 @@ void HierarchicalReducer::RunChunk(Item& item) {
       average.buffers = *work.rank_buffers;
       average.to_sum = item.to_sum;
       average.count = work.count;
-      average.divisor = options_.world_size;
+      average.divisor = work.divisor > 0 ? work.divisor : options_.world_size;
       absl::Status s = backend_->AllreduceAverage(average);
       network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
       if (!s.ok()) broken_ = std::move(s);
@@ -265,7 +329,7 @@ void HierarchicalReducer::RunChunk(Item& item) {
   const Clock::time_point start = Clock::now();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
-  const double divisor = options_.world_size;
+  const double divisor = work.divisor > 0 ? work.divisor : options_.world_size;
   SplitAcrossPool(options_.pool, work.dtype, item.begin, item.end,
                   [&](size_t begin, size_t end) {
                     ScatterFromAccumulator(work.dtype, acc, divisor,
@@ -293,9 +357,17 @@ void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
     if (options_.node_offsets[k] <= work.root) root_node = static_cast<int>(k);
   }
   const bool here = root_node == backend_->node_rank();
-  const int local_root =
-      here ? work.root - options_.node_offsets[root_node] : 0;
-  if (local_root < 0 || local_root >= local_world) {
+  // Not the root's node: receive into the first rank that takes part.
+  int local_root = 0;
+  if (here) {
+    local_root = work.root - options_.node_offsets[root_node];
+  } else {
+    while (local_root < local_world && areas[local_root] == nullptr) {
+      ++local_root;
+    }
+  }
+  if (local_root < 0 || local_root >= local_world ||
+      areas[local_root] == nullptr) {
     std::move(item.done)(absl::InternalError(
         absl::StrCat("broadcast ", work.seq, ": root rank ", work.root,
                      " maps to local rank ", local_root, " of ", local_world)));
@@ -313,7 +385,9 @@ void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
     return;
   }
   for (int r = 0; r < local_world; ++r) {
-    if (r != local_root) std::memcpy(areas[r], areas[local_root], work.bytes);
+    if (r != local_root && areas[r] != nullptr) {
+      std::memcpy(areas[r], areas[local_root], work.bytes);
+    }
   }
   std::move(item.done)(absl::OkStatus());
 }

@@ -31,7 +31,10 @@
 //   chunk c + 1 while chunk c is on the network.
 //
 // Broadcasts go through the same network thread (the backend is
-// single-threaded), in the order they are started.
+// single-threaded), in the order they are started. Join rounds
+// (join_state.h) too, each right before bucket 0 of its iteration; in join
+// mode a node none of whose ranks contributes to an iteration still runs
+// every bucket's collective, with zeros (zero_buckets_).
 //
 // Owns: the backend, the store the backend reports failures through (kept
 // alive for it), one accumulator per bucket, the network thread.
@@ -112,6 +115,7 @@ class HierarchicalReducer final : public BucketReducerInterface {
 
   void Start(const BucketWork& work, Completion done) override;
   void StartBroadcast(const BroadcastWork& work, Completion done) override;
+  void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
 
  private:
@@ -148,6 +152,10 @@ class HierarchicalReducer final : public BucketReducerInterface {
     BroadcastWork work;
     Completion done;
   };
+  struct RoundItem {
+    JoinRoundWork work;
+    RoundCompletion done;
+  };
 
   // Sums the local ranks' elements [begin, end) of `work` into `acc`
   // across the pool, counted as local reduce time.
@@ -170,11 +178,18 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // bucket (the engine never starts b again before b's completion), so it
   // needs no lock.
   std::vector<std::unique_ptr<void, FreeDeleter>> accumulators_;
+  // zero_buckets_[b]: bucket b's zeros for iterations in which no local rank
+  // contributes (join), and {that pointer} as the bucket's rank buffers;
+  // engine thread, handed over with the bucket like accumulators_.
+  std::vector<std::unique_ptr<void, FreeDeleter>> zero_buckets_;
+  std::vector<std::vector<void*>> zero_ptrs_;
 
   absl::Mutex mu_;
   // Chunks reduced locally, waiting for their turn on the network.
   absl::flat_hash_map<ChunkKey, Item> ready_ ABSL_GUARDED_BY(mu_);
   std::deque<BroadcastItem> broadcasts_ ABSL_GUARDED_BY(mu_);
+  // Join rounds, each run before bucket 0 of its iteration.
+  std::deque<RoundItem> rounds_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Mirrors !broken_.ok() for the wait condition (evaluated on any thread).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

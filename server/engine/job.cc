@@ -62,7 +62,10 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       layout_(spec_.local_world_size, spec_.plan.buckets.size()),
       reducer_(std::move(reducer)),
       rank_state_(new std::atomic<int>[spec_.local_world_size]),
-      started_(spec_.plan.buckets.size(), 0) {
+      started_(spec_.plan.buckets.size(), 0),
+      join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
+            spec_.global_world_size(), spec_.num_nodes),
+      active_buffers_(spec_.plan.buckets.size()) {
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
 }
 
@@ -179,14 +182,27 @@ bool Job::Scan() {
   bool any_gone = false;
   for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
 
+  if (JoinInPlay()) {
+    progress |= StepJoin();
+    if (failed_) return false;
+    if (join_.active()) {
+      progress |= ScanJoinBuckets();
+      if (failed_) return false;
+      progress |= ScanBroadcast();
+      if (any_gone && !failed_) FailGoneInJoin();
+      return progress;
+    }
+  }
+
   for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d) continue;  // still with the reducer
     const uint64_t need = d + 1;
     int ready = 0;
     for (int r = 0; r < world; ++r) {
-      const uint64_t s =
-          layout_.ready_row(base, r)[b].load(std::memory_order_acquire);
+      const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
+      uint64_t s = row.load(std::memory_order_acquire);
+      if (s < d && Lagging(r, row, &s)) continue;
       if (s == need) {
         ++ready;
       } else if (s != d && rank_state_[r].load() == kLive) {
@@ -201,6 +217,9 @@ bool Job::Scan() {
       }
     }
     if (ready < world) continue;
+    // A rank may have entered join mode right after the scan above: the
+    // iteration then belongs to the join epoch (StepJoin next time).
+    if (JoinInPlay()) break;
     started_[b] = need;
     progress = true;
     const Bucket& bucket = spec_.plan.buckets[b];
@@ -238,10 +257,25 @@ bool Job::ScanBroadcast() {
   const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
   if (bcast_started_ > d) return false;  // still with the reducer
   const uint64_t need = d + 1;
+  // Who takes part: every rank, or in a join iteration the active ones
+  // (none of them broadcasts before the iteration is decided).
+  // (No copy: this runs on every scan of the engine loop.)
+  const std::vector<bool>* active = nullptr;
+  if (join_.active()) {
+    if (join_.phase() != JoinState::Phase::kRunning) return false;
+    active = &join_.current().local_active;
+  }
+  auto part = [active](int r) { return active == nullptr || (*active)[r]; };
   int ready = 0;
+  int parts = 0;
+  int first_part = -1;
   for (int r = 0; r < world; ++r) {
-    const uint64_t s =
-        layout_.bcast(base, r)->ready_seq.load(std::memory_order_acquire);
+    if (!part(r)) continue;
+    ++parts;
+    if (first_part < 0) first_part = r;
+    const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
+    uint64_t s = row.load(std::memory_order_acquire);
+    if (s < d && Lagging(r, row, &s)) continue;
     if (s == need) {
       ++ready;
     } else if (s != d && rank_state_[r].load() == kLive) {
@@ -252,12 +286,13 @@ bool Job::ScanBroadcast() {
       return false;
     }
   }
-  if (ready < world) return false;
+  if (parts == 0 || ready < parts) return false;
 
-  const BroadcastSlot* first = layout_.bcast(base, 0);
+  const BroadcastSlot* first = layout_.bcast(base, first_part);
   const int32_t root = first->root.load(std::memory_order_relaxed);
   const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
-  for (int r = 1; r < world; ++r) {
+  for (int r = first_part + 1; r < world; ++r) {
+    if (!part(r)) continue;
     const BroadcastSlot* slot = layout_.bcast(base, r);
     const int32_t rr = slot->root.load(std::memory_order_relaxed);
     const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
@@ -265,9 +300,9 @@ bool Job::ScanBroadcast() {
       FailJob(
           absl::StatusCode::kInvalidArgument,
           absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
-                       need, ": local rank 0 asks for root ", root, ", ", bytes,
-                       " bytes; local rank ", r, " for root ", rr, ", ", rb,
-                       " bytes"));
+                       need, ": local rank ", first_part, " asks for root ",
+                       root, ", ", bytes, " bytes; local rank ", r,
+                       " for root ", rr, ", ", rb, " bytes"));
       failed_ = true;
       return false;
     }
@@ -278,6 +313,17 @@ bool Job::ScanBroadcast() {
         absl::StatusCode::kInvalidArgument,
         absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " has root ",
                      root, ", outside ranks 0..", global_world - 1));
+    failed_ = true;
+    return false;
+  }
+  if (const int local_root = root - spec_.global_rank_offset;
+      local_root >= 0 && local_root < world && !part(local_root)) {
+    FailJob(absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
+                         " from root ", root,
+                         ", which has joined (ran out "
+                         "of inputs) in iteration ",
+                         join_.iteration()));
     failed_ = true;
     return false;
   }
@@ -295,6 +341,13 @@ bool Job::ScanBroadcast() {
   work.root = root;
   work.bytes = bytes;
   work.rank_areas = &bcast_areas_;
+  if (parts < world) {
+    join_areas_.assign(world, nullptr);
+    for (int r = 0; r < world; ++r) {
+      if (part(r)) join_areas_[r] = bcast_areas_[r];
+    }
+    work.rank_areas = &join_areas_;
+  }
   reducer_->StartBroadcast(work, [this, need](absl::Status s) {
     if (!s.ok()) {
       FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "' broadcast ",

@@ -16,6 +16,11 @@
 //   attached --(Detach RPC)----------> detached     \  error published only if
 //       \-----(session socket closes)-> disconnected /  another rank is waiting
 //                                                       on work that needed it
+//
+// Join (uneven inputs): the engine side of join_state.h lives in
+// job_join.cc. While a join epoch runs, buckets start only for the
+// iteration the JoinState is running, with the active ranks' buffers and
+// the round's divisor; any rank that goes away fails the job.
 #ifndef GRADD_SERVER_ENGINE_JOB_H_
 #define GRADD_SERVER_ENGINE_JOB_H_
 
@@ -36,6 +41,7 @@
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
+#include "server/engine/join_state.h"
 
 namespace gradd {
 
@@ -118,6 +124,20 @@ class Job {
   bool Scan();
   bool ScanBroadcast();
   void CheckStuck();
+  // Join (job_join.cc). JoinInPlay: an epoch runs or some rank opened one.
+  bool JoinInPlay();
+  // Advances the JoinState: polls the ranks, starts / resolves rounds,
+  // publishes outcomes. True if something changed.
+  bool StepJoin();
+  // kRunning: starts the iteration's buckets with the active ranks.
+  bool ScanJoinBuckets();
+  void PublishJoinOutcome(const JoinState::Outcome& outcome);
+  std::vector<JoinRankView> ReadJoinViews(uint64_t next_iteration);
+  // Local rank r's `row` read as *s lags behind the job because r joined
+  // and has not caught up yet (common/control_block.h): true means "not
+  // ready". Otherwise re-reads the row into *s.
+  bool Lagging(int rank, const std::atomic<uint64_t>& row, uint64_t* s);
+  void FailGoneInJoin();
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
@@ -146,6 +166,20 @@ class Job {
   std::vector<uint64_t> started_;  // iteration last handed to the reducer
   uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
   bool failed_ = false;
+  JoinState join_;
+  // active_buffers_[b]: bucket b of the ranks active in the running join
+  // iteration; join_areas_: their broadcast areas (nullptr for the others);
+  // phantom_*: the relay area of a node none of whose ranks is active.
+  std::vector<std::vector<void*>> active_buffers_;
+  std::vector<void*> join_areas_;
+  std::vector<char> phantom_scratch_;
+  std::vector<void*> phantom_areas_;
+
+  // A join round's result, from the reducer's completion (any thread).
+  absl::Mutex round_mu_;
+  bool round_done_ ABSL_GUARDED_BY(round_mu_) = false;
+  absl::Status round_status_ ABSL_GUARDED_BY(round_mu_);
+  std::vector<double> round_values_ ABSL_GUARDED_BY(round_mu_);
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

@@ -94,6 +94,23 @@ enum class UnusedGradient {
           // unused parameter's existing .grad)
 };
 
+// Uneven inputs (DDP's join()): see Client::JoinEnter.
+struct JoinOptions {
+  // Divide by the job's world size (true) or by the number of ranks still
+  // active in the iteration (false).
+  bool divide_by_initial_world_size = true;
+  // Fail every rank (ABORTED) as soon as one rank runs out of inputs.
+  bool throw_on_early_termination = false;
+};
+
+struct JoinResult {
+  // The global rank whose model every rank should copy (DDP: the highest
+  // rank among the last to run out of inputs).
+  int authoritative_rank = -1;
+  // The job's next iteration (iteration() after Join returned).
+  uint64_t next_iteration = 0;
+};
+
 struct BucketInfo {
   int32_t dtype;
   size_t size_bytes;
@@ -152,6 +169,32 @@ class Client {
   // bytes must not exceed ClientOptions::broadcast_bytes (larger data is
   // sent in several rounds by the caller).
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+
+  // Uneven inputs, as DDP's join(): every rank calls JoinEnter before the
+  // same iteration with the same options; then each iteration a rank either
+  // takes part (MarkReady...WaitAll, optionally JoinActive first) or, when
+  // it has run out of inputs, calls Join(): from then on the daemon
+  // contributes zeros for it (no collectives run in this process) and
+  // averages over the initial world size or the ranks still active. Join()
+  // blocks until every rank of the job joined and returns the rank whose
+  // model is authoritative (copy it with Broadcast, as DDP's final model
+  // sync does); join mode ends with it. While in join mode Broadcast is
+  // only available through JoinActive's sync.
+  // FAILED_PRECONDITION when already in join mode.
+  virtual absl::Status JoinEnter(const JoinOptions& options) = 0;
+  virtual bool in_join() const = 0;
+  // This rank takes part in the current iteration (MarkReady says so too;
+  // call this before computing to get the following). With
+  // throw_on_early_termination: blocks until every rank is decided for the
+  // iteration and returns ABORTED naming the rank if one ran out of inputs
+  // (join mode then ends on every rank). With sync_bytes > 0: replaces
+  // sync_data with the highest active rank's bytes (DDP broadcasts buffers
+  // from it in join mode); every active rank must pass the same size
+  // (<= broadcast_bytes), once per iteration.
+  virtual absl::Status JoinActive(void* sync_data, size_t sync_bytes) = 0;
+  // This rank has no more inputs (call between iterations). ABORTED
+  // ("Rank r exhausted all inputs") with throw_on_early_termination.
+  virtual absl::StatusOr<JoinResult> Join() = 0;
 
   // Clean goodbye (also done by the destructor).
   virtual absl::Status Detach() = 0;

@@ -126,6 +126,18 @@ int gradd_globally_used(const gradd_client* client, int param);
 int gradd_skip_used_map(gradd_client* client);
 int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root);
 
+/* Uneven inputs (DDP's join), as gradd::Client::JoinEnter / JoinActive /
+ * Join: enter join mode before the same iteration on every rank; a rank out
+ * of inputs calls gradd_join, which blocks until every rank joined and
+ * stores the authoritative rank (whose model to copy) in
+ * *authoritative_rank (may be NULL). */
+int gradd_join_enter(gradd_client* client, int divide_by_initial_world_size,
+                     int throw_on_early_termination);
+int gradd_join_active(gradd_client* client, void* sync_data, size_t sync_bytes);
+int gradd_join(gradd_client* client, int* authoritative_rank);
+/* 1 while in join mode, else 0. */
+int gradd_in_join(const gradd_client* client);
+
 /* Current (not yet waited) iteration, from 1. */
 uint64_t gradd_iteration(const gradd_client* client);
 int gradd_rank(const gradd_client* client);

@@ -34,9 +34,11 @@ import warnings
 from typing import List, Optional, Sequence
 
 import torch  # the real torch: this module is gradd.torch, imports are absolute
+from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
 from gradd import _jobs, _state_sync
+from gradd import _join  # join() for uneven inputs
 from gradd._C import GraddError
 from gradd._reducer import Reducer
 from gradd._sparse import SparseReducer, sparse_parameter_ids
@@ -70,7 +72,7 @@ def _first(*values):
     return None
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Data parallelism through the node's gradd daemon.
 
     Takes torch DDP's constructor arguments and follows torch 1.13's
@@ -145,6 +147,8 @@ class DistributedDataParallel(torch.nn.Module):
         wait_timeout: float = 600.0,
     ):
         super().__init__()
+        Joinable.__init__(self)  # join(): gradd/_join.py
+        self._divide_by_initial_world_size = True
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         ignore = _state_sync.ignored_names(module)
@@ -372,7 +376,11 @@ class DistributedDataParallel(torch.nn.Module):
                     )
                 )
             self.num_iterations += 1
-        if self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
+        if self._join_config.enable:
+            # Join mode (gradd/_join.py): tell the daemon this rank takes part;
+            # buffers come from the highest active rank instead of rank 0.
+            _join.on_forward(self, grad_sync)
+        elif self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
             buffers = _state_sync.module_buffers(self.module)
             if buffers:
                 self._broadcast_tensors(buffers)
@@ -404,8 +412,34 @@ class DistributedDataParallel(torch.nn.Module):
             "gradd runs communication hooks in the daemon; configure them there"
         )
 
-    def join(self, *args, **kwargs):
-        raise NotImplementedError("gradd.torch does not implement join() yet")
+    # ------------------------------------------------------------- join
+    # Uneven inputs: the daemon fills in for ranks that ran out of inputs
+    # (no shadow collectives here); see gradd/_join.py.
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ):
+        return _join.GraddJoin(
+            [self],
+            enable,
+            throw_on_early_termination,
+            divide_by_initial_world_size=divide_by_initial_world_size,
+        )
+
+    def join_hook(self, **kwargs):
+        return _join.GraddJoinHook(
+            self, kwargs.get("divide_by_initial_world_size", True)
+        )
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return _join.join_process_group(self)
 
     def _set_static_graph(self):
         """As torch: call it right after construction, before training."""
