@@ -111,6 +111,14 @@ class UsedMapClient final : public Client {
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
     return inner_->Broadcast(data, bytes, root);
   }
+  absl::Status JoinEnter(const JoinOptions& options) override {
+    return inner_->JoinEnter(options);
+  }
+  bool in_join() const override { return inner_->in_join(); }
+  absl::Status JoinActive(void* sync_data, size_t sync_bytes) override {
+    return inner_->JoinActive(sync_data, sync_bytes);
+  }
+  absl::StatusOr<JoinResult> Join() override { return inner_->Join(); }
   absl::Status Detach() override { return inner_->Detach(); }
   int num_buckets() const override { return inner_->num_buckets(); }
   // Translated on each call (the inner plan may change, e.g. when buckets

@@ -70,6 +70,16 @@ class FakeClient final : public Client {
   absl::Status Broadcast(void*, size_t, int) override {
     return absl::OkStatus();
   }
+  absl::Status JoinEnter(const JoinOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  bool in_join() const override { return false; }
+  absl::Status JoinActive(void*, size_t) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<JoinResult> Join() override {
+    return absl::UnimplementedError("fake");
+  }
   absl::Status Detach() override { return absl::OkStatus(); }
   int num_buckets() const override { return static_cast<int>(buckets_.size()); }
   const BucketInfo& bucket(int b) const override { return buckets_[b]; }
