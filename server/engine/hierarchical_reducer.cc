@@ -166,6 +166,15 @@ ReducerStats HierarchicalReducer::stats() const {
   return s;
 }
 
+void HierarchicalReducer::Replan(uint64_t first_iteration, int num_buckets) {
+  // The old plan's 16-bit accumulators have the old buckets' sizes.
+  accumulators_.clear();
+  accumulators_.resize(num_buckets);
+  absl::MutexLock lock(&mu_);
+  replan_iteration_ = first_iteration;
+  replan_num_buckets_ = num_buckets;
+}
+
 void HierarchicalReducer::NetworkLoop() {
   while (true) {
     std::optional<Item> item;
@@ -211,19 +220,20 @@ void HierarchicalReducer::NetworkLoop() {
       break;
     }
     if (bcast) RunBroadcast(*bcast);
-    if (item) {
-      const int num_chunks = item->num_chunks;
-      RunChunk(*item);
-      if (++next_chunk_ == num_chunks) {
+    if (item) RunChunk(*item);
+    {
+      absl::MutexLock lock(&mu_);
+      if (item && ++next_chunk_ == item->num_chunks) {
         next_chunk_ = 0;
-        if (++next_bucket_ == options_.num_buckets) {
+        const int buckets =
+            replan_iteration_ != 0 && next_iteration_ >= replan_iteration_
+                ? replan_num_buckets_
+                : options_.num_buckets;
+        if (++next_bucket_ >= buckets) {
           next_bucket_ = 0;
           ++next_iteration_;
         }
       }
-    }
-    {
-      absl::MutexLock lock(&mu_);
       network_busy_ = false;
       if (!broken_.ok()) failed_ = true;
     }

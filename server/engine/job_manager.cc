@@ -100,6 +100,34 @@ std::string AdvertiseHost(const v1::RendezvousConfig& config,
   return HostName();
 }
 
+// The job's bucket-rebuild coordinator: local waits bounded like attaches,
+// multi-node agreement through the coordinator the job formed through,
+// bounded like the formation.
+std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
+    Job* job, const v1::DaemonConfig& config) {
+  RebuildOptions options;
+  options.local_timeout = absl::Milliseconds(config.attach_timeout_ms());
+  options.node_timeout =
+      absl::Milliseconds(config.rendezvous().join_timeout_ms());
+  options.switch_timeout =
+      absl::Milliseconds(config.rendezvous().collective_timeout_ms());
+  const JobSpec& spec = job->spec();
+  if (spec.num_nodes > 1) {
+    options.round_prefix = spec.round_prefix;
+    options.store_factory = [address = spec.coordinator,
+                             timeout = options.node_timeout]()
+        -> absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> {
+      RendezvousClient::Options client_options;
+      client_options.address = address;
+      client_options.connect_timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                       RendezvousClient::Create(client_options));
+      return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
+    };
+  }
+  return std::make_unique<RebuildCoordinator>(job, std::move(options));
+}
+
 void Log(const std::string& line) {
   std::fprintf(stderr, "gradd: %s\n", line.c_str());
   std::fflush(stderr);
@@ -547,7 +575,10 @@ void JobManager::FormJob(const std::string& job_id) {
                                                   plan.status().message())));
     return;
   }
-  const uint64_t per_rank = plan->total_bytes + first.request.broadcast_bytes();
+  // Room for any later plan (bucket rebuild) is reserved up front.
+  const uint64_t per_rank =
+      std::max(plan->total_bytes, MaxPlanBytes(first.params)) +
+      first.request.broadcast_bytes();
   if (per_rank * p.world > config_.max_job_memory_bytes()) {
     FailPending(job_id, absl::ResourceExhaustedError(absl::StrCat(
                             "job '", job_id, "' needs ", per_rank, " bytes x ",
@@ -573,6 +604,7 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.local_world_size = p.world;
   spec.params = first.params;
   spec.plan = *std::move(plan);
+  spec.planner = options;
   spec.broadcast_bytes = first.request.broadcast_bytes();
   spec.spin = std::chrono::microseconds(config_.spin_us());
   if (NumNodes(first.request) > 1) {
@@ -652,6 +684,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       FormedNodes out;
       out.formation = *std::move(formed);
       out.store = std::move(client);
+      out.coordinator = coordinator;
+      out.round_prefix = options.prefix;
       return out;
     }();
     absl::MutexLock lock(&mailbox->mu);
@@ -683,6 +717,8 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.num_nodes = layout.num_nodes;
   spec.global_rank_offset = layout.global_rank_offset;
   spec.world_size = layout.world_size;
+  spec.coordinator = result->coordinator;
+  spec.round_prefix = result->round_prefix;
   HierarchicalReducer::Options options;
   options.pool = pool_;
   options.num_buckets = static_cast<int>(spec.plan.buckets.size());
@@ -739,6 +775,7 @@ void JobManager::Activate(
   pending_.erase(job_id);
   ActiveJob active;
   active.job = *std::move(job);
+  active.rebuild = MakeRebuildCoordinator(active.job.get(), config_);
   active.sessions.resize(ready.world);
   for (int r = 0; r < ready.world; ++r) {
     active.sessions[r] = ready.ranks[r]->request.session_id();
@@ -762,6 +799,7 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   bound_.erase(active.sessions[rank]);
   active.sessions[rank] = 0;
   active.job->RankGone(rank, detached);
+  active.rebuild->RankGone(rank);
   if (active.job->live_ranks() == 0) {
     const ReducerStats st = active.job->reducer_stats();
     auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };
@@ -771,6 +809,42 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
                      " write_back=", ms(st.write_back_ns)));
     jobs_.erase(it);  // joins the engine, releases the memory
   }
+}
+
+void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
+                                      absl::Time deadline,
+                                      RebuildCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      tasks_.push_back([this, request = std::move(request), deadline,
+                        done = std::move(done)]() mutable {
+        DoRebuild(std::move(request), deadline, std::move(done));
+      });
+      return;
+    }
+  }
+  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+}
+
+void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
+                           absl::Time deadline, RebuildCallback done) {
+  const std::string who = absl::StrCat("local rank ", request.local_rank(),
+                                       " of job '", request.job_id(), "'");
+  auto it = bound_.find(request.session_id());
+  if (it == bound_.end() || it->second.first != request.job_id() ||
+      it->second.second != request.local_rank()) {
+    std::move(done)(absl::NotFoundError(absl::StrCat(
+        who, " is not attached through session ", request.session_id())));
+    return;
+  }
+  auto job = jobs_.find(request.job_id());
+  if (job == jobs_.end()) {
+    std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat(who, " asked to rebuild buckets before the job formed")));
+    return;
+  }
+  job->second.rebuild->Add(std::move(request), deadline, std::move(done));
 }
 
 void JobManager::DoDetach(const v1::DetachRequest& request,

@@ -34,6 +34,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch  # the real torch: this module is gradd.torch, imports are absolute
 
 import gradd._C as _C
+from gradd import _rebuild
 from gradd._C import GraddError
 
 __all__ = ["DistributedDataParallel", "GraddError"]
@@ -118,6 +119,7 @@ class DistributedDataParallel(torch.nn.Module):
         connect_timeout: float = 10.0,
         attach_timeout: float = 120.0,
         wait_timeout: float = 600.0,
+        rebuild_buckets: bool = True,  # gradd/_rebuild.py
     ):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
@@ -167,6 +169,9 @@ class DistributedDataParallel(torch.nn.Module):
         self.require_forward_param_sync = True
         self._failure: Optional[BaseException] = None
         self._client = None
+        # Bucket rebuild after the first iteration (gradd/_rebuild.py).
+        self._rebuild_buckets_enabled = bool(rebuild_buckets)
+        self._has_rebuilt_buckets = False
 
         # -- who we are ---------------------------------------------------
         env_rank = _env_int("RANK")
@@ -316,6 +321,9 @@ class DistributedDataParallel(torch.nn.Module):
                     )
                 )
             self._sync_this_backward = grad_sync
+            # Where torch's forward calls reducer._rebuild_buckets().
+            if _rebuild.maybe_rebuild(self):
+                self._has_rebuilt_buckets = True
         if self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
             buffers = [b for b in self.module.buffers()]
             if buffers:

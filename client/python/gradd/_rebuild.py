@@ -1,0 +1,74 @@
+"""Bucket rebuild for gradd.torch.DistributedDataParallel.
+
+torch's DDP re-plans its buckets once, from the order in which gradients
+actually became ready (``Reducer::rebuild_buckets``): at the start of the
+forward after the first synced iteration (after the second with
+``static_graph``, whose first iteration reduces everything at the end of
+backward), only when ``static_graph`` or not ``find_unused_parameters``.
+gradd does the same at the same point: the client library has recorded the
+order in which the hooks marked parameters ready; ``rebuild_buckets()`` sends
+it to the daemon, which plans from local rank 0's order (node rank 0's across
+nodes, as torch broadcasts rank 0's) and switches every rank at once. The
+client moves every gradient to its new place in the shared memory; here
+``p.grad`` is re-pointed at the new view, as torch's
+``initialize_bucket_views`` does with ``gradient_as_bucket_view``: a grad that
+was the old view becomes the new view (same contents); a grad that is some
+other tensor is copied into the new view first; a grad that is None stays
+None.
+
+Every rank must take part; gradd fails the job (naming the rank) when one
+does not, rather than hang.
+"""
+from __future__ import annotations
+
+import torch
+
+from gradd._C import GraddError
+
+
+def _view(client, i: int, p: torch.Tensor) -> torch.Tensor:
+    view = torch.from_numpy(client.gradient(i))
+    if p.dtype == torch.bfloat16:
+        view = view.view(torch.bfloat16)
+    return view.view(p.shape)
+
+
+def should_rebuild(ddp) -> bool:
+    """Whether torch's forward would rebuild the buckets now."""
+    client = ddp._client
+    if client is None or client.has_rebuilt_buckets:
+        return False
+    if not getattr(ddp, "_rebuild_buckets_enabled", True):
+        return False
+    if ddp.find_unused_parameters and not ddp.static_graph:
+        return False
+    completed = client.iteration - 1  # synced iterations waited for
+    return completed >= (2 if ddp.static_graph else 1)
+
+
+def maybe_rebuild(ddp) -> bool:
+    """Rebuilds the buckets if torch would at this forward (grad enabled);
+    returns whether it did."""
+    if not should_rebuild(ddp):
+        return False
+    try:
+        rebuilt = ddp._client.rebuild_buckets()
+    except GraddError as e:
+        ddp._fail(e)
+    if rebuilt:
+        repoint_views(ddp)
+    return rebuilt
+
+
+def repoint_views(ddp) -> None:
+    """Points ddp._views (and every p.grad that was a view) at the new
+    places."""
+    with torch.no_grad():
+        for i, p in enumerate(ddp._params):
+            old, new = ddp._views[i], _view(ddp._client, i, p)
+            g = p.grad
+            if g is not None:
+                if not ddp._is_view(g, old):
+                    new.copy_(g)
+                p.grad = new
+            ddp._views[i] = new

@@ -1,0 +1,63 @@
+// Bucket rebuild, the client's side (the daemon's: server/engine/rebuild.h).
+//
+//   attach --MarkReady(i) x n (any threads)--> order of iteration k recorded
+//     ^          WaitAll(): EndIteration() keeps it as last()      |
+//     +------------------------------------------------------------+
+//   RebuildBuckets(): RebuildBuckets RPC with last() (blocks until every
+//     rank asked) -> new plan checked (plan_views.h) -> MoveGradients from
+//     the old places to the new ones -> new views; recording stops.
+//
+// DDP records the order in its autograd hook (push_rebuilt_params) only
+// for iterations that sync; gradd records what MarkReady sees, which is
+// the same: no_sync() iterations do not mark parameters ready.
+//
+// The old and new places share the rank's bucket memory and overlap, so
+// MoveGradients goes through a staging copy of every gradient (transient
+// memory = the gradients' size, as DDP allocates its new buckets before
+// dropping the old ones).
+#ifndef GRADD_CLIENT_SRC_REBUILD_H_
+#define GRADD_CLIENT_SRC_REBUILD_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace gradd {
+
+// Record() from any thread during an iteration; everything else from the
+// thread that runs WaitAll / RebuildBuckets, between iterations.
+class ReadyOrderRecorder {
+ public:
+  ReadyOrderRecorder(size_t num_params, bool enabled);
+
+  // Call before the MarkReady's release of the bucket counter, so the
+  // thread ending the iteration (which acquires the counters) sees it.
+  void Record(int32_t param) {
+    if (!enabled_) return;
+    const size_t at = next_.fetch_add(1, std::memory_order_relaxed);
+    if (at < size_) order_[at].store(param, std::memory_order_relaxed);
+  }
+  // The iteration is complete: its order becomes last() if it names every
+  // parameter once (it does when WaitAll succeeded).
+  void EndIteration();
+  const std::vector<int32_t>& last() const { return last_; }
+  void Stop() { enabled_ = false; }
+
+ private:
+  const size_t size_;
+  bool enabled_;
+  std::unique_ptr<std::atomic<int32_t>[]> order_;
+  std::atomic<size_t> next_{0};
+  std::vector<int32_t> last_;
+};
+
+// Copies bytes[i] bytes of parameter i from from[i] to to[i] for every i;
+// the ranges may overlap each other arbitrarily.
+void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,
+                   const std::vector<size_t>& bytes);
+
+}  // namespace gradd
+
+#endif  // GRADD_CLIENT_SRC_REBUILD_H_
