@@ -331,12 +331,25 @@ absl::Status RebuildCoordinator::Switch(uint64_t iteration, BucketPlan plan) {
     result->status = std::move(s);
   });
   const absl::Time deadline = absl::Now() + options_.switch_timeout;
-  absl::MutexLock lock(&result->mu);
-  auto has = [&result]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result->mu) {
-    return result->status.has_value();
-  };
-  while (!result->mu.AwaitWithDeadline(
-      absl::Condition(&has), std::min(deadline, absl::Now() + kSlice))) {
+  while (true) {
+    {
+      absl::MutexLock lock(&result->mu);
+      auto has = [&result]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result->mu) {
+        return result->status.has_value();
+      };
+      if (result->mu.AwaitWithDeadline(
+              absl::Condition(&has),
+              std::min(deadline, absl::Now() + kSlice))) {
+        return *result->status;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) {
+        return absl::CancelledError(absl::StrCat(
+            JobName(), " stopped while switching to the rebuilt buckets"));
+      }
+    }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           JobName(), ": the engine did not reach the end of iteration ",
@@ -344,7 +357,6 @@ absl::Status RebuildCoordinator::Switch(uint64_t iteration, BucketPlan plan) {
           " to switch to the rebuilt buckets"));
     }
   }
-  return *result->status;
 }
 
 void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
