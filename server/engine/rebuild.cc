@@ -228,9 +228,11 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
         return absl::CancelledError(
             absl::StrCat(JobName(), " stopped while rebuilding its buckets"));
       }
+      // The job's own error first: a rank that failed on the data path and
+      // then left is reported for the failure, not for leaving.
+      if (!job_->status().ok()) return job_->status();
       if (!abort_.ok()) return abort_;
       if (count_ == world) break;
-      if (!job_->status().ok()) return job_->status();
       if (absl::Now() >= local_deadline_) {
         std::vector<int> missing;
         int asked = -1;
