@@ -305,6 +305,7 @@ class ClientImpl final : public Client {
   uint64_t bucket_region_bytes_ = 0;
   std::unique_ptr<ReadyOrderRecorder> recorder_;
   bool rebuilt_ = false;
+  bool daemon_can_rebuild_ = false;
   // Parameters still to be marked in each bucket this iteration.
   std::unique_ptr<std::atomic<int32_t>[]> pending_;
   // The iteration in which each parameter was last marked (0 = never), so
@@ -383,9 +384,9 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
 
   // Any later plan (bucket rebuild) lies in the bucket region; older
   // daemons do not say, and cannot rebuild: the whole memory then.
-  bucket_region_bytes_ = response.bucket_region_bytes() > 0
-                             ? response.bucket_region_bytes()
-                             : mem_bytes;
+  daemon_can_rebuild_ = response.bucket_region_bytes() > 0;
+  bucket_region_bytes_ =
+      daemon_can_rebuild_ ? response.bucket_region_bytes() : mem_bytes;
   if (bucket_region_bytes_ > mem_bytes) {
     return bad("bucket region larger than the rank memory");
   }
@@ -559,7 +560,10 @@ void ClientImpl::UsePlan(PlanViews views) {
 
 absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
   RETURN_IF_ERROR(CheckFailed());
-  if (rebuilt_ || !options_.rebuild_buckets || recorder_->last().empty()) {
+  // A daemon that reserved no bucket region (older than rebuilds) cannot
+  // rebuild: every rank of the node sees the same, so nobody asks.
+  if (rebuilt_ || !options_.rebuild_buckets || !daemon_can_rebuild_ ||
+      recorder_->last().empty()) {
     return false;
   }
   const uint64_t it = iteration_.load(std::memory_order_relaxed);

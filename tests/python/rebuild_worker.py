@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
+from gradd import _rebuild
 
 FIRST_CAP_BYTES = 2000
 CAP_MB = 0.004  # 4194 bytes
@@ -98,6 +99,9 @@ def main():
         "torch_sizes": torch_log.get("rebuilt_bucket_sizes"),
         "torch_params": torch_log.get("rebuilt_per_bucket_param_indices"),
         "client_rebuilt": ours.client.has_rebuilt_buckets,
+        "torch_log": {k: torch_log.get(k) for k in ("has_rebuilt_buckets", "rebuilt_bucket_sizes",
+                                                     "rebuilt_per_bucket_param_indices")},
+        "ours_log": _rebuild.logging_fields(ours),
         "grads_in_shared_memory": all(
             p.grad is not None and p.grad.data_ptr() == ours.client.gradient_address(i)
             for i, p in enumerate(ours.module.parameters())

@@ -111,8 +111,11 @@ def _check(results, rebuild_at):
             assert r["ours_sizes"] == sizes
             assert r["ours_params"] == params
             assert r["ours_params"] != r["initial_plan"], "the test model must change the plan"
+            # The same fields, in torch's own logging format.
+            assert r["ours_log"] == r["torch_log"]
         else:
             assert r["ours_params"] == r["initial_plan"]
+            assert r["ours_log"] == {"has_rebuilt_buckets": 0}
     assert len({r["checksum"] for r in results}) == 1, "ranks hold different models"
 
 

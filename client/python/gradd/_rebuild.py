@@ -72,3 +72,20 @@ def repoint_views(ddp) -> None:
                     new.copy_(g)
                 p.grad = new
             ddp._views[i] = new
+
+
+def logging_fields(ddp) -> dict:
+    """The rebuild fields of torch's ``_get_ddp_logging_data()``, in its
+    format: ``has_rebuilt_buckets`` (0/1) and, once rebuilt,
+    ``rebuilt_bucket_sizes`` ("6016, 240000") and
+    ``rebuilt_per_bucket_param_indices`` ("1 0 3, 2")."""
+    client = ddp._client
+    rebuilt = client is not None and client.has_rebuilt_buckets
+    out = {"has_rebuilt_buckets": int(rebuilt)}
+    if rebuilt:
+        buckets = [client.bucket(b) for b in range(client.num_buckets)]
+        out["rebuilt_bucket_sizes"] = ", ".join(str(b["size_bytes"]) for b in buckets)
+        out["rebuilt_per_bucket_param_indices"] = ", ".join(
+            " ".join(str(i) for i in b["params"]) for b in buckets
+        )
+    return out

@@ -89,7 +89,9 @@ class DistributedDataParallel(torch.nn.Module):
     ``coordinator`` (default from the environment, see the module doc),
     ``first_bucket_cap_mb`` (None: the daemon's 1 MiB), ``broadcast_chunk_mb``
     (largest single broadcast; default 64), ``connect_timeout``,
-    ``attach_timeout``, ``wait_timeout`` (seconds).
+    ``attach_timeout``, ``wait_timeout`` (seconds), ``rebuild_buckets``
+    (default True: re-plan buckets after the first iteration as torch does;
+    see gradd/_rebuild.py).
     """
 
     def __init__(
