@@ -116,7 +116,9 @@ class Job {
   std::vector<int> FdsFor(int rank) const;
   // Closes the daemon's copies of the memfds once every rank has its own.
   void ReleaseFds();
-  // Attach reply (plan, sizes) for local rank r.
+  // Attach reply (plan, sizes) for local rank r. Reads the plan: call it
+  // before any rank can ask for a rebuild (the JobManager answers the
+  // Attaches with it).
   v1::AttachResponse ResponseFor(int rank) const;
 
   // Local rank r is gone (detached == true: clean Detach; else its session

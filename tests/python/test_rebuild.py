@@ -150,3 +150,93 @@ def test_rebuild_matches_torch_two_daemons(rebuild_daemon_pair, job_id, tmp_path
         for r in range(4)
     ]
     _check(_launch_rebuild_workers(ranks, ["plain", str(tmp_path / "gloo_init"), str(STEPS)], timeout=200), 1)
+
+
+# --- the binding (gradd._C) directly, ranks as threads ---------------------
+
+_PARAMS = [("w0", (64,), "float32"), ("w1", (64,), "float32"), ("w2", (64,), "float32"), ("w3", (64,), "float32")]
+_CAP = 256 / (1 << 20)  # 256 bytes: one float32 tensor of 64 per bucket
+
+
+def _rank_threads(world, fn, timeout=60):
+    import threading
+
+    results, errors = [None] * world, [None] * world
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors[rank] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), f"rank thread still running after {timeout} s"
+    return results, errors
+
+
+def _attach(daemon, job_id, rank):
+    import gradd
+
+    return gradd.attach(_PARAMS, socket=daemon.socket, job_id=job_id, local_rank=rank, local_world_size=2,
+                        bucket_cap_mb=_CAP, first_bucket_cap_mb=_CAP, attach_timeout=20.0)
+
+
+def _iteration(c, rank, order):
+    for i in order:
+        c.gradient(i)[...] = (rank + 1) * (i + 1) + c.iteration
+        c.mark_ready(i)
+    c.wait_all()
+
+
+def test_client_rebuild_moves_gradients_and_follows_rank_zero(daemon, job_id):
+    import numpy as np
+
+    def fn(rank):
+        c = _attach(daemon, job_id, rank)
+        before = [c.bucket(b)["params"] for b in range(c.num_buckets)]
+        # Rank 0 marks 0, 2, 1, 3; rank 1 the reverse: rank 0's order wins.
+        _iteration(c, rank, [0, 2, 1, 3] if rank == 0 else [3, 1, 2, 0])
+        order = list(c.ready_order)
+        averaged = [c.gradient(i).copy() for i in range(4)]
+        assert c.rebuild_buckets() and c.has_rebuilt_buckets
+        assert not c.rebuild_buckets()  # once
+        after = [c.bucket(b)["params"] for b in range(c.num_buckets)]
+        moved = all(np.array_equal(c.gradient(i), averaged[i]) for i in range(4))
+        _iteration(c, rank, [0, 1, 2, 3])
+        values = [c.gradient(i).copy() for i in range(4)]
+        c.detach()
+        return before, order, after, moved, values
+
+    results, errors = _rank_threads(2, fn)
+    assert errors == [None, None], errors
+    for before, order, after, moved, values in results:
+        assert before == [[3], [2], [1], [0]]
+        assert after == [[0], [2], [1], [3]]
+        assert moved, "a gradient lost its averaged value in the move"
+        for i in range(4):  # iteration 2: average of (r + 1) * (i + 1) + 2
+            assert (values[i] == 1.5 * (i + 1) + 2).all()
+    assert results[0][1] == [0, 2, 1, 3] and results[1][1] == [3, 1, 2, 0]
+
+
+def test_client_rank_skipping_rebuild_fails_both(daemon, job_id):
+    import gradd
+
+    def fn(rank):
+        c = _attach(daemon, job_id, rank)
+        _iteration(c, rank, [0, 1, 2, 3])
+        try:
+            if rank == 0:
+                c.rebuild_buckets()
+            else:
+                _iteration(c, rank, [0, 1, 2, 3])  # goes on without rebuilding
+        finally:
+            c.detach()
+
+    _, errors = _rank_threads(2, fn)
+    for e in errors:
+        assert isinstance(e, gradd.GraddError), errors
+        assert "started iteration 2 without rebuilding buckets" in str(e), e
