@@ -10,7 +10,7 @@ ReadyOrderRecorder::ReadyOrderRecorder(size_t num_params, bool enabled)
       order_(std::make_unique<std::atomic<int32_t>[]>(num_params)) {}
 
 void ReadyOrderRecorder::EndIteration() {
-  if (!enabled_) return;
+  if (!enabled_.load(std::memory_order_relaxed)) return;
   const size_t n = next_.exchange(0, std::memory_order_relaxed);
   if (n != size_) return;
   std::vector<int32_t> order(size_);
@@ -22,6 +22,7 @@ void ReadyOrderRecorder::EndIteration() {
     order[k] = p;
   }
   last_ = std::move(order);
+  if (++iterations_ == kRecordedIterations) Stop();
 }
 
 void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,

@@ -9,7 +9,10 @@
 //
 // DDP records the order in its autograd hook (push_rebuilt_params) only
 // for iterations that sync; gradd records what MarkReady sees, which is
-// the same: no_sync() iterations do not mark parameters ready.
+// the same: no_sync() iterations do not mark parameters ready. DDP
+// rebuilds from the first synced iteration (the second with static_graph),
+// so only the first kRecordedIterations are recorded: a trainer that never
+// rebuilds pays nothing after them.
 //
 // The old and new places share the rank's bucket memory and overlap, so
 // MoveGradients goes through a staging copy of every gradient (transient
@@ -30,12 +33,14 @@ namespace gradd {
 // thread that runs WaitAll / RebuildBuckets, between iterations.
 class ReadyOrderRecorder {
  public:
+  static constexpr int kRecordedIterations = 2;
+
   ReadyOrderRecorder(size_t num_params, bool enabled);
 
   // Call before the MarkReady's release of the bucket counter, so the
   // thread ending the iteration (which acquires the counters) sees it.
   void Record(int32_t param) {
-    if (!enabled_) return;
+    if (!enabled_.load(std::memory_order_relaxed)) return;
     const size_t at = next_.fetch_add(1, std::memory_order_relaxed);
     if (at < size_) order_[at].store(param, std::memory_order_relaxed);
   }
@@ -43,13 +48,16 @@ class ReadyOrderRecorder {
   // parameter once (it does when WaitAll succeeded).
   void EndIteration();
   const std::vector<int32_t>& last() const { return last_; }
-  void Stop() { enabled_ = false; }
+  void Stop() { enabled_.store(false, std::memory_order_relaxed); }
 
  private:
   const size_t size_;
-  bool enabled_;
+  // Atomic only so that a MarkReady racing a misused RebuildBuckets is not
+  // undefined behaviour; the API orders them.
+  std::atomic<bool> enabled_;
   std::unique_ptr<std::atomic<int32_t>[]> order_;
   std::atomic<size_t> next_{0};
+  int iterations_ = 0;
   std::vector<int32_t> last_;
 };
 

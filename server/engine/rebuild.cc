@@ -189,10 +189,13 @@ void RebuildCoordinator::Add(v1::RebuildBucketsRequest request,
 
 void RebuildCoordinator::RankGone(int rank) {
   absl::MutexLock lock(&mu_);
-  if (finished_ || count_ == 0 || !abort_.ok()) return;
-  abort_ = absl::AbortedError(
-      absl::StrCat("local rank ", rank, " of ", JobName(),
-                   " left while the job was rebuilding its buckets"));
+  if (finished_ || !abort_.ok()) return;
+  // Also before anyone asked: a rebuild asked for later cannot complete
+  // without this rank, so it fails at once rather than at the timeout.
+  abort_ = absl::AbortedError(absl::StrCat(
+      "local rank ", rank, " of ", JobName(),
+      count_ > 0 ? " left while the job was rebuilding its buckets"
+                 : " left; the job cannot rebuild its buckets without it"));
 }
 
 void RebuildCoordinator::Run() {

@@ -99,7 +99,8 @@ class RebuildCoordinator {
   // is answered by `deadline` at the latest. Control thread.
   void Add(v1::RebuildBucketsRequest request, absl::Time deadline,
            Callback done);
-  // Local rank `rank` left: a rebuild in progress fails. Control thread.
+  // Local rank `rank` left: a rebuild in progress, or asked for later,
+  // fails. Control thread.
   void RankGone(int rank);
 
   bool rebuilt() const;

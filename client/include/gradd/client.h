@@ -141,8 +141,9 @@ class Client {
   // has_rebuilt_buckets).
   virtual bool buckets_rebuilt() const = 0;
   // Parameter indices in the order they were marked ready in the last
-  // completed iteration (empty before the first one, or when not recorded:
-  // recording stops once buckets are rebuilt or when disabled).
+  // recorded iteration (empty before the first one completed). Recorded:
+  // the first two iterations (DDP rebuilds from the first, or the second
+  // with static_graph), none once buckets are rebuilt or when disabled.
   virtual std::vector<int32_t> ready_order() const = 0;
 
   virtual int num_buckets() const = 0;

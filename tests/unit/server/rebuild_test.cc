@@ -249,6 +249,19 @@ TEST_F(RebuildTest, ARankLeavingDuringTheRebuildAbortsIt) {
                         "rebuilding its buckets"));
 }
 
+TEST_F(RebuildTest, ARankThatLeftBeforeTheRebuildFailsItAtOnce) {
+  auto ranks = AttachJob("left", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+  ASSERT_TRUE(Detach(manager(), "left", 1, ranks[1]->session()).ok());
+  auto a = StartRebuild(manager(), "left", *ranks[0], 1, {0, 1, 2, 3, 4, 5});
+  auto r = a->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("local rank 1 of job 'left' left; the job cannot "
+                        "rebuild its buckets without it"));
+}
+
 // --- multi-node agreement ------------------------------------------------
 
 v1::RebuildOrder Order(uint64_t it, std::vector<int32_t> order, uint64_t cap) {
