@@ -1,6 +1,7 @@
 #include "server/engine/rebuild.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -384,6 +385,14 @@ void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
     for (Callback& cb : callbacks) std::move(cb)(plan.status());
     return;
   }
+  std::vector<size_t> sizes;
+  for (const Bucket& b : plan->buckets) sizes.push_back(b.size_bytes);
+  std::fprintf(stderr,
+               "gradd: %s rebuilt its buckets after iteration %llu: %s\n",
+               JobName().c_str(), static_cast<unsigned long long>(iteration),
+               absl::StrCat(sizes.size(), " buckets of ",
+                            absl::StrJoin(sizes, ", "), " bytes")
+                   .c_str());
   const v1::RebuildBucketsResponse resp = RebuildResponse(*plan, iteration + 1);
   for (Callback& cb : callbacks) std::move(cb)(resp);
 }
