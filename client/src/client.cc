@@ -575,36 +575,23 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
           "): call it between WaitAll and the next MarkReady"));
     }
   }
-  v1::RebuildBucketsRequest request;
-  request.set_job_id(options_.job_id);
-  request.set_local_rank(options_.local_rank);
-  request.set_session_id(session_id_);
-  request.set_iteration(it - 1);
-  for (int32_t p : recorder_->last()) request.add_ready_order(p);
-  v1::RebuildBucketsResponse response;
-  grpc::ClientContext context;
-  // Bounded like Attach: the call waits for every other rank.
-  context.set_deadline(
-      After<std::chrono::system_clock>(options_.attach_timeout));
-  grpc::Status rpc = stub_->RebuildBuckets(&context, request, &response);
-  if (!rpc.ok()) {
-    // The daemon failed the job too (or is gone): this client is done.
-    absl::Status s = FromGrpcStatus(rpc);
-    return Fail(absl::Status(
-        s.code(),
-        absl::StrCat("bucket rebuild (", Who(), ") failed: ", s.message())));
-  }
-  absl::StatusOr<PlanViews> views =
-      MapPlanViews(response.buckets(), names_, dtypes_, bytes_,
-                   static_cast<char*>(memory_.data()), bucket_region_bytes_);
-  if (!views.ok() || response.first_iteration() != it) {
-    return Fail(absl::InternalError(
-        absl::StrCat("gradd sent an inconsistent rebuilt plan (", Who(), "): ",
-                     views.ok() ? absl::StrCat("it starts at iteration ",
-                                               response.first_iteration(),
-                                               ", the next iteration is ", it)
-                                : std::string(views.status().message()))));
-  }
+  RebuildCall call;
+  call.job_id = options_.job_id;
+  call.local_rank = options_.local_rank;
+  call.session_id = session_id_;
+  call.next_iteration = it;
+  call.ready_order = recorder_->last();
+  call.timeout = options_.attach_timeout;  // the call waits for every rank
+  call.who = Who();
+  call.names = &names_;
+  call.dtypes = &dtypes_;
+  call.bytes = &bytes_;
+  call.base = static_cast<char*>(memory_.data());
+  call.region_bytes = bucket_region_bytes_;
+  // Any failure is the job's too (the daemon failed it, or it sent what we
+  // cannot use): this client is done.
+  absl::StatusOr<PlanViews> views = RequestRebuild(*stub_, call);
+  if (!views.ok()) return Fail(views.status());
   std::vector<char*> old_places(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) old_places[i] = params_[i].data;
   // Every gradient keeps its contents (the last average, which the trainer

@@ -22,10 +22,16 @@
 #define GRADD_CLIENT_SRC_REBUILD_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/src/plan_views.h"
+#include "gradd/v1/node.grpc.pb.h"
 
 namespace gradd {
 
@@ -60,6 +66,30 @@ class ReadyOrderRecorder {
   int iterations_ = 0;
   std::vector<int32_t> last_;
 };
+
+// One RebuildBuckets call: who asks, with what, and what the answer must fit.
+struct RebuildCall {
+  std::string job_id;
+  int local_rank = 0;
+  uint64_t session_id = 0;
+  // The plan must take effect from here (the iteration after the one whose
+  // order is sent).
+  uint64_t next_iteration = 0;
+  std::vector<int32_t> ready_order;
+  std::chrono::milliseconds timeout{120000};
+  std::string who;  // for messages
+  // The registered parameters and the bucket region, as for MapPlanViews.
+  const std::vector<std::string>* names = nullptr;
+  const std::vector<int32_t>* dtypes = nullptr;
+  const std::vector<size_t>* bytes = nullptr;
+  char* base = nullptr;
+  uint64_t region_bytes = 0;
+};
+// The RPC (blocks until every rank asked, bounded by `timeout`) and the
+// checked new plan. Errors: the daemon's, prefixed with `who`; INTERNAL
+// for a plan that does not fit.
+absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
+                                         const RebuildCall& call);
 
 // Copies bytes[i] bytes of parameter i from from[i] to to[i] for every i;
 // the ranges may overlap each other arbitrarily.

@@ -100,34 +100,6 @@ std::string AdvertiseHost(const v1::RendezvousConfig& config,
   return HostName();
 }
 
-// The job's bucket-rebuild coordinator: local waits bounded like attaches,
-// multi-node agreement through the coordinator the job formed through,
-// bounded like the formation.
-std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
-    Job* job, const v1::DaemonConfig& config) {
-  RebuildOptions options;
-  options.local_timeout = absl::Milliseconds(config.attach_timeout_ms());
-  options.node_timeout =
-      absl::Milliseconds(config.rendezvous().join_timeout_ms());
-  options.switch_timeout =
-      absl::Milliseconds(config.rendezvous().collective_timeout_ms());
-  const JobSpec& spec = job->spec();
-  if (spec.num_nodes > 1) {
-    options.round_prefix = spec.round_prefix;
-    options.store_factory = [address = spec.coordinator,
-                             timeout = options.node_timeout]()
-        -> absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> {
-      RendezvousClient::Options client_options;
-      client_options.address = address;
-      client_options.connect_timeout = timeout;
-      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
-                       RendezvousClient::Create(client_options));
-      return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
-    };
-  }
-  return std::make_unique<RebuildCoordinator>(job, std::move(options));
-}
-
 void Log(const std::string& line) {
   std::fprintf(stderr, "gradd: %s\n", line.c_str());
   std::fflush(stderr);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
 namespace {
@@ -395,6 +396,34 @@ void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
                    .c_str());
   const v1::RebuildBucketsResponse resp = RebuildResponse(*plan, iteration + 1);
   for (Callback& cb : callbacks) std::move(cb)(resp);
+}
+
+// The job's bucket-rebuild coordinator: local waits bounded like attaches,
+// multi-node agreement through the coordinator the job formed through,
+// bounded like the formation.
+std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
+    Job* job, const v1::DaemonConfig& config) {
+  RebuildOptions options;
+  options.local_timeout = absl::Milliseconds(config.attach_timeout_ms());
+  options.node_timeout =
+      absl::Milliseconds(config.rendezvous().join_timeout_ms());
+  options.switch_timeout =
+      absl::Milliseconds(config.rendezvous().collective_timeout_ms());
+  const JobSpec& spec = job->spec();
+  if (spec.num_nodes > 1) {
+    options.round_prefix = spec.round_prefix;
+    options.store_factory = [address = spec.coordinator,
+                             timeout = options.node_timeout]()
+        -> absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> {
+      RendezvousClient::Options client_options;
+      client_options.address = address;
+      client_options.connect_timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                       RendezvousClient::Create(client_options));
+      return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
+    };
+  }
+  return std::make_unique<RebuildCoordinator>(job, std::move(options));
 }
 
 }  // namespace gradd

@@ -62,6 +62,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/bucket_planner.h"
+#include "gradd/v1/config.pb.h"
 #include "gradd/v1/node.pb.h"
 #include "gradd/v1/rendezvous.pb.h"
 #include "server/engine/job.h"
@@ -153,6 +154,13 @@ struct RebuildAgreement {
     const v1::RebuildOrder& mine,
     const std::function<absl::StatusOr<std::string>(const v1::RebuildOrder&)>&
         plan_fingerprint);
+
+// The coordinator for `job` with the daemon's bounds: local waits like
+// attaches (attach_timeout_ms), node agreement like the formation
+// (rendezvous.join_timeout_ms, through the coordinator and round the job
+// formed through), the engine switch within rendezvous.collective_timeout_ms.
+std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
+    Job* job, const v1::DaemonConfig& config);
 
 // The plan's buckets as the RPC carries them.
 v1::RebuildBucketsResponse RebuildResponse(const BucketPlan& plan,
