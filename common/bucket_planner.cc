@@ -56,8 +56,11 @@ size_t ParamInfo::numel() const {
 
 size_t ParamInfo::bytes() const { return numel() * DTypeSize(dtype); }
 
-absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
-                                       const PlannerOptions& options) {
+namespace {
+
+// Names and sizes of `params`, checked; errors as PlanBuckets documents.
+absl::StatusOr<std::vector<size_t>> CheckParams(
+    const std::vector<ParamInfo>& params) {
   if (params.empty()) {
     return absl::InvalidArgumentError("no parameters to plan buckets for");
   }
@@ -87,38 +90,49 @@ absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
     if (!b.ok()) return b.status();
     bytes[i] = *b;
   }
+  return bytes;
+}
 
-  // DDP's _compute_bucket_assignment_by_size, fed the parameters in reverse
-  // registration order. Each dtype has its own open bucket and its own
-  // position in the cap list [first_bucket_cap, bucket_cap]: the position
-  // advances when a bucket closes and then stays on the last cap.
+// DDP's _compute_bucket_assignment_by_size over the parameters in `order`.
+// Each dtype has its own open bucket and its own position in the cap list
+// [first_bucket_cap, bucket_cap]: the position advances when a bucket
+// closes and then stays on the last cap. `sort_by_first`: order buckets by
+// the position of their first parameter (DDP's initial assignment);
+// otherwise closing order, then the open buckets in dtype order (DDP's
+// rebuild).
+BucketPlan Assign(const std::vector<ParamInfo>& params,
+                  const std::vector<size_t>& bytes,
+                  const std::vector<int32_t>& order,
+                  const PlannerOptions& options, bool sort_by_first) {
   struct Open {
     std::vector<int32_t> params;
     size_t size = 0;
     int cap_index = 0;
+    int first_position = 0;
   };
   const size_t caps[2] = {options.first_bucket_cap_bytes,
                           options.bucket_cap_bytes};
   // std::map: iteration in dtype order keeps the plan deterministic across
-  // nodes when open buckets are flushed below (the final sort decides the
-  // order anyway, but ties must not depend on hashing).
+  // nodes when open buckets are flushed below (ties must not depend on
+  // hashing).
   std::map<DType, Open> open;
   struct Closed {
     DType dtype;
     std::vector<int32_t> params;
-    int first_position;  // position of params[0] in the reversed order
+    int first_position;  // position of params[0] in `order`
   };
   std::vector<Closed> closed;
-  auto position = [count](int32_t index) { return count - 1 - index; };
 
-  for (int32_t i = count - 1; i >= 0; --i) {
+  for (int pos = 0; pos < static_cast<int>(order.size()); ++pos) {
+    const int32_t i = order[pos];
     const DType dtype = params[i].dtype;
     Open& bucket = open[dtype];
+    if (bucket.params.empty()) bucket.first_position = pos;
     bucket.params.push_back(i);
     bucket.size += bytes[i];
     if (bucket.size >= caps[bucket.cap_index]) {
-      int first = position(bucket.params.front());
-      closed.push_back({dtype, std::move(bucket.params), first});
+      closed.push_back(
+          {dtype, std::move(bucket.params), bucket.first_position});
       bucket.params.clear();
       bucket.size = 0;
       if (bucket.cap_index == 0) bucket.cap_index = 1;
@@ -126,13 +140,15 @@ absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
   }
   for (auto& [dtype, bucket] : open) {
     if (bucket.params.empty()) continue;
-    int first = position(bucket.params.front());
-    closed.push_back({dtype, std::move(bucket.params), first});
+    closed.push_back({dtype, std::move(bucket.params), bucket.first_position});
   }
-  // The order in which buckets become ready: by their first parameter.
-  std::sort(closed.begin(), closed.end(), [](const Closed& a, const Closed& b) {
-    return a.first_position < b.first_position;
-  });
+  if (sort_by_first) {
+    // The order in which buckets become ready: by their first parameter.
+    std::sort(closed.begin(), closed.end(),
+              [](const Closed& a, const Closed& b) {
+                return a.first_position < b.first_position;
+              });
+  }
 
   BucketPlan plan;
   plan.buckets.reserve(closed.size());
@@ -163,6 +179,57 @@ absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
   // parameter has zero elements.
   plan.total_bytes = std::max(RoundUp(offset, kPageSize), kPageSize);
   return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
+                                       const PlannerOptions& options) {
+  absl::StatusOr<std::vector<size_t>> bytes = CheckParams(params);
+  if (!bytes.ok()) return bytes.status();
+  // Reverse registration order: gradients become ready roughly back to
+  // front.
+  std::vector<int32_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    order[k] = static_cast<int32_t>(order.size() - 1 - k);
+  }
+  return Assign(params, *bytes, order, options, /*sort_by_first=*/true);
+}
+
+absl::StatusOr<BucketPlan> PlanBucketsInOrder(
+    const std::vector<ParamInfo>& params, const std::vector<int32_t>& order,
+    const PlannerOptions& options) {
+  absl::StatusOr<std::vector<size_t>> bytes = CheckParams(params);
+  if (!bytes.ok()) return bytes.status();
+  if (order.size() != params.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ready order lists ", order.size(),
+                     " parameters; the model has ", params.size()));
+  }
+  std::vector<int> seen_at(params.size(), -1);
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    const int32_t i = order[pos];
+    if (i < 0 || static_cast<size_t>(i) >= params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ready order names parameter index ", i, " at position ", pos,
+          "; valid indices are 0..", params.size() - 1));
+    }
+    if (seen_at[i] >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ready order names parameter ", i, " (\"", params[i].name,
+          "\") twice, at positions ", seen_at[i], " and ", pos));
+    }
+    seen_at[i] = static_cast<int>(pos);
+  }
+  return Assign(params, *bytes, order, options, /*sort_by_first=*/false);
+}
+
+size_t MaxPlanBytes(const std::vector<ParamInfo>& params) {
+  size_t total = 0;
+  for (const ParamInfo& p : params) {
+    total += RoundUp(p.bytes(), kBucketAlignment);
+  }
+  return std::max(RoundUp(total, kPageSize), kPageSize);
 }
 
 }  // namespace gradd

@@ -72,6 +72,24 @@ struct PlannerOptions {
 absl::StatusOr<BucketPlan> PlanBuckets(const std::vector<ParamInfo>& params,
                                        const PlannerOptions& options);
 
+// DDP's bucket rebuild (Reducer::rebuild_buckets): the same assignment by
+// size, fed the parameters in `order` (the order their gradients became
+// ready in an iteration; a permutation of 0..params.size()-1). As in DDP's
+// rebuild, buckets are not re-sorted: they come in the order they closed,
+// then each dtype's still-open bucket (in dtype order; DDP uses hash order
+// there, which only matters for models with several dtypes). The order of
+// parameters inside a bucket is their order in `order`. Errors as
+// PlanBuckets, plus INVALID_ARGUMENT when `order` is not a permutation
+// (naming the first index missing, repeated or out of range).
+absl::StatusOr<BucketPlan> PlanBucketsInOrder(
+    const std::vector<ParamInfo>& params, const std::vector<int32_t>& order,
+    const PlannerOptions& options);
+
+// Upper bound on BucketPlan::total_bytes for any plan over `params` (every
+// bucket order and cap: at most one bucket per parameter, each padded to
+// kBucketAlignment), so memory laid out once can take any later plan.
+size_t MaxPlanBytes(const std::vector<ParamInfo>& params);
+
 }  // namespace gradd
 
 #endif  // GRADD_COMMON_BUCKET_PLANNER_H_

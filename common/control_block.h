@@ -67,6 +67,9 @@ inline constexpr size_t kCacheLine = 64;
 struct alignas(kCacheLine) ControlHeader {
   uint32_t magic;
   uint32_t version;
+  // Bucket slots: ready rows and done_seq have this many entries, one per
+  // parameter, so that any plan (a bucket rebuild can change the number of
+  // buckets) fits; the plan's buckets use the first ones.
   uint32_t num_buckets;
   uint32_t local_world_size;
   uint64_t total_bytes;

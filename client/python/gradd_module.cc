@@ -262,6 +262,17 @@ class PyClient {
     return r->authoritative_rank;
   }
 
+  bool RebuildBuckets() {
+    absl::StatusOr<bool> r;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      r = client_->RebuildBuckets();
+    }
+    Check(r.status());
+    return *r;
+  }
+
   void Detach() {
     absl::Status s;
     {
@@ -307,7 +318,8 @@ std::unique_ptr<PyClient> Attach(
     double bucket_cap_mb, double first_bucket_cap_mb, size_t broadcast_bytes,
     double connect_timeout, double attach_timeout, double wait_timeout,
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
-    const std::string& coordinator, bool find_unused_parameters) {
+    const std::string& coordinator, bool find_unused_parameters,
+    bool rebuild_buckets) {
   ClientOptions options;
   options.socket_path = socket;
   options.job_id = job_id;
@@ -324,6 +336,7 @@ std::unique_ptr<PyClient> Attach(
   options.num_nodes = num_nodes;
   options.coordinator = coordinator;
   options.find_unused_parameters = find_unused_parameters;
+  options.rebuild_buckets = rebuild_buckets;
   std::vector<ClientParam> specs = ParseParams(params);
 
   absl::StatusOr<std::unique_ptr<Client>> client;
@@ -550,6 +563,19 @@ PYBIND11_MODULE(_C, m) {
            "rank joined; returns the authoritative global rank.")
       .def_property_readonly("in_join",
                              [](PyClient& c) { return c.client().in_join(); })
+      .def("rebuild_buckets", &PyClient::RebuildBuckets,
+           "Bucket rebuild (gradd::Client::RebuildBuckets): re-plans the "
+           "buckets from the last completed iteration's ready order, on "
+           "every rank at the same point (GIL released while the ranks "
+           "meet). Returns whether it rebuilt; gradient(i) arrays made "
+           "before a rebuild point at the old places.")
+      .def_property_readonly(
+          "has_rebuilt_buckets",
+          [](PyClient& c) { return c.client().buckets_rebuilt(); })
+      .def_property_readonly(
+          "ready_order", [](PyClient& c) { return c.client().ready_order(); },
+          "Parameter indices in the order they were marked ready in the "
+          "last completed iteration (recorded until buckets are rebuilt).")
       .def("detach", &PyClient::Detach,
            "Clean goodbye. Views stay valid memory until they are dropped.")
       .def("__enter__", [](py::object self) { return self; })
@@ -567,6 +593,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("node_id") = "", py::arg("node_rank") = py::none(),
         py::arg("num_nodes") = 0, py::arg("coordinator") = "",
         py::arg("find_unused_parameters") = false,
+        py::arg("rebuild_buckets") = true,
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype) tuples. "
         "Blocks (GIL released) until every local rank has attached. "

@@ -200,6 +200,17 @@ int gradd_local_world_size(const gradd_client* client) {
   return client == nullptr ? 0 : client->impl->local_world_size();
 }
 
+int gradd_rebuild_buckets(gradd_client* client, int* rebuilt) {
+  if (client == nullptr) return NullClient("gradd_rebuild_buckets");
+  absl::StatusOr<bool> r = client->impl->RebuildBuckets();
+  if (r.ok() && rebuilt != nullptr) *rebuilt = *r ? 1 : 0;
+  return Report(r.status());
+}
+
+int gradd_buckets_rebuilt(const gradd_client* client) {
+  return client != nullptr && client->impl->buckets_rebuilt() ? 1 : 0;
+}
+
 int gradd_detach(gradd_client* client) {
   if (client == nullptr) return NullClient("gradd_detach");
   return Report(client->impl->Detach());

@@ -46,6 +46,8 @@
 #include "attach_internal.h"
 #include "client/src/daemon_peer.h"
 #include "client/src/join_client.h"
+#include "client/src/plan_views.h"
+#include "client/src/rebuild.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -250,6 +252,11 @@ class ClientImpl final : public Client {
   bool BucketDone(int bucket) const override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Detach() override;
+  absl::StatusOr<bool> RebuildBuckets() override;
+  bool buckets_rebuilt() const override { return rebuilt_; }
+  std::vector<int32_t> ready_order() const override {
+    return recorder_->last();
+  }
 
   // Join: join_client.h does the work; these add the Client's state.
   absl::Status JoinEnter(const JoinOptions& options) override {
@@ -321,6 +328,9 @@ class ClientImpl final : public Client {
     broadcast_seq_ = std::max(broadcast_seq_, c.bcast_seq);
   }
   absl::Status BroadcastImpl(void* data, size_t bytes, int root);
+  // Points the parameters and buckets at `views` and resets the per-bucket
+  // counters (between iterations only).
+  void UsePlan(PlanViews views);
   std::string Who() const {
     return absl::StrCat("job '", options_.job_id, "', local rank ",
                         options_.local_rank);
@@ -347,6 +357,14 @@ class ClientImpl final : public Client {
 
   std::vector<ParamSlot> params_;
   std::vector<BucketInfo> buckets_;
+  // As registered, for checking a rebuilt plan.
+  std::vector<std::string> names_;
+  std::vector<int32_t> dtypes_;
+  std::vector<size_t> bytes_;
+  uint64_t bucket_region_bytes_ = 0;
+  std::unique_ptr<ReadyOrderRecorder> recorder_;
+  bool rebuilt_ = false;
+  bool daemon_can_rebuild_ = false;
   // Parameters still to be marked in each bucket this iteration.
   std::unique_ptr<std::atomic<int32_t>[]> pending_;
   // The iteration in which each parameter was last marked (0 = never), so
@@ -425,51 +443,29 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     params_[i].bytes = numel * DTypeSize(*dtype);
   }
 
-  buckets_.resize(response.buckets_size());
-  pending_ = std::make_unique<std::atomic<int32_t>[]>(buckets_.size());
+  // Any later plan (bucket rebuild) lies in the bucket region; older
+  // daemons do not say, and cannot rebuild: the whole memory then.
+  daemon_can_rebuild_ = response.bucket_region_bytes() > 0;
+  bucket_region_bytes_ =
+      daemon_can_rebuild_ ? response.bucket_region_bytes() : mem_bytes;
+  if (bucket_region_bytes_ > mem_bytes) {
+    return bad("bucket region larger than the rank memory");
+  }
+  names_.resize(params_.size());
+  dtypes_.resize(params_.size());
+  bytes_.resize(params_.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    names_[i] = params[i].name;
+    dtypes_[i] = params[i].dtype;
+    bytes_[i] = params_[i].bytes;
+  }
+  absl::StatusOr<PlanViews> views = MapPlanViews(
+      response.buckets(), names_, dtypes_, bytes_, base, bucket_region_bytes_);
+  if (!views.ok()) return bad(views.status().message());
   marked_ = std::make_unique<std::atomic<uint64_t>[]>(params_.size());
-  for (int b = 0; b < response.buckets_size(); ++b) {
-    const v1::BucketSpec& spec = response.buckets(b);
-    if (!fits(spec.offset(), spec.size_bytes())) {
-      return bad(absl::StrCat("bucket ", b, " outside the rank memory"));
-    }
-    if (spec.param_indices_size() == 0 ||
-        spec.param_indices_size() != spec.param_offsets_size()) {
-      return bad(absl::StrCat("bucket ", b, " has a malformed parameter list"));
-    }
-    BucketInfo& info = buckets_[b];
-    info.dtype = static_cast<int32_t>(spec.dtype());
-    info.size_bytes = spec.size_bytes();
-    for (int k = 0; k < spec.param_indices_size(); ++k) {
-      const int32_t i = spec.param_indices(k);
-      if (i < 0 || static_cast<size_t>(i) >= params_.size()) {
-        return bad(absl::StrCat("bucket ", b, " names parameter ", i));
-      }
-      ParamSlot& slot = params_[i];
-      if (slot.bucket >= 0) {
-        return bad(absl::StrCat("parameter ", slot.name, " is in buckets ",
-                                slot.bucket, " and ", b));
-      }
-      if (params[i].dtype != info.dtype) {
-        return bad(absl::StrCat("parameter ", slot.name, " in a bucket of ",
-                                "another dtype"));
-      }
-      const uint64_t off = spec.param_offsets(k);
-      if (off > spec.size_bytes() || slot.bytes > spec.size_bytes() - off) {
-        return bad(
-            absl::StrCat("parameter ", slot.name, " lies outside bucket ", b));
-      }
-      slot.bucket = b;
-      slot.data = base + spec.offset() + off;
-      info.params.push_back(i);
-    }
-    pending_[b].store(spec.param_indices_size(), std::memory_order_relaxed);
-  }
-  for (const ParamSlot& slot : params_) {
-    if (slot.bucket < 0) {
-      return bad(absl::StrCat("parameter ", slot.name, " is in no bucket"));
-    }
-  }
+  recorder_ = std::make_unique<ReadyOrderRecorder>(params_.size(),
+                                                   options_.rebuild_buckets);
+  UsePlan(*std::move(views));
   global_rank_ = response.global_rank();
   world_size_ = response.world_size();
   JoinClient::Hooks hooks;
@@ -575,6 +571,7 @@ absl::Status ClientImpl::MarkReady(int param) {
         "iteration (a parameter shared by several modules, or reentrant "
         "backward, can cause this)"));
   }
+  recorder_->Record(param);
   const int b = params_[param].bucket;
   // acq_rel: the last marker's release store below must carry every other
   // marker's gradient writes with it (they precede their fetch_sub).
@@ -630,8 +627,68 @@ absl::Status ClientImpl::WaitAll() {
     pending_[b].store(static_cast<int32_t>(buckets_[b].params.size()),
                       std::memory_order_relaxed);
   }
+  recorder_->EndIteration();
   iteration_.store(it + 1, std::memory_order_release);
   return absl::OkStatus();
+}
+
+void ClientImpl::UsePlan(PlanViews views) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].data = views.data[i];
+    params_[i].bucket = views.bucket_of[i];
+  }
+  buckets_ = std::move(views.buckets);
+  pending_ = std::make_unique<std::atomic<int32_t>[]>(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b].store(static_cast<int32_t>(buckets_[b].params.size()),
+                      std::memory_order_relaxed);
+  }
+}
+
+absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
+  RETURN_IF_ERROR(CheckFailed());
+  // A daemon that reserved no bucket region (older than rebuilds) cannot
+  // rebuild: every rank of the node sees the same, so nobody asks.
+  if (rebuilt_ || !options_.rebuild_buckets || !daemon_can_rebuild_ ||
+      recorder_->last().empty()) {
+    return false;
+  }
+  const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  for (int i = 0; i < num_params(); ++i) {
+    if (marked_[i].load(std::memory_order_acquire) == it) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RebuildBuckets called inside iteration ", it, " (parameter '",
+          params_[i].name, "' already marked ready; ", Who(),
+          "): call it between WaitAll and the next MarkReady"));
+    }
+  }
+  RebuildCall call;
+  call.job_id = options_.job_id;
+  call.local_rank = options_.local_rank;
+  call.session_id = session_id_;
+  call.next_iteration = it;
+  call.ready_order = recorder_->last();
+  call.timeout = options_.attach_timeout;  // the call waits for every rank
+  call.who = Who();
+  call.names = &names_;
+  call.dtypes = &dtypes_;
+  call.bytes = &bytes_;
+  call.base = static_cast<char*>(memory_.data());
+  call.region_bytes = bucket_region_bytes_;
+  // Any failure is the job's too (the daemon failed it, or it sent what we
+  // cannot use): this client is done.
+  absl::StatusOr<PlanViews> views = RequestRebuild(*stub_, call);
+  if (!views.ok()) return Fail(views.status());
+  std::vector<char*> old_places(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) old_places[i] = params_[i].data;
+  // Every gradient keeps its contents (the last average, which the trainer
+  // may go on accumulating into), as DDP copies grads into its new bucket
+  // views.
+  MoveGradients(old_places, views->data, bytes_);
+  UsePlan(*std::move(views));
+  rebuilt_ = true;
+  recorder_->Stop();
+  return true;
 }
 
 bool ClientImpl::BucketDone(int bucket) const {
@@ -877,7 +934,11 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   auto client = std::make_unique<ClientImpl>(
       options, socket_path,
       ControlLayout(static_cast<uint32_t>(options.local_world_size),
-                    static_cast<uint32_t>(response.buckets_size())));
+                    // Slots for any plan (bucket rebuild); older daemons
+                    // size the block for the attach plan.
+                    response.bucket_slots() > 0
+                        ? response.bucket_slots()
+                        : static_cast<uint32_t>(response.buckets_size())));
   client->SetConnection(std::move(session), hello.session_id, channel);
   RETURN_IF_ERROR(client->Init(params, response, std::move(fds_msg.fds[0]),
                                std::move(fds_msg.fds[1])));

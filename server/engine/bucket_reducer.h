@@ -99,6 +99,10 @@ class BucketReducerInterface {
   virtual void StartJoinRound(JoinRoundWork work, RoundCompletion done);
   // Any thread.
   virtual ReducerStats stats() const { return {}; }
+  // Engine thread only, while no bucket is with the reducer: from iteration
+  // `first_iteration` on the job has `num_buckets` buckets (a bucket
+  // rebuild, job.h); per-bucket state of the old plan is dropped.
+  virtual void Replan(uint64_t first_iteration, int num_buckets) {}
 };
 
 // Runs fn(b, e) over [begin, end) of a bucket of `dtype`, split across

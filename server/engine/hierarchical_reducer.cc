@@ -198,6 +198,19 @@ ReducerStats HierarchicalReducer::stats() const {
   return s;
 }
 
+void HierarchicalReducer::Replan(uint64_t first_iteration, int num_buckets) {
+  // The old plan's 16-bit accumulators and join zero buckets have the old
+  // buckets' sizes.
+  accumulators_.clear();
+  accumulators_.resize(num_buckets);
+  zero_buckets_.clear();
+  zero_buckets_.resize(num_buckets);
+  zero_ptrs_.assign(num_buckets, {});
+  absl::MutexLock lock(&mu_);
+  replan_iteration_ = first_iteration;
+  replan_num_buckets_ = num_buckets;
+}
+
 void HierarchicalReducer::NetworkLoop() {
   while (true) {
     std::optional<Item> item;
@@ -275,19 +288,21 @@ void HierarchicalReducer::NetworkLoop() {
       }
       std::move(round->done)(broken_, std::move(round->work.values));
     }
-    if (item) {
-      const int num_chunks = item->num_chunks;
-      RunChunk(*item);
-      if (++next_chunk_ == num_chunks) {
+    const int num_chunks = item ? item->num_chunks : 0;
+    if (item) RunChunk(*item);
+    {
+      absl::MutexLock lock(&mu_);
+      if (item && ++next_chunk_ == num_chunks) {
         next_chunk_ = 0;
-        if (++next_bucket_ == options_.num_buckets) {
+        const int buckets =
+            replan_iteration_ != 0 && next_iteration_ >= replan_iteration_
+                ? replan_num_buckets_
+                : options_.num_buckets;
+        if (++next_bucket_ >= buckets) {
           next_bucket_ = 0;
           ++next_iteration_;
         }
       }
-    }
-    {
-      absl::MutexLock lock(&mu_);
       network_busy_ = false;
       if (!broken_.ok()) failed_ = true;
     }

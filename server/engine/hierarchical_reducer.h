@@ -117,6 +117,7 @@ class HierarchicalReducer final : public BucketReducerInterface {
   void StartBroadcast(const BroadcastWork& work, Completion done) override;
   void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
+  void Replan(uint64_t first_iteration, int num_buckets) override;
 
  private:
   struct FreeDeleter {
@@ -195,6 +196,10 @@ class HierarchicalReducer final : public BucketReducerInterface {
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   // The network thread is running a collective.
   bool network_busy_ ABSL_GUARDED_BY(mu_) = false;
+  // Buckets per iteration: options_.num_buckets, then replan_num_buckets_
+  // from iteration replan_iteration_ on (0: no replan; bucket rebuild).
+  uint64_t replan_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  int replan_num_buckets_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Network thread only: the next (iteration, bucket, chunk) to go to the
   // network.

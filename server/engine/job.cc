@@ -1,5 +1,6 @@
 #include "server/engine/job.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   job->layout_.Initialize(job->control_.data());
   job->header_ = job->layout_.header(job->control_.data());
 
-  job->rank_bytes_ = std::max(kPage, RoundUp(s.plan.total_bytes, kPage) +
+  job->rank_bytes_ = std::max(kPage, RoundUp(job->bucket_region_bytes_, kPage) +
                                          RoundUp(s.broadcast_bytes, kPage));
   for (int r = 0; r < world; ++r) {
     ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(
@@ -46,22 +47,23 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
     job->bcast_areas_.push_back(static_cast<char*>(job->rank_maps_[r].data()) +
                                 job->broadcast_offset());
   }
-  job->bucket_buffers_.resize(s.plan.buckets.size());
-  for (size_t b = 0; b < s.plan.buckets.size(); ++b) {
-    for (int r = 0; r < world; ++r) {
-      job->bucket_buffers_[b].push_back(
-          static_cast<char*>(job->rank_maps_[r].data()) +
-          s.plan.buckets[b].offset);
-    }
-  }
+  job->MapBuckets();
   return job;
 }
 
 Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
     : spec_(std::move(spec)),
-      layout_(spec_.local_world_size, spec_.plan.buckets.size()),
+      // A slot per parameter: no plan has more buckets than parameters, so
+      // a rebuilt plan fits the same block.
+      layout_(spec_.local_world_size,
+              static_cast<uint32_t>(
+                  std::max(spec_.plan.buckets.size(), spec_.params.size()))),
+      bucket_region_bytes_(
+          std::max(spec_.plan.total_bytes,
+                   spec_.params.empty() ? 0 : MaxPlanBytes(spec_.params))),
       reducer_(std::move(reducer)),
       rank_state_(new std::atomic<int>[spec_.local_world_size]),
+      plan_(spec_.plan),
       started_(spec_.plan.buckets.size(), 0),
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
             spec_.global_world_size(), spec_.num_nodes),
@@ -71,6 +73,8 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
 
 Job::~Job() {
   Stop();
+  AbortSwitch(absl::CancelledError(absl::StrCat(
+      "job '", spec_.job_id, "' stopped during a bucket rebuild")));
   // Joins the reducer's threads (if any) while the memory its completions
   // write to is still mapped.
   reducer_.reset();
@@ -100,7 +104,7 @@ void Job::ReleaseFds() {
 
 v1::AttachResponse Job::ResponseFor(int rank) const {
   v1::AttachResponse resp;
-  for (const Bucket& b : spec_.plan.buckets) {
+  for (const Bucket& b : plan_.buckets) {
     v1::BucketSpec* out = resp.add_buckets();
     out->set_dtype(static_cast<v1::DType>(b.dtype));
     out->set_offset(b.offset);
@@ -116,6 +120,8 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_world_size(spec_.global_world_size());
   resp.set_node_rank(spec_.node_rank);
   resp.set_num_nodes(spec_.num_nodes);
+  resp.set_bucket_slots(layout_.num_buckets());
+  resp.set_bucket_region_bytes(bucket_region_bytes_);
   return resp;
 }
 
@@ -167,6 +173,9 @@ void Job::Loop() {
     if (!failed_ && header_->status.load(std::memory_order_acquire) != 0) {
       failed_ = true;  // failed from outside (shutdown): stop reducing
     }
+    if (failed_ && switch_pending_.load(std::memory_order_acquire)) {
+      AbortSwitch(ReadError(header_));
+    }
     bool progress = !failed_ && Scan();
     if (progress) continue;
     WaitDoorbell(header_, seen,
@@ -181,6 +190,11 @@ bool Job::Scan() {
   bool progress = false;
   bool any_gone = false;
   for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
+  if (switch_pending_.load(std::memory_order_acquire)) {
+    progress |= TrySwitchPlan();
+    if (failed_) return false;
+  }
+  const uint64_t rebuild_after = rebuild_after_.load(std::memory_order_acquire);
 
   if (JoinInPlay()) {
     progress |= StepJoin();
@@ -194,7 +208,7 @@ bool Job::Scan() {
     }
   }
 
-  for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d) continue;  // still with the reducer
     const uint64_t need = d + 1;
@@ -203,6 +217,16 @@ bool Job::Scan() {
       const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
       uint64_t s = row.load(std::memory_order_acquire);
       if (s < d && Lagging(r, row, &s)) continue;
+      if (s == need && rebuild_after != 0 && need > rebuild_after) {
+        FailJob(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat(RankName(r), " started iteration ", need,
+                             " without rebuilding buckets, while the job "
+                             "rebuilds them after iteration ",
+                             rebuild_after,
+                             " (every rank must call RebuildBuckets)"));
+        failed_ = true;
+        return false;
+      }
       if (s == need) {
         ++ready;
       } else if (s != d && rank_state_[r].load() == kLive) {
@@ -222,7 +246,7 @@ bool Job::Scan() {
     if (JoinInPlay()) break;
     started_[b] = need;
     progress = true;
-    const Bucket& bucket = spec_.plan.buckets[b];
+    const Bucket& bucket = plan_.buckets[b];
     BucketWork work;
     work.bucket = static_cast<int>(b);
     work.iteration = need;
@@ -375,7 +399,7 @@ void Job::CheckStuck() {
                          what, "; the job cannot continue on this node"));
     failed_ = true;
   };
-  for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d) continue;
     bool waiting = false;

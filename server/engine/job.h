@@ -21,6 +21,23 @@
 // job_join.cc. While a join epoch runs, buckets start only for the
 // iteration the JoinState is running, with the active ranks' buffers and
 // the round's divisor; any rank that goes away fails the job.
+//
+// Plan switch (bucket rebuild; engine/rebuild.h decides the new plan, the
+// engine side lives in engine/job_rebuild.cc). The control block has a
+// slot per parameter and the rank memory a bucket region that holds any
+// plan (MaxPlanBytes), so a switch reallocates nothing:
+//
+//   running --ExpectRebuild(k)--> expecting k --SwitchPlan(k, plan)-->
+//   switching
+//      ^      a rank publishing iteration k + 1 meanwhile: job error        |
+//      |      naming it (it skipped the rebuild the others wait in)         |
+//      +-- every bucket done == started == k (engine thread): plan_ = plan, +
+//          new buckets' done_seq and every rank's ready rows set to k,
+//          reducer Replan(k + 1), done(OK)
+//
+// The ready rows are written by the daemon here, against the rule that
+// rank r writes only its own: every rank is blocked in RebuildBuckets
+// until done runs, so nobody else writes them.
 #ifndef GRADD_SERVER_ENGINE_JOB_H_
 #define GRADD_SERVER_ENGINE_JOB_H_
 
@@ -28,11 +45,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -50,6 +69,8 @@ struct JobSpec {
   int local_world_size = 1;
   std::vector<ParamInfo> params;
   BucketPlan plan;
+  // The caps the plan was made with (a bucket rebuild re-plans with them).
+  PlannerOptions planner;
   uint64_t broadcast_bytes = 0;
   // Engine doorbell spin before sleeping.
   std::chrono::microseconds spin{50};
@@ -59,6 +80,10 @@ struct JobSpec {
   int num_nodes = 1;
   int global_rank_offset = 0;
   int world_size = 0;
+  // Multi-node: the rendezvous coordinator and formation round the job
+  // formed through (a bucket rebuild agrees through them).
+  std::string coordinator;
+  std::string round_prefix;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -83,16 +108,23 @@ class Job {
   void Stop();
 
   const std::string& id() const { return spec_.job_id; }
+  const JobSpec& spec() const { return spec_; }
   int local_world_size() const { return spec_.local_world_size; }
-  const BucketPlan& plan() const { return spec_.plan; }
+  // The current plan: before Start, or on the engine thread (a rebuild
+  // replaces it there).
+  const BucketPlan& plan() const { return plan_; }
   size_t rank_memory_bytes() const { return rank_bytes_; }
-  size_t broadcast_offset() const { return spec_.plan.total_bytes; }
+  // The bucket region (any plan fits) ends where the broadcast area starts.
+  size_t broadcast_offset() const { return bucket_region_bytes_; }
+  uint32_t bucket_slots() const { return layout_.num_buckets(); }
 
   // The fds to send to local rank r: [control block, rank r's memory].
   std::vector<int> FdsFor(int rank) const;
   // Closes the daemon's copies of the memfds once every rank has its own.
   void ReleaseFds();
-  // Attach reply (plan, sizes) for local rank r.
+  // Attach reply (plan, sizes) for local rank r. Reads the plan: call it
+  // before any rank can ask for a rebuild (the JobManager answers the
+  // Attaches with it).
   v1::AttachResponse ResponseFor(int rank) const;
 
   // Local rank r is gone (detached == true: clean Detach; else its session
@@ -109,6 +141,18 @@ class Job {
 
   // The job's failure, or OK (reads the control block).
   absl::Status status() const;
+
+  // Bucket rebuild (see the state machine above). Any thread. From now on
+  // a rank that publishes a bucket for an iteration after `iteration`
+  // fails the job.
+  void ExpectRebuild(uint64_t iteration);
+  // Any thread. Replaces the plan by `plan` (checked by the caller against
+  // the job's parameters) once iteration `iteration` is complete, then
+  // runs `done(OK)` on the engine thread; `done(error)` instead if the job
+  // fails or stops first, or if the engine finds the job past `iteration`.
+  // One switch at a time (a second one: done(FAILED_PRECONDITION)).
+  using SwitchDone = absl::AnyInvocable<void(absl::Status) &&>;
+  void SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done);
 
   // For tests and stats: iteration last completed for bucket b.
   uint64_t done_seq(int bucket) const;
@@ -141,9 +185,19 @@ class Job {
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
+  // job_rebuild.cc, engine thread: applies a pending SwitchPlan if the
+  // engine is at its iteration boundary; true if it did. Fails the job and
+  // returns false when the switch cannot happen.
+  bool TrySwitchPlan();
+  // Completes a pending SwitchPlan with `status` (job failed / stopping).
+  void AbortSwitch(const absl::Status& status);
+  // Points bucket_buffers_ at plan_'s buckets in every rank's memory.
+  void MapBuckets();
 
   const JobSpec spec_;
   const ControlLayout layout_;
+  // Bucket region of every rank's memory: MaxPlanBytes(params).
+  const size_t bucket_region_bytes_;
   // Reset first in ~Job: its completions write into the mappings below.
   std::unique_ptr<BucketReducerInterface> reducer_;
   size_t rank_bytes_ = 0;
@@ -162,7 +216,8 @@ class Job {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
-  // Engine thread only.
+  // Engine thread only (and before Start).
+  BucketPlan plan_;
   std::vector<uint64_t> started_;  // iteration last handed to the reducer
   uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
   bool failed_ = false;
@@ -184,6 +239,19 @@ class Job {
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).
   absl::Mutex error_mu_;
+
+  // Bucket rebuild: 0, or the iteration after which the ranks rebuild.
+  std::atomic<uint64_t> rebuild_after_{0};
+  // Set while switch_ holds a request, so the engine's fast path reads one
+  // atomic.
+  std::atomic<bool> switch_pending_{false};
+  struct PendingSwitch {
+    uint64_t iteration = 0;
+    BucketPlan plan;
+    SwitchDone done;
+  };
+  absl::Mutex switch_mu_;
+  std::optional<PendingSwitch> switch_ ABSL_GUARDED_BY(switch_mu_);
 };
 
 }  // namespace gradd

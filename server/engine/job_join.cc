@@ -50,7 +50,7 @@ std::vector<JoinRankView> Job::ReadJoinViews(uint64_t next_iteration) {
     v.active_seq = slot->active_seq.load(std::memory_order_acquire);
     v.joined_at = slot->joined_at.load(std::memory_order_acquire);
     v.sync_bytes = slot->sync_bytes.load(std::memory_order_relaxed);
-    for (size_t b = 0; b < spec_.plan.buckets.size() && !v.published; ++b) {
+    for (size_t b = 0; b < plan_.buckets.size() && !v.published; ++b) {
       v.published = layout_.ready_row(base, r)[b].load(
                         std::memory_order_acquire) == next_iteration;
     }
@@ -61,7 +61,7 @@ std::vector<JoinRankView> Job::ReadJoinViews(uint64_t next_iteration) {
 bool Job::StepJoin() {
   void* base = control_.data();
   std::atomic<uint64_t>* done = layout_.done_seq(base);
-  const size_t num_buckets = spec_.plan.buckets.size();
+  const size_t num_buckets = plan_.buckets.size();
   bool progress = false;
 
   if (join_.phase() == JoinState::Phase::kRound) {
@@ -192,7 +192,7 @@ bool Job::ScanJoinBuckets() {
   const uint64_t it = join_.iteration();
   const int world = spec_.local_world_size;
   bool progress = false;
-  for (size_t b = 0; b < spec_.plan.buckets.size(); ++b) {
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d || d + 1 != it) continue;
     bool ready = true;
@@ -219,7 +219,7 @@ bool Job::ScanJoinBuckets() {
     }
     started_[b] = it;
     progress = true;
-    const Bucket& bucket = spec_.plan.buckets[b];
+    const Bucket& bucket = plan_.buckets[b];
     BucketWork work;
     work.bucket = static_cast<int>(b);
     work.iteration = it;

@@ -554,7 +554,10 @@ void JobManager::FormJob(const std::string& job_id) {
                                                   plan.status().message())));
     return;
   }
-  const uint64_t per_rank = plan->total_bytes + first.request.broadcast_bytes();
+  // Room for any later plan (bucket rebuild) is reserved up front.
+  const uint64_t per_rank =
+      std::max(plan->total_bytes, MaxPlanBytes(first.params)) +
+      first.request.broadcast_bytes();
   if (per_rank * p.world > config_.max_job_memory_bytes()) {
     FailPending(job_id, absl::ResourceExhaustedError(absl::StrCat(
                             "job '", job_id, "' needs ", per_rank, " bytes x ",
@@ -580,6 +583,7 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.local_world_size = p.world;
   spec.params = first.params;
   spec.plan = *std::move(plan);
+  spec.planner = options;
   spec.broadcast_bytes = first.request.broadcast_bytes();
   spec.spin = std::chrono::microseconds(config_.spin_us());
   if (NumNodes(first.request) > 1) {
@@ -659,6 +663,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       FormedNodes out;
       out.formation = *std::move(formed);
       out.store = std::move(client);
+      out.coordinator = coordinator;
+      out.round_prefix = options.prefix;
       return out;
     }();
     absl::MutexLock lock(&mailbox->mu);
@@ -690,6 +696,8 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.num_nodes = layout.num_nodes;
   spec.global_rank_offset = layout.global_rank_offset;
   spec.world_size = layout.world_size;
+  spec.coordinator = result->coordinator;
+  spec.round_prefix = result->round_prefix;
   HierarchicalReducer::Options options;
   options.pool = pool_;
   options.num_buckets = static_cast<int>(spec.plan.buckets.size());
@@ -746,6 +754,7 @@ void JobManager::Activate(
   pending_.erase(job_id);
   ActiveJob active;
   active.job = *std::move(job);
+  active.rebuild = MakeRebuildCoordinator(active.job.get(), config_);
   active.sessions.resize(ready.world);
   for (int r = 0; r < ready.world; ++r) {
     active.sessions[r] = ready.ranks[r]->request.session_id();
@@ -769,6 +778,7 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   bound_.erase(active.sessions[rank]);
   active.sessions[rank] = 0;
   active.job->RankGone(rank, detached);
+  active.rebuild->RankGone(rank);
   if (active.job->live_ranks() == 0) {
     const ReducerStats st = active.job->reducer_stats();
     auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };
@@ -785,6 +795,42 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
                                   "disconnected"));
     jobs_.erase(it);  // joins the engine, releases the memory
   }
+}
+
+void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
+                                      absl::Time deadline,
+                                      RebuildCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      tasks_.push_back([this, request = std::move(request), deadline,
+                        done = std::move(done)]() mutable {
+        DoRebuild(std::move(request), deadline, std::move(done));
+      });
+      return;
+    }
+  }
+  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+}
+
+void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
+                           absl::Time deadline, RebuildCallback done) {
+  const std::string who = absl::StrCat("local rank ", request.local_rank(),
+                                       " of job '", request.job_id(), "'");
+  auto it = bound_.find(request.session_id());
+  if (it == bound_.end() || it->second.first != request.job_id() ||
+      it->second.second != request.local_rank()) {
+    std::move(done)(absl::NotFoundError(absl::StrCat(
+        who, " is not attached through session ", request.session_id())));
+    return;
+  }
+  auto job = jobs_.find(request.job_id());
+  if (job == jobs_.end()) {
+    std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat(who, " asked to rebuild buckets before the job formed")));
+    return;
+  }
+  job->second.rebuild->Add(std::move(request), deadline, std::move(done));
 }
 
 void JobManager::DoDetach(const v1::DetachRequest& request,

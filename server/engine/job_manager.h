@@ -51,6 +51,7 @@
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
 #include "server/engine/node_formation.h"
+#include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
 #include "server/rpc/node_handler.h"
 
@@ -80,6 +81,8 @@ class JobManager final : public NodeHandlerInterface,
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
                     AttachCallback done) override;
   void HandleDetach(v1::DetachRequest request, DetachCallback done) override;
+  void HandleRebuildBuckets(v1::RebuildBucketsRequest request,
+                            absl::Time deadline, RebuildCallback done) override;
   void OnSessionClosed(uint64_t session_id) override;
 
   // Publishes `message` (UNAVAILABLE) in every job's control block, answers
@@ -115,11 +118,15 @@ class JobManager final : public NodeHandlerInterface,
   struct ActiveJob {
     std::unique_ptr<Job> job;
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
+    // Declared after `job`: destroyed (and its thread joined) first.
+    std::unique_ptr<RebuildCoordinator> rebuild;
   };
   // What a formation thread hands back: the backend and the store it uses.
   struct FormedNodes {
     NodeFormation formation;
     std::unique_ptr<RendezvousStoreInterface> store;
+    std::string coordinator;
+    std::string round_prefix;
   };
   using Task = absl::AnyInvocable<void() &&>;
 
@@ -134,6 +141,8 @@ class JobManager final : public NodeHandlerInterface,
                 AttachCallback done);
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
+  void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
+                 RebuildCallback done);
   void FormJob(const std::string& job_id);
   // Multi-node: starts the formation thread for a pending job whose local
   // ranks agree; `spec` is the local part of the job.

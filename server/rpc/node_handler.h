@@ -21,6 +21,8 @@ class NodeHandlerInterface {
   using AttachCallback =
       absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
   using DetachCallback = absl::AnyInvocable<void(absl::Status) &&>;
+  using RebuildCallback =
+      absl::AnyInvocable<void(absl::StatusOr<v1::RebuildBucketsResponse>) &&>;
 
   virtual ~NodeHandlerInterface() = default;
 
@@ -28,6 +30,13 @@ class NodeHandlerInterface {
   virtual void HandleAttach(v1::AttachRequest request, absl::Time deadline,
                             AttachCallback done) = 0;
   virtual void HandleDetach(v1::DetachRequest request, DetachCallback done) = 0;
+  // Answered by `deadline` at the latest, possibly from a thread of the
+  // job's own (engine/rebuild.h). The default: UNIMPLEMENTED.
+  virtual void HandleRebuildBuckets(v1::RebuildBucketsRequest request,
+                                    absl::Time deadline, RebuildCallback done) {
+    std::move(done)(
+        absl::UnimplementedError("this gradd daemon cannot rebuild buckets"));
+  }
 };
 
 }  // namespace gradd

@@ -102,4 +102,31 @@ grpc::Status NodeService::Detach(grpc::ServerContext* context,
   return ToGrpcStatus(*result);
 }
 
+grpc::Status NodeService::RebuildBuckets(
+    grpc::ServerContext* context, const v1::RebuildBucketsRequest* request,
+    v1::RebuildBucketsResponse* response) {
+  const absl::Time deadline = CallDeadline(context);
+  auto slot =
+      std::make_shared<Slot<absl::StatusOr<v1::RebuildBucketsResponse>>>();
+  const absl::Time handler_deadline =
+      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
+  handler_->HandleRebuildBuckets(
+      *request, handler_deadline,
+      [slot](absl::StatusOr<v1::RebuildBucketsResponse> result) {
+        absl::MutexLock lock(&slot->mu);
+        slot->value = std::move(result);
+      });
+  std::optional<absl::StatusOr<v1::RebuildBucketsResponse>> result =
+      WaitFor(context, slot,
+              deadline == absl::InfiniteFuture() ? absl::InfiniteFuture()
+                                                 : deadline + kHandlerGrace);
+  if (!result) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "gradd did not answer RebuildBuckets in time");
+  }
+  if (!result->ok()) return ToGrpcStatus(result->status());
+  *response = *std::move(*result);
+  return grpc::Status::OK;
+}
+
 }  // namespace gradd

@@ -75,6 +75,16 @@ static int Train(const char* socket, const char* job, int rank, int world,
   const double rank_term = (2.0 * gradd_rank(c) - (world - 1)) / 2;
   for (int it = 0; it < iterations; ++it) {
     unsigned long long t = gradd_iteration(c);
+    if (it == 1) {
+      /* Bucket rebuild after the first iteration, as DDP does. */
+      int rebuilt = 0;
+      if (gradd_rebuild_buckets(c, &rebuilt) != GRADD_OK || !rebuilt ||
+          !gradd_buckets_rebuilt(c)) {
+        printf("FAIL rebuild_buckets (rebuilt=%d): %s\n", rebuilt,
+               gradd_last_error());
+        return 1;
+      }
+    }
     for (int p = 2; p >= 0; --p) {
       void* g = gradd_gradient(c, p);
       int is_double = params[p].dtype == GRADD_FLOAT64;

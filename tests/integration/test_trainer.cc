@@ -7,6 +7,8 @@
 //   ATTACHED rank=R world=W buckets=B params=P
 //   EXPECTED_ERROR code=C <message>     a bad call failed as it should
 //   STALLED iteration=T                 (mode stall) waiting to be killed
+//   REBUILT order=<rank's recorded ready order> plan=<buckets' params>
+//                                       (--rebuild-after) buckets re-planned
 //   PASS iterations=N verified=V
 //   ERROR code=C <message>              exit 3
 //   MISMATCH <what>                     exit 4
@@ -64,6 +66,9 @@ struct Flags {
   int num_nodes = 0;
   std::string node_id;
   std::string coordinator;
+  // Call RebuildBuckets after this iteration (0: never); with --mode
+  // skip_rebuild, local rank 1 does not and goes on.
+  int rebuild_after = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -120,6 +125,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->node_id = value;
     else if (arg == "--coordinator")
       f->coordinator = value;
+    else if (arg == "--rebuild-after")
+      ok = absl::SimpleAtoi(value, &f->rebuild_after);
     else
       ok = false;
     if (!ok) {
@@ -285,6 +292,7 @@ class Trainer {
   }
   int Verify(uint64_t t);
   int Broadcast();
+  int Rebuild(uint64_t t);
 
   const Flags flags_;
   const std::vector<gradd::ClientParam> model_;
@@ -309,6 +317,37 @@ int Trainer::Verify(uint64_t t) {
     verified_ += static_cast<int64_t>(n);
   }
   return 0;
+}
+
+std::string PlanText(const gradd::Client& c) {
+  std::string out;
+  for (int b = 0; b < c.num_buckets(); ++b) {
+    absl::StrAppend(&out, b ? "|" : "");
+    for (size_t k = 0; k < c.bucket(b).params.size(); ++k) {
+      absl::StrAppend(&out, k ? "," : "", c.bucket(b).params[k]);
+    }
+  }
+  return out;
+}
+
+// Re-plans the buckets after iteration t, then checks that every gradient
+// still holds iteration t's average at its new place.
+int Trainer::Rebuild(uint64_t t) {
+  if (flags_.mode == "skip_rebuild" && flags_.local_rank == 1) return 0;
+  std::string order;
+  for (int32_t p : client_->ready_order()) {
+    absl::StrAppend(&order, order.empty() ? "" : ",", p);
+  }
+  const std::string before = PlanText(*client_);
+  absl::StatusOr<bool> rebuilt = client_->RebuildBuckets();
+  if (!rebuilt.ok()) return Fail(rebuilt.status());
+  if (!*rebuilt || !client_->buckets_rebuilt()) {
+    Line("MISMATCH RebuildBuckets did not rebuild");
+    return 4;
+  }
+  Line(absl::StrCat("REBUILT order=", order, " before=", before,
+                    " plan=", PlanText(*client_)));
+  return Verify(t);
 }
 
 int Trainer::Broadcast() {
@@ -411,6 +450,10 @@ int Trainer::Run() {
 
     if (auto s = client_->WaitAll(); !s.ok()) return Fail(s);
     if (int rc = Verify(t); rc != 0) return rc;
+    if (flags_.rebuild_after > 0 &&
+        t == static_cast<uint64_t>(flags_.rebuild_after)) {
+      if (int rc = Rebuild(t); rc != 0) return rc;
+    }
     if (flags_.sleep_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(flags_.sleep_ms));
     }

@@ -15,6 +15,14 @@
 //     RETURN_IF_ERROR(client->WaitAll());
 //   }
 //
+// Bucket rebuild (DDP's Reducer::rebuild_buckets): the client records the
+// order in which parameters are marked ready. Once, between two iterations
+// (torch does it at the start of the second forward), every rank of the
+// job calls RebuildBuckets(); the daemon re-plans the buckets from that
+// order (local rank 0's, node rank 0's across nodes) and every gradient
+// moves, with its current contents, to its new place: gradient(i) changes
+// then, and the bucket list too.
+//
 // Thread safety: MarkReady and MarkUnused may be called from several threads
 // at once (e.g. autograd threads); all other calls from one thread at a time.
 // Errors are absl::Status with the daemon's message (job, rank, parameter);
@@ -85,6 +93,9 @@ struct ClientOptions {
   // Every rank of a job must set the same value (a mismatch is reported as
   // mismatched models). Enables MarkUnused, GloballyUsed and SkipUsedMap.
   bool find_unused_parameters = false;
+  // Record the ready order so RebuildBuckets() can re-plan (false: it
+  // does nothing and MarkReady skips the recording).
+  bool rebuild_buckets = true;
 };
 
 // What MarkUnused contributes for a parameter this rank did not use.
@@ -127,7 +138,8 @@ class Client {
       const ClientOptions& options, const std::vector<ClientParam>& params);
 
   // Parameter i's gradient in shared bucket memory (bytes = numel * dtype
-  // size). Stable for the life of the Client.
+  // size). Stable for the life of the Client, except across
+  // RebuildBuckets().
   virtual void* gradient(int param) const = 0;
   virtual size_t gradient_bytes(int param) const = 0;
   virtual int num_params() const = 0;
@@ -198,6 +210,27 @@ class Client {
 
   // Clean goodbye (also done by the destructor).
   virtual absl::Status Detach() = 0;
+
+  // Re-plans the buckets from the ready order of the last completed
+  // iteration, as DDP does once after its first iteration. Call between
+  // WaitAll() and the next MarkReady(); every local rank of every node must
+  // call it at the same point (a rank that does not fails the job within
+  // the daemon's timeout). Blocks until every rank has asked. Returns
+  // false without asking the daemon when there is nothing to do: buckets
+  // rebuilt already, rebuild disabled (ClientOptions::rebuild_buckets), or
+  // no iteration completed yet. Afterwards gradient(i) points at the new
+  // place, which holds the gradient's previous contents. Errors:
+  // FAILED_PRECONDITION when called inside an iteration; the daemon's
+  // (rebuild.h), which also fail the job.
+  virtual absl::StatusOr<bool> RebuildBuckets() = 0;
+  // Whether RebuildBuckets() re-planned the buckets (torch's
+  // has_rebuilt_buckets).
+  virtual bool buckets_rebuilt() const = 0;
+  // Parameter indices in the order they were marked ready in the last
+  // recorded iteration (empty before the first one completed). Recorded:
+  // the first two iterations (DDP rebuilds from the first, or the second
+  // with static_graph), none once buckets are rebuilt or when disabled.
+  virtual std::vector<int32_t> ready_order() const = 0;
 
   virtual int num_buckets() const = 0;
   virtual const BucketInfo& bucket(int b) const = 0;

@@ -104,7 +104,8 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
 const char* gradd_last_error(void);
 
 /* Parameter `param`'s gradient in shared bucket memory; NULL / 0 for an
- * unknown index. Stable until gradd_free. */
+ * unknown index. Stable until gradd_free, except across
+ * gradd_rebuild_buckets. */
 void* gradd_gradient(const gradd_client* client, int param);
 size_t gradd_gradient_bytes(const gradd_client* client, int param);
 int gradd_num_params(const gradd_client* client);
@@ -144,6 +145,14 @@ int gradd_rank(const gradd_client* client);
 int gradd_world_size(const gradd_client* client);
 int gradd_local_rank(const gradd_client* client);
 int gradd_local_world_size(const gradd_client* client);
+
+/* Bucket rebuild (see gradd::Client::RebuildBuckets): call between
+ * gradd_wait_all and the next gradd_mark_ready, on every rank. *rebuilt
+ * (may be NULL) says whether the buckets were re-planned; gradient pointers
+ * change then. */
+int gradd_rebuild_buckets(gradd_client* client, int* rebuilt);
+/* 1 once the buckets were rebuilt, else 0. */
+int gradd_buckets_rebuilt(const gradd_client* client);
 
 /* Clean goodbye; the client stays valid until gradd_free (further calls
  * fail with GRADD_FAILED_PRECONDITION). */

@@ -4,6 +4,8 @@ ints for flags, nanoseconds for times); gradd-only facts get ``gradd_*``
 keys."""
 from __future__ import annotations
 
+from gradd import _rebuild
+
 _TORCH_DTYPE_NAMES = {
     "float32": "float",
     "float64": "double",
@@ -12,13 +14,27 @@ _TORCH_DTYPE_NAMES = {
 }
 
 
+def bucket_sizes(ddp) -> list:
+    """Per bucket, the bytes of its parameters, as torch reports them (its
+    flat bucket tensor holds exactly those): gradd's buckets may also hold
+    the hidden used map or alignment padding, and a bucket that holds only
+    the used map is not one torch would have."""
+    client = ddp._client
+    if client is None:
+        return []
+    out = []
+    for b in range(client.num_buckets):
+        idx = client.bucket(b)["params"]
+        if idx:
+            out.append(sum(ddp._params[i].numel() * ddp._params[i].element_size() for i in idx))
+    return out
+
+
 def logging_data(ddp) -> dict:
     reducer = ddp._reducer
     client = ddp._client
     params = ddp._params
-    buckets = []
-    if client is not None:
-        buckets = [client.bucket(b)["size_bytes"] for b in range(client.num_buckets)]
+    buckets = bucket_sizes(ddp)
     dtypes = []
     for p in params:
         name = _TORCH_DTYPE_NAMES.get(str(p.dtype).replace("torch.", ""), str(p.dtype))
@@ -67,4 +83,5 @@ def logging_data(ddp) -> dict:
             backward_comm_time=last["backward_comm"],
             backward_compute_comm_overlap_time=last["overlap"],
         )
+    data.update(_rebuild.logging_fields(ddp))
     return data

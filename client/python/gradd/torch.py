@@ -37,7 +37,7 @@ import torch  # the real torch: this module is gradd.torch, imports are absolute
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
-from gradd import _jobs, _state_sync
+from gradd import _jobs, _rebuild, _state_sync
 from gradd import _join  # join() for uneven inputs
 from gradd._C import GraddError
 from gradd._reducer import Reducer
@@ -115,7 +115,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     ``coordinator`` (default from the environment, see the module doc),
     ``first_bucket_cap_mb`` (None: the daemon's 1 MiB), ``broadcast_chunk_mb``
     (largest single broadcast; default 64), ``connect_timeout``,
-    ``attach_timeout``, ``wait_timeout`` (seconds).
+    ``attach_timeout``, ``wait_timeout`` (seconds), ``rebuild_buckets``
+    (default True: re-plan buckets after the first iteration as torch does;
+    see gradd/_rebuild.py).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         connect_timeout: float = 10.0,
         attach_timeout: float = 120.0,
         wait_timeout: float = 600.0,
+        rebuild_buckets: bool = True,  # gradd/_rebuild.py
     ):
         super().__init__()
         Joinable.__init__(self)  # join(): gradd/_join.py
@@ -212,6 +215,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._failure: Optional[BaseException] = None
         self._client = None
         self._reducer: Optional[Reducer] = None
+        # Bucket rebuild after the first iteration (gradd/_rebuild.py).
+        self._rebuild_buckets_enabled = bool(rebuild_buckets)
+        self._has_rebuilt_buckets = False
 
         # -- who we are ---------------------------------------------------
         env_rank = _env_int("RANK")
@@ -376,6 +382,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                     )
                 )
             self.num_iterations += 1
+        # Where torch's forward calls reducer._rebuild_buckets(): any
+        # grad-enabled forward, between iterations.
+        if torch.is_grad_enabled() and not self._reducer.backward_in_progress:
+            if _rebuild.maybe_rebuild(self):
+                self._has_rebuilt_buckets = True
         if self._join_config.enable:
             # Join mode (gradd/_join.py): tell the daemon this rank takes part;
             # buffers come from the highest active rank instead of rank 0.

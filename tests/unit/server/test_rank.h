@@ -97,7 +97,9 @@ class TestRank {
       : rank_(rank),
         session_(session),
         response_(std::move(response)),
-        layout_(response_.world_size(), response_.buckets_size()) {
+        layout_(response_.world_size(), response_.bucket_slots() > 0
+                                            ? response_.bucket_slots()
+                                            : response_.buckets_size()) {
     control_ =
         *Mapping::Map(sent.fds.at(0).get(), response_.control_block_bytes());
     memory_ =

@@ -1,0 +1,95 @@
+"""Bucket rebuild for gradd.torch.DistributedDataParallel.
+
+torch's DDP re-plans its buckets once, from the order in which gradients
+actually became ready (``Reducer::rebuild_buckets``): at the start of the
+forward after the first synced iteration (after the second with
+``static_graph``, whose first iteration reduces everything at the end of
+backward), only when ``static_graph`` or not ``find_unused_parameters``.
+gradd does the same at the same point: the client library has recorded the
+order in which the hooks marked parameters ready; ``rebuild_buckets()`` sends
+it to the daemon, which plans from local rank 0's order (node rank 0's across
+nodes, as torch broadcasts rank 0's) and switches every rank at once. The
+client moves every gradient to its new place in the shared memory; here
+``p.grad`` is re-pointed at the new view, as torch's
+``initialize_bucket_views`` does with ``gradient_as_bucket_view``: a grad that
+was the old view becomes the new view (same contents); a grad that is some
+other tensor is copied into the new view first; a grad that is None stays
+None.
+
+Every rank must take part; gradd fails the job (naming the rank) when one
+does not, rather than hang.
+"""
+from __future__ import annotations
+
+import torch
+
+from gradd._C import GraddError
+from gradd._reducer import _is_view
+
+
+def _view(client, i: int, p: torch.Tensor) -> torch.Tensor:
+    view = torch.from_numpy(client.gradient(i))
+    if p.dtype == torch.bfloat16:
+        view = view.view(torch.bfloat16)
+    return view.view(p.shape)
+
+
+def should_rebuild(ddp) -> bool:
+    """Whether torch's forward would rebuild the buckets now."""
+    client = ddp._client
+    if client is None or client.has_rebuilt_buckets:
+        return False
+    if not getattr(ddp, "_rebuild_buckets_enabled", True):
+        return False
+    if ddp.find_unused_parameters and not ddp.static_graph:
+        return False
+    completed = client.iteration - 1  # synced iterations waited for
+    return completed >= (2 if ddp.static_graph else 1)
+
+
+def maybe_rebuild(ddp) -> bool:
+    """Rebuilds the buckets if torch would at this forward (grad enabled);
+    returns whether it did."""
+    if not should_rebuild(ddp):
+        return False
+    try:
+        rebuilt = ddp._client.rebuild_buckets()
+    except GraddError as e:
+        ddp._fail(e)
+    if rebuilt:
+        repoint_views(ddp)
+    return rebuilt
+
+
+def repoint_views(ddp) -> None:
+    """Points the reducer's views (and every p.grad that was a view) at the
+    new places."""
+    views = ddp._reducer.views
+    with torch.no_grad():
+        for i, p in enumerate(ddp._params):
+            old, new = views[i], _view(ddp._client, i, p)
+            g = p.grad
+            if g is not None:
+                if not _is_view(g, old):
+                    new.copy_(g)
+                p.grad = new
+            views[i] = new
+
+
+def logging_fields(ddp) -> dict:
+    """The rebuild fields of torch's ``_get_ddp_logging_data()``, in its
+    format: ``has_rebuilt_buckets`` (0/1) and, once rebuilt,
+    ``rebuilt_bucket_sizes`` ("6016, 240000") and
+    ``rebuilt_per_bucket_param_indices`` ("1 0 3, 2")."""
+    client = ddp._client
+    rebuilt = client is not None and client.has_rebuilt_buckets
+    out = {"has_rebuilt_buckets": int(rebuilt)}
+    if rebuilt:
+        from gradd._ddp_logging import bucket_sizes  # no import cycle at load
+
+        buckets = [client.bucket(b)["params"] for b in range(client.num_buckets)]
+        out["rebuilt_bucket_sizes"] = ", ".join(str(n) for n in bucket_sizes(ddp))
+        out["rebuilt_per_bucket_param_indices"] = ", ".join(
+            " ".join(str(i) for i in idx) for idx in buckets if idx
+        )
+    return out

@@ -1,0 +1,116 @@
+"""One rank of the bucket-rebuild parity test (test_rebuild.py): trains a
+model whose modules are registered in another order than forward uses them
+with torch's DDP (Gloo) and gradd.torch's side by side, compares gradients
+and parameters after every step, and reports when each rebuilt its buckets
+and what the buckets look like afterwards. Prints one JSON line.
+
+Args: MODE GLOO_INIT_FILE STEPS, MODE one of plain / static / unused.
+Rank/world from RANK/WORLD_SIZE/LOCAL_*; daemon from GRADD_SOCKET, job from
+GRADD_JOB (multi-node: GRADD_COORDINATOR).
+"""
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import gradd.torch
+from gradd import _rebuild
+
+FIRST_CAP_BYTES = 2000
+CAP_MB = 0.004  # 4194 bytes
+
+
+class Shuffled(nn.Module):
+    """Registered head, mid, embed; used embed, mid, head: the gradients
+    become ready in another order than reverse registration."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(32, 10)
+        self.mid = nn.Linear(48, 32)
+        self.embed = nn.Linear(20, 48)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(torch.relu(self.embed(x)))))
+
+
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().item()
+    diff = (a - b).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def main():
+    mode, init_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # torch's first bucket cap is this module attribute (read by DDP's
+    # constructor); gradd's is first_bucket_cap_mb.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = FIRST_CAP_BYTES
+    kwargs = dict(
+        bucket_cap_mb=CAP_MB,
+        static_graph=mode == "static",
+        find_unused_parameters=mode == "unused",
+    )
+    torch.manual_seed(1000 + rank)  # different initial weights on each rank
+    model = Shuffled()
+    ref = TorchDDP(copy.deepcopy(model), **kwargs)
+    ours = gradd.torch.DistributedDataParallel(
+        copy.deepcopy(model), first_bucket_cap_mb=FIRST_CAP_BYTES / (1 << 20), **kwargs
+    )
+    initial_plan = [b["params"] for b in ours.bucket_info()]
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+
+    per_step, rebuilt = [], []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step * 100 + rank)  # each rank its own data
+        x = torch.randn(8, 20, generator=g)
+        y = torch.randint(0, 10, (8,), generator=g)
+        for ddp, opt in ((ref, opt_ref), (ours, opt_ours)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+        rebuilt.append([bool(ref._has_rebuilt_buckets), bool(ours._has_rebuilt_buckets)])
+        err = 0.0
+        for p, q in zip(ref.module.parameters(), ours.module.parameters()):
+            err = max(err, rel_err(q.grad, p.grad))
+        opt_ref.step()
+        opt_ours.step()
+        for p, q in zip(ref.module.parameters(), ours.module.parameters()):
+            err = max(err, rel_err(q, p))
+        per_step.append(err)
+
+    torch_log = ref._get_ddp_logging_data()
+    info = ours.bucket_info()
+    print(json.dumps({
+        "rank": rank,
+        "per_step": per_step,
+        "rebuilt": rebuilt,
+        "initial_plan": initial_plan,
+        "ours_sizes": [b["size_bytes"] for b in info],
+        "ours_params": [b["params"] for b in info],
+        "torch_sizes": torch_log.get("rebuilt_bucket_sizes"),
+        "torch_params": torch_log.get("rebuilt_per_bucket_param_indices"),
+        "client_rebuilt": ours.client.has_rebuilt_buckets,
+        "torch_log": {k: torch_log.get(k) for k in ("has_rebuilt_buckets", "rebuilt_bucket_sizes",
+                                                     "rebuilt_per_bucket_param_indices")},
+        "ours_log": _rebuild.logging_fields(ours),
+        "grads_in_shared_memory": all(
+            p.grad is not None and p.grad.data_ptr() == ours.client.gradient_address(i)
+            for i, p in enumerate(ours.module.parameters())
+        ),
+        "checksum": torch.cat([p.detach().reshape(-1) for p in ours.module.parameters()]).double().sum().item(),
+    }))
+    ours.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

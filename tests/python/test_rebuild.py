@@ -1,0 +1,242 @@
+"""Bucket rebuild vs torch's own DDP (Gloo): a model registered in another
+order than forward uses it, so the order gradients become ready in differs
+from reverse registration. gradd must rebuild exactly when torch does (the
+second forward; the third with static_graph; never with
+find_unused_parameters), end up with torch's rebuilt buckets (sizes and
+parameters, from torch's _get_ddp_logging_data()), and keep gradients and
+parameters equal to torch's after every step across the switch.
+
+Runs 2 ranks on one daemon, and 2 daemons x 2 ranks (a multi-node job over
+loopback, node rank 0's order winning)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import HERE, Daemon
+
+STEPS = 5
+TOL = 1e-5
+
+
+def _launch_rebuild_workers(ranks, args, timeout=150):
+    """Runs rebuild_worker.py once per entry of `ranks` (a dict of extra
+    environment each); returns the parsed JSON lines; fails with every
+    worker's output if one fails or runs past `timeout`."""
+    procs = []
+    for env_extra in ranks:
+        env = dict(os.environ)
+        env.update(env_extra, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "rebuild_worker.py"), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        )
+    outs, failed = [], False
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            out, err = p.communicate()
+            err += b"\n[killed: timeout]"
+            failed = True
+        outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
+        failed = failed or p.returncode != 0
+    if failed:
+        report = "\n".join(f"--- rank {r}: exit {rc}\n{o}\n{e[-6000:]}" for r, (rc, o, e) in enumerate(outs))
+        pytest.fail(f"rebuild_worker.py failed:\n{report}")
+    return [json.loads(o.strip().splitlines()[-1]) for _, o, _ in outs]
+
+
+class _RebuildDaemonPair:
+    """Two gradd daemons on loopback: node-a hosts the rendezvous
+    coordinator, node-b joins through it."""
+
+    def __init__(self, binary, tmp_path):
+        port_file = tmp_path / "coordinator.port"
+        self.a = Daemon(
+            binary,
+            ["--node-id", "node-a", "--rendezvous-listen", "127.0.0.1:0", "--rendezvous-port-file", str(port_file)],
+        )
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if time.monotonic() > deadline:
+                self.a.stop()
+                raise RuntimeError(f"node-a wrote no coordinator port:\n{self.a.log()}")
+            time.sleep(0.02)
+        self.coordinator = f"127.0.0.1:{port_file.read_text().strip()}"
+        self.b = Daemon(binary, ["--node-id", "node-b", "--coordinator", self.coordinator])
+
+    def stop(self):
+        self.b.stop()
+        self.a.stop()
+
+
+@pytest.fixture
+def rebuild_daemon_pair(gradd_binary, tmp_path):
+    pair = _RebuildDaemonPair(gradd_binary, tmp_path)
+    yield pair
+    pair.stop()
+
+
+def _torch_buckets(r):
+    sizes = [int(s) for s in r["torch_sizes"].split(",")]
+    params = [[int(i) for i in b.split()] for b in r["torch_params"].split(",")]
+    return sizes, params
+
+
+def _check(results, rebuild_at):
+    for r in results:
+        for step, err in enumerate(r["per_step"]):
+            assert err <= TOL, f"rank {r['rank']} step {step}: relative error {err}"
+        # Rebuilt at the same forward as torch (both flags per step).
+        want = [step >= rebuild_at for step in range(STEPS)] if rebuild_at is not None else [False] * STEPS
+        assert [t for t, _ in r["rebuilt"]] == want, r["rebuilt"]
+        assert [o for _, o in r["rebuilt"]] == want, r["rebuilt"]
+        assert r["client_rebuilt"] == (rebuild_at is not None)
+        assert r["grads_in_shared_memory"]
+        if rebuild_at is not None:
+            sizes, params = _torch_buckets(r)
+            assert r["ours_sizes"] == sizes
+            assert r["ours_params"] == params
+            assert r["ours_params"] != r["initial_plan"], "the test model must change the plan"
+            # The same fields, in torch's own logging format.
+            assert r["ours_log"] == r["torch_log"]
+        else:
+            assert r["ours_params"] == r["initial_plan"]
+            assert r["ours_log"] == {"has_rebuilt_buckets": 0}
+    assert len({r["checksum"] for r in results}) == 1, "ranks hold different models"
+
+
+@pytest.mark.parametrize("mode,rebuild_at", [("plain", 1), ("static", 2), ("unused", None)])
+def test_rebuild_matches_torch_one_node(daemon, job_id, tmp_path, mode, rebuild_at):
+    ranks = [
+        {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "GRADD_SOCKET": daemon.socket,
+            "GRADD_JOB": job_id,
+        }
+        for r in range(2)
+    ]
+    _check(_launch_rebuild_workers(ranks, [mode, str(tmp_path / "gloo_init"), str(STEPS)]), rebuild_at)
+
+
+def test_rebuild_matches_torch_two_daemons(rebuild_daemon_pair, job_id, tmp_path):
+    pair = rebuild_daemon_pair
+    ranks = [
+        {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r % 2),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "GRADD_SOCKET": (pair.a if r < 2 else pair.b).socket,
+            "GRADD_COORDINATOR": pair.coordinator,
+            "GRADD_JOB": job_id,
+        }
+        for r in range(4)
+    ]
+    _check(_launch_rebuild_workers(ranks, ["plain", str(tmp_path / "gloo_init"), str(STEPS)], timeout=200), 1)
+
+
+# --- the binding (gradd._C) directly, ranks as threads ---------------------
+
+_PARAMS = [("w0", (64,), "float32"), ("w1", (64,), "float32"), ("w2", (64,), "float32"), ("w3", (64,), "float32")]
+_CAP = 256 / (1 << 20)  # 256 bytes: one float32 tensor of 64 per bucket
+
+
+def _rank_threads(world, fn, timeout=60):
+    import threading
+
+    results, errors = [None] * world, [None] * world
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors[rank] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), f"rank thread still running after {timeout} s"
+    return results, errors
+
+
+def _attach(daemon, job_id, rank):
+    import gradd
+
+    return gradd.attach(_PARAMS, socket=daemon.socket, job_id=job_id, local_rank=rank, local_world_size=2,
+                        bucket_cap_mb=_CAP, first_bucket_cap_mb=_CAP, attach_timeout=20.0)
+
+
+def _iteration(c, rank, order):
+    for i in order:
+        c.gradient(i)[...] = (rank + 1) * (i + 1) + c.iteration
+        c.mark_ready(i)
+    c.wait_all()
+
+
+def test_client_rebuild_moves_gradients_and_follows_rank_zero(daemon, job_id):
+    import numpy as np
+
+    def fn(rank):
+        c = _attach(daemon, job_id, rank)
+        before = [c.bucket(b)["params"] for b in range(c.num_buckets)]
+        # Rank 0 marks 0, 2, 1, 3; rank 1 the reverse: rank 0's order wins.
+        _iteration(c, rank, [0, 2, 1, 3] if rank == 0 else [3, 1, 2, 0])
+        order = list(c.ready_order)
+        averaged = [c.gradient(i).copy() for i in range(4)]
+        assert c.rebuild_buckets() and c.has_rebuilt_buckets
+        assert not c.rebuild_buckets()  # once
+        after = [c.bucket(b)["params"] for b in range(c.num_buckets)]
+        moved = all(np.array_equal(c.gradient(i), averaged[i]) for i in range(4))
+        _iteration(c, rank, [0, 1, 2, 3])
+        values = [c.gradient(i).copy() for i in range(4)]
+        c.detach()
+        return before, order, after, moved, values
+
+    results, errors = _rank_threads(2, fn)
+    assert errors == [None, None], errors
+    for before, order, after, moved, values in results:
+        assert before == [[3], [2], [1], [0]]
+        assert after == [[0], [2], [1], [3]]
+        assert moved, "a gradient lost its averaged value in the move"
+        for i in range(4):  # iteration 2: average of (r + 1) * (i + 1) + 2
+            assert (values[i] == 1.5 * (i + 1) + 2).all()
+    assert results[0][1] == [0, 2, 1, 3] and results[1][1] == [3, 1, 2, 0]
+
+
+def test_client_rank_skipping_rebuild_fails_both(daemon, job_id):
+    import gradd
+
+    def fn(rank):
+        c = _attach(daemon, job_id, rank)
+        _iteration(c, rank, [0, 1, 2, 3])
+        try:
+            if rank == 0:
+                c.rebuild_buckets()
+            else:
+                _iteration(c, rank, [0, 1, 2, 3])  # goes on without rebuilding
+        finally:
+            c.detach()
+
+    _, errors = _rank_threads(2, fn)
+    for e in errors:
+        assert isinstance(e, gradd.GraddError), errors
+        assert "started iteration 2 without rebuilding buckets" in str(e), e

@@ -1,0 +1,236 @@
+// Job's plan switch (bucket rebuild) driven by hand: a fake reducer that
+// completes buckets only when the test says so, ranks acting on the real
+// control block. Checks that the switch happens exactly at the iteration
+// boundary and that ranks running ahead fail the job.
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/control_block.h"
+#include "common/doorbell.h"
+#include "common/shm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/job.h"
+
+namespace gradd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class FakeReducer final : public BucketReducerInterface {
+ public:
+  struct Started {
+    int bucket;
+    uint64_t iteration;
+    size_t count;
+    Completion done;
+  };
+  void Start(const BucketWork& work, Completion done) override {
+    absl::MutexLock lock(&mu_);
+    started_.push_back(
+        {work.bucket, work.iteration, work.count, std::move(done)});
+  }
+  void Replan(uint64_t first_iteration, int num_buckets) override {
+    absl::MutexLock lock(&mu_);
+    replans_.push_back({first_iteration, num_buckets});
+  }
+  // Waits (bounded) until `n` buckets were started in total.
+  bool WaitStarted(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return started_.size() >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+  // Completes the k-th started bucket.
+  void Complete(size_t k) {
+    Completion done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = std::move(started_.at(k).done);
+    }
+    std::move(done)(absl::OkStatus());
+  }
+  std::pair<int, uint64_t> started(size_t k) {
+    absl::MutexLock lock(&mu_);
+    return {started_.at(k).bucket, started_.at(k).iteration};
+  }
+  size_t count(size_t k) {
+    absl::MutexLock lock(&mu_);
+    return started_.at(k).count;
+  }
+  std::vector<std::pair<uint64_t, int>> replans() {
+    absl::MutexLock lock(&mu_);
+    return replans_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Started> started_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, int>> replans_ ABSL_GUARDED_BY(mu_);
+};
+
+class JobRebuildTest : public ::testing::Test {
+ protected:
+  // Four float32 parameters of 64 bytes, caps that put two per bucket:
+  // attach plan [3, 2] [1, 0].
+  void SetUp() override {
+    JobSpec spec;
+    spec.job_id = "rebuild-unit";
+    spec.local_world_size = 2;
+    for (int i = 0; i < 4; ++i) {
+      spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
+    }
+    spec.planner.first_bucket_cap_bytes = 128;
+    spec.planner.bucket_cap_bytes = 128;
+    spec.plan = *PlanBuckets(spec.params, spec.planner);
+    ASSERT_EQ(spec.plan.buckets.size(), 2u);
+    params_ = spec.params;
+    auto reducer = std::make_unique<FakeReducer>();
+    reducer_ = reducer.get();
+    auto job = Job::Create(std::move(spec), std::move(reducer));
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_ = *std::move(job);
+    layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
+    control_ = *Mapping::Map(job_->FdsFor(0)[0], layout_->total_bytes());
+    header_ = layout_->header(control_.data());
+    job_->Start();
+  }
+  void TearDown() override {
+    if (job_) job_->Stop();
+  }
+
+  void Publish(int rank, int bucket, uint64_t iteration) {
+    layout_->ready_row(control_.data(), rank)[bucket].store(
+        iteration, std::memory_order_release);
+    RingDaemon(header_);
+  }
+  uint64_t Done(int bucket) {
+    return layout_->done_seq(control_.data())[bucket].load(
+        std::memory_order_acquire);
+  }
+  bool WaitError() {
+    return WaitForDaemon(
+        header_,
+        [&] { return header_->status.load(std::memory_order_acquire) != 0; },
+        std::chrono::microseconds(20), std::chrono::seconds(10));
+  }
+  // Runs iteration `it` of the current `buckets` to completion.
+  void RunIteration(int buckets, uint64_t it, size_t* next_start) {
+    for (int b = 0; b < buckets; ++b) {
+      Publish(0, b, it);
+      Publish(1, b, it);
+    }
+    ASSERT_TRUE(reducer_->WaitStarted(*next_start + buckets));
+    for (int b = 0; b < buckets; ++b) reducer_->Complete((*next_start)++);
+    ASSERT_TRUE(WaitForDaemon(
+        header_,
+        [&] {
+          for (int b = 0; b < buckets; ++b) {
+            if (Done(b) < it) return false;
+          }
+          return true;
+        },
+        std::chrono::microseconds(20), std::chrono::seconds(10)));
+  }
+
+  std::vector<ParamInfo> params_;
+  FakeReducer* reducer_ = nullptr;
+  std::unique_ptr<Job> job_;
+  std::unique_ptr<ControlLayout> layout_;
+  Mapping control_;
+  ControlHeader* header_ = nullptr;
+};
+
+struct SwitchResult {
+  absl::Notification done;
+  absl::Status status = absl::UnknownError("pending");
+};
+
+TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
+  EXPECT_EQ(job_->bucket_slots(), 4u);  // a slot per parameter
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+
+  // Iteration 2: bucket 0 reduced, bucket 1 still with the reducer.
+  Publish(0, 0, 2);
+  Publish(1, 0, 2);
+  Publish(0, 1, 2);
+  Publish(1, 1, 2);
+  ASSERT_TRUE(reducer_->WaitStarted(next + 2));
+  reducer_->Complete(next++);
+
+  // Rebuild after iteration 2 into one bucket per parameter.
+  PlannerOptions one_each;
+  one_each.first_bucket_cap_bytes = 1;
+  one_each.bucket_cap_bytes = 1;
+  BucketPlan plan = *PlanBucketsInOrder(params_, {0, 2, 1, 3}, one_each);
+  auto result = std::make_shared<SwitchResult>();
+  job_->ExpectRebuild(2);
+  job_->SwitchPlan(2, plan, [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  // Not while bucket 1 of iteration 2 is in flight.
+  EXPECT_FALSE(
+      result->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  EXPECT_TRUE(reducer_->replans().empty());
+  reducer_->Complete(next++);
+  ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(result->status.ok()) << result->status;
+  EXPECT_THAT(reducer_->replans(), ElementsAre(std::pair<uint64_t, int>(3, 4)));
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(Done(b), 2u);
+  EXPECT_TRUE(job_->status().ok());
+
+  // Iteration 3 runs on the new plan: four buckets of 16 elements each.
+  RunIteration(4, 3, &next);
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_EQ(reducer_->started(next - 4 + b),
+              (std::pair<int, uint64_t>(b, 3)));
+    EXPECT_EQ(reducer_->count(next - 4 + b), 16u);
+  }
+  EXPECT_TRUE(job_->status().ok());
+}
+
+TEST_F(JobRebuildTest, ARankThatSkipsTheRebuildFailsTheJob) {
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+  job_->ExpectRebuild(1);
+  // Local rank 1 goes on into iteration 2 instead of rebuilding.
+  Publish(1, 0, 2);
+  ASSERT_TRUE(WaitError());
+  EXPECT_EQ(job_->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(job_->status().message()),
+              HasSubstr("local rank 1 of job 'rebuild-unit' started "
+                        "iteration 2 without rebuilding buckets"));
+  // A switch requested now is answered with the job's error.
+  auto result = std::make_shared<SwitchResult>();
+  job_->SwitchPlan(1, job_->spec().plan, [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(result->status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobRebuildTest, AStoppedJobAnswersAPendingSwitch) {
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+  // The engine never reaches iteration 5: the switch stays pending.
+  auto result = std::make_shared<SwitchResult>();
+  job_->SwitchPlan(5, job_->spec().plan, [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  EXPECT_FALSE(
+      result->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  job_.reset();
+  ASSERT_TRUE(result->done.HasBeenNotified());
+  EXPECT_EQ(result->status.code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace gradd
