@@ -119,6 +119,19 @@ class UsedMapClient final : public Client {
     return inner_->JoinActive(sync_data, sync_bytes);
   }
   absl::StatusOr<JoinResult> Join() override { return inner_->Join(); }
+  // The inner client plans with the map included (it is one more
+  // parameter to the daemon); the order shown hides it.
+  absl::StatusOr<bool> RebuildBuckets() override {
+    return inner_->RebuildBuckets();
+  }
+  bool buckets_rebuilt() const override { return inner_->buckets_rebuilt(); }
+  std::vector<int32_t> ready_order() const override {
+    std::vector<int32_t> out;
+    for (int32_t i : inner_->ready_order()) {
+      if (i > 0) out.push_back(i - 1);
+    }
+    return out;
+  }
   absl::Status Detach() override { return inner_->Detach(); }
   int num_buckets() const override { return inner_->num_buckets(); }
   // Translated on each call (the inner plan may change, e.g. when buckets

@@ -80,6 +80,9 @@ class FakeClient final : public Client {
   absl::StatusOr<JoinResult> Join() override {
     return absl::UnimplementedError("fake");
   }
+  absl::StatusOr<bool> RebuildBuckets() override { return false; }
+  bool buckets_rebuilt() const override { return false; }
+  std::vector<int32_t> ready_order() const override { return {}; }
   absl::Status Detach() override { return absl::OkStatus(); }
   int num_buckets() const override { return static_cast<int>(buckets_.size()); }
   const BucketInfo& bucket(int b) const override { return buckets_[b]; }
