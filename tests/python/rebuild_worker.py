@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
-from gradd import _rebuild
+from gradd import _ddp_logging, _rebuild
 
 FIRST_CAP_BYTES = 2000
 CAP_MB = 0.004  # 4194 bytes
@@ -94,8 +94,10 @@ def main():
         "per_step": per_step,
         "rebuilt": rebuilt,
         "initial_plan": initial_plan,
-        "ours_sizes": [b["size_bytes"] for b in info],
-        "ours_params": [b["params"] for b in info],
+        # In torch's terms: the user's parameters only (gradd's buckets also
+        # hold its hidden used map; a bucket of only the map is dropped).
+        "ours_sizes": _ddp_logging.bucket_sizes(ours),
+        "ours_params": [b["params"] for b in info if b["params"]],
         "torch_sizes": torch_log.get("rebuilt_bucket_sizes"),
         "torch_params": torch_log.get("rebuilt_per_bucket_param_indices"),
         "client_rebuilt": ours.client.has_rebuilt_buckets,
