@@ -13,12 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+import types
 
 import pytest
 
-from conftest import HERE, Daemon, run_workers
+from conftest import HERE, run_workers
 
 TOL = 1e-5
 
@@ -104,45 +104,11 @@ def test_join_disabled_is_a_no_op(daemon, job_id, tmp_path):
 
 
 # ---------------------------------------------------------------- 2 nodes
-class _JoinDaemons:
-    """Two gradd daemons on loopback forming multi-node jobs: node-a
-    coordinates (rendezvous on an OS-chosen port), node-b joins it."""
-
-    def __init__(self, binary):
-        self.dir = tempfile.mkdtemp(prefix="gradd-join2-")
-        port_file = os.path.join(self.dir, "coordinator.port")
-        self.a = Daemon(
-            binary,
-            ["--node-id", "node-a", "--rendezvous-listen", "127.0.0.1:0",
-             "--rendezvous-port-file", port_file],
-        )
-        deadline = time.monotonic() + 30
-        port = ""
-        while not port:
-            if time.monotonic() > deadline:
-                self.a.stop()
-                raise RuntimeError(f"node-a wrote no port:\n{self.a.log()}")
-            try:
-                with open(port_file) as f:
-                    port = f.read().strip()
-            except OSError:
-                time.sleep(0.02)
-        self.coordinator = f"127.0.0.1:{port}"
-        self.b = Daemon(binary, ["--node-id", "node-b", "--coordinator", self.coordinator])
-
-    def stop(self):
-        self.b.stop()
-        self.a.stop()
-
-
 @pytest.fixture
-def join_daemons(gradd_binary):
-    d = _JoinDaemons(gradd_binary)
-    yield d
-    alive = d.a.proc.poll() is None and d.b.proc.poll() is None
-    logs = d.a.log() + "\n----\n" + d.b.log()
-    d.stop()
-    assert alive, f"a gradd daemon died:\n{logs}"
+def join_daemons(two_daemons):
+    """conftest's two daemons: node-a (the coordinator) and node-b."""
+    a, b = two_daemons.nodes
+    return types.SimpleNamespace(a=a, b=b, coordinator=two_daemons.coordinator)
 
 
 def _run_two_nodes(daemons, job_id, args, timeout=180):

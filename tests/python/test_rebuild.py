@@ -9,6 +9,7 @@ parameters equal to torch's after every step across the switch.
 Runs 2 ranks on one daemon, and 2 daemons x 2 ranks (a multi-node job over
 loopback, node rank 0's order winning)."""
 import json
+import types
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import HERE, Daemon
+from conftest import HERE
 
 STEPS = 5
 TOL = 1e-5
@@ -59,35 +60,11 @@ def _launch_rebuild_workers(ranks, args, timeout=150):
     return [json.loads(o.strip().splitlines()[-1]) for _, o, _ in outs]
 
 
-class _RebuildDaemonPair:
-    """Two gradd daemons on loopback: node-a hosts the rendezvous
-    coordinator, node-b joins through it."""
-
-    def __init__(self, binary, tmp_path):
-        port_file = tmp_path / "coordinator.port"
-        self.a = Daemon(
-            binary,
-            ["--node-id", "node-a", "--rendezvous-listen", "127.0.0.1:0", "--rendezvous-port-file", str(port_file)],
-        )
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if time.monotonic() > deadline:
-                self.a.stop()
-                raise RuntimeError(f"node-a wrote no coordinator port:\n{self.a.log()}")
-            time.sleep(0.02)
-        self.coordinator = f"127.0.0.1:{port_file.read_text().strip()}"
-        self.b = Daemon(binary, ["--node-id", "node-b", "--coordinator", self.coordinator])
-
-    def stop(self):
-        self.b.stop()
-        self.a.stop()
-
-
 @pytest.fixture
-def rebuild_daemon_pair(gradd_binary, tmp_path):
-    pair = _RebuildDaemonPair(gradd_binary, tmp_path)
-    yield pair
-    pair.stop()
+def rebuild_daemon_pair(two_daemons):
+    """conftest's two daemons: node-a (the coordinator) and node-b."""
+    a, b = two_daemons.nodes
+    return types.SimpleNamespace(a=a, b=b, coordinator=two_daemons.coordinator)
 
 
 def _torch_buckets(r):

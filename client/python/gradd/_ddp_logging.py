@@ -32,7 +32,6 @@ def bucket_sizes(ddp) -> list:
 
 def logging_data(ddp) -> dict:
     reducer = ddp._reducer
-    client = ddp._client
     params = ddp._params
     buckets = bucket_sizes(ddp)
     dtypes = []
