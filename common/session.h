@@ -12,10 +12,14 @@
 #ifndef GRADD_COMMON_SESSION_H_
 #define GRADD_COMMON_SESSION_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "absl/status/statusor.h"
 
 namespace gradd {
 
@@ -51,6 +55,14 @@ struct SessionFds {
   uint64_t attach_id = 0;
   // Followed by two fds: control block, rank bucket memory.
 };
+
+// Who is at the other end of a connected Unix socket (SO_PEERCRED), as the
+// reading process's pid namespace sees it.
+struct PeerIdentity {
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+absl::StatusOr<PeerIdentity> SocketPeer(int fd);
 
 // /run/gradd/gradd.sock as root; else $XDG_RUNTIME_DIR/gradd/gradd.sock when
 // set; else /tmp/gradd-<uid>/gradd.sock.

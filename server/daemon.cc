@@ -178,12 +178,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
                                              d->pool_.get());
   d->listener_->Start(d->manager_.get());
-  d->service_ = std::make_unique<NodeService>(d->manager_.get());
 
   // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
   // credentials, no dead listener after EMFILE); the server itself listens
-  // on no port.
+  // on no port. Calls that act for a session must come from its owner.
   ASSIGN_OR_RETURN(d->acceptor_, UnixAcceptor::Create(path));
+  d->caller_check_ = std::make_unique<SessionCallerCheck>(d->acceptor_.get(),
+                                                          d->listener_.get());
+  d->service_ =
+      std::make_unique<NodeService>(d->manager_.get(), d->caller_check_.get());
   grpc::ServerBuilder builder;
   builder.RegisterService(d->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);

@@ -68,6 +68,7 @@ class Daemon {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<SessionListener> listener_;
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<CallerCheckInterface> caller_check_;
   std::unique_ptr<NodeService> service_;
   std::unique_ptr<grpc::Server> server_;
   // Declared after server_: destroyed (joined) before it.

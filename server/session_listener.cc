@@ -105,6 +105,13 @@ bool SessionListener::Claim(uint64_t session_id) {
   return true;
 }
 
+std::optional<PeerIdentity> SessionListener::PeerOf(uint64_t session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return std::nullopt;
+  return PeerIdentity{it->second.pid, it->second.uid};
+}
+
 size_t SessionListener::num_sessions() const {
   absl::MutexLock lock(&mu_);
   return sessions_.size();
@@ -183,8 +190,8 @@ bool SessionListener::Accept() {
     }
     hello.session_id = NewSessionId();
     ++per_uid_[cred.uid];
-    sessions_.emplace(hello.session_id,
-                      Session{std::move(fd), cred.uid, false, Clock::now()});
+    sessions_.emplace(hello.session_id, Session{std::move(fd), cred.uid,
+                                                cred.pid, false, Clock::now()});
   }
   if (send(raw_fd, &hello, sizeof(hello), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(hello))) {

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/session.h"
 #include "common/shm.h"
 #include "server/engine/session_registry.h"
 
@@ -62,6 +64,9 @@ class SessionListener final : public SessionRegistryInterface {
 
   bool IsLive(uint64_t session_id) const override;
   bool Claim(uint64_t session_id) override;
+  // Who connected session `session_id` (SO_PEERCRED at accept); nullopt
+  // once it is closed. Any thread.
+  std::optional<PeerIdentity> PeerOf(uint64_t session_id) const;
   // Open sessions (claimed or not). Any thread.
   size_t num_sessions() const;
   absl::Status SendFds(uint64_t session_id, uint64_t attach_id,
@@ -74,6 +79,7 @@ class SessionListener final : public SessionRegistryInterface {
   struct Session {
     UniqueFd fd;
     uid_t uid = 0;
+    pid_t pid = 0;
     bool claimed = false;
     Clock::time_point accepted;
   };

@@ -27,16 +27,6 @@ absl::StatusOr<std::optional<uid_t>> TrustedDaemonUid(
   return std::optional<uid_t>(uid);
 }
 
-absl::StatusOr<PeerIdentity> SocketPeer(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return absl::InternalError(
-        absl::StrCat("SO_PEERCRED failed: ", std::strerror(errno)));
-  }
-  return PeerIdentity{cred.pid, cred.uid};
-}
-
 absl::Status CheckDaemonPeer(const PeerIdentity& peer,
                              const std::string& socket_path,
                              std::optional<uid_t> trusted) {

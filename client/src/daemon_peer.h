@@ -21,21 +21,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/session.h"
 
 namespace gradd {
-
-struct PeerIdentity {
-  pid_t pid = 0;
-  uid_t uid = 0;
-};
 
 // The uid the user trusts besides root and itself: `option` if set, else
 // $GRADD_DAEMON_UID (INVALID_ARGUMENT if that is not a uid), else none.
 absl::StatusOr<std::optional<uid_t>> TrustedDaemonUid(
     std::optional<uint32_t> option);
-
-// The process at the other end of a connected Unix socket.
-absl::StatusOr<PeerIdentity> SocketPeer(int fd);
 
 // OK if `peer` may serve this trainer; PERMISSION_DENIED naming the socket,
 // the daemon's uid and pid and the trainer's uid otherwise.

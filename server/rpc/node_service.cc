@@ -59,9 +59,19 @@ std::optional<T> WaitFor(grpc::ServerContext* context,
 
 }  // namespace
 
+grpc::Status NodeService::CheckCaller(const grpc::ServerContext* context,
+                                      uint64_t session_id) const {
+  if (caller_check_ == nullptr) return grpc::Status::OK;
+  absl::Status s = caller_check_->Check(context->peer(), session_id);
+  return s.ok() ? grpc::Status::OK : ToGrpcStatus(s);
+}
+
 grpc::Status NodeService::Attach(grpc::ServerContext* context,
                                  const v1::AttachRequest* request,
                                  v1::AttachResponse* response) {
+  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+    return s;
+  }
   const absl::Time deadline = CallDeadline(context);
   auto slot = std::make_shared<Slot<absl::StatusOr<v1::AttachResponse>>>();
   const absl::Time handler_deadline =
@@ -87,6 +97,9 @@ grpc::Status NodeService::Attach(grpc::ServerContext* context,
 grpc::Status NodeService::Detach(grpc::ServerContext* context,
                                  const v1::DetachRequest* request,
                                  v1::DetachResponse* response) {
+  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+    return s;
+  }
   auto slot = std::make_shared<Slot<absl::Status>>();
   handler_->HandleDetach(*request, [slot](absl::Status status) {
     absl::MutexLock lock(&slot->mu);
@@ -105,6 +118,9 @@ grpc::Status NodeService::Detach(grpc::ServerContext* context,
 grpc::Status NodeService::RebuildBuckets(
     grpc::ServerContext* context, const v1::RebuildBucketsRequest* request,
     v1::RebuildBucketsResponse* response) {
+  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+    return s;
+  }
   const absl::Time deadline = CallDeadline(context);
   auto slot =
       std::make_shared<Slot<absl::StatusOr<v1::RebuildBucketsResponse>>>();

@@ -11,14 +11,18 @@
 #include "absl/status/status.h"
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/rpc/caller_check.h"
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
 
 class NodeService final : public v1::Node::Service {
  public:
-  // `handler` must outlive the service.
-  explicit NodeService(NodeHandlerInterface* handler) : handler_(handler) {}
+  // `handler` (and `caller_check`, which may be null: no check) must
+  // outlive the service.
+  explicit NodeService(NodeHandlerInterface* handler,
+                       const CallerCheckInterface* caller_check = nullptr)
+      : handler_(handler), caller_check_(caller_check) {}
 
   grpc::Status Attach(grpc::ServerContext* context,
                       const v1::AttachRequest* request,
@@ -31,7 +35,12 @@ class NodeService final : public v1::Node::Service {
                               v1::RebuildBucketsResponse* response) override;
 
  private:
+  // PERMISSION_DENIED (as a gRPC status) unless the caller owns the session.
+  grpc::Status CheckCaller(const grpc::ServerContext* context,
+                           uint64_t session_id) const;
+
   NodeHandlerInterface* const handler_;
+  const CallerCheckInterface* const caller_check_;
 };
 
 }  // namespace gradd

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
 
@@ -71,6 +73,19 @@ void UnixAcceptor::Stop() {
   }
 }
 
+std::optional<PeerIdentity> UnixAcceptor::PeerOf(
+    absl::string_view grpc_peer) const {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&grpc_peer, "fd:") ||
+      !absl::SimpleAtoi(grpc_peer, &fd)) {
+    return std::nullopt;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
 void UnixAcceptor::Loop() {
   using Clock = std::chrono::steady_clock;
   Clock::time_point paused_until{};
@@ -107,15 +122,17 @@ void UnixAcceptor::Loop() {
       }
       continue;  // EAGAIN, ECONNABORTED, EINTR: nothing to hand over
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != geteuid() && cred.uid != 0)) {
-      std::fprintf(stderr,
-                   "gradd: refused gRPC connection from uid %u pid %d on %s\n",
-                   cred.uid, cred.pid, path_.c_str());
+    absl::StatusOr<PeerIdentity> cred = SocketPeer(fd.get());
+    if (!cred.ok() || (cred->uid != geteuid() && cred->uid != 0)) {
+      std::fprintf(
+          stderr, "gradd: refused gRPC connection from uid %u pid %d on %s\n",
+          cred.ok() ? cred->uid : 0u, cred.ok() ? cred->pid : 0, path_.c_str());
       refused_.fetch_add(1);
       continue;  // closes it
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      peers_[fd.get()] = *cred;
     }
     accepted_.fetch_add(1);
     // gRPC owns the fd from here on (and closes it).

@@ -21,10 +21,16 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/session.h"
 #include "common/shm.h"
 
 namespace grpc {
@@ -47,6 +53,12 @@ class UnixAcceptor {
   void Start(grpc::Server* server);
   void Stop();
 
+  // Who connected the gRPC connection whose ServerContext::peer() is
+  // `grpc_peer` ("fd:N" for connections handed over by this acceptor);
+  // nullopt for anything else. Any thread. (An fd number is reused only
+  // after gRPC closed it, and a closed connection delivers no more calls.)
+  std::optional<PeerIdentity> PeerOf(absl::string_view grpc_peer) const;
+
   // Connections handed to gRPC and refused so far (for tests and stats).
   uint64_t accepted() const { return accepted_.load(); }
   uint64_t refused() const { return refused_.load(); }
@@ -63,6 +75,8 @@ class UnixAcceptor {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, PeerIdentity> peers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradd

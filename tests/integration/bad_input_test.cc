@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -162,6 +164,77 @@ TEST_F(BadInputTest, UnsupportedDtype) {
   EXPECT_THAT(s.error_message(),
               AllOf(HasSubstr("dtype"), HasSubstr("99"), HasSubstr("'weird'")));
   ExpectHealthyJob("after-dtype");
+}
+
+// Issue 11: a session id learned by another process (same uid) must not let
+// it attach or detach in the owner's place.
+TEST_F(BadInputTest, SessionOfAnotherProcessIsRefused) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const std::string session_path = SessionSocketPath(socket_);
+  const pid_t owner = fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {
+    // The session's owner: connect, read the hello, hand its id over, wait.
+    close(pipe_fds[0]);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, session_path.data(), session_path.size());
+    SessionHello hello;
+    if (fd < 0 ||
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        recv(fd, &hello, sizeof(hello), 0) != sizeof(hello) ||
+        write(pipe_fds[1], &hello.session_id, sizeof(hello.session_id)) !=
+            sizeof(hello.session_id)) {
+      _exit(1);
+    }
+    pause();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  uint64_t session_id = 0;
+  ASSERT_EQ(read(pipe_fds[0], &session_id, sizeof(session_id)),
+            static_cast<ssize_t>(sizeof(session_id)));
+  close(pipe_fds[0]);
+
+  auto stub = v1::Node::NewStub(grpc::CreateChannel(
+      "unix:" + socket_, grpc::InsecureChannelCredentials()));
+  v1::AttachRequest request;
+  request.set_job_id("stolen");
+  request.set_local_rank(0);
+  request.set_local_world_size(1);
+  request.set_session_id(session_id);
+  v1::ParamSpec* p = request.add_params();
+  p->set_name("w");
+  p->add_shape(4);
+  p->set_dtype(v1::FLOAT32);
+  v1::AttachResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::Status s = stub->Attach(&context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(),
+              AllOf(HasSubstr(absl::StrCat("belongs to pid ", owner)),
+                    HasSubstr(absl::StrCat("came from pid ", getpid()))));
+
+  v1::DetachRequest detach;
+  detach.set_job_id("stolen");
+  detach.set_local_rank(0);
+  detach.set_session_id(session_id);
+  v1::DetachResponse detached;
+  grpc::ClientContext detach_context;
+  detach_context.set_deadline(std::chrono::system_clock::now() +
+                              std::chrono::seconds(10));
+  s = stub->Detach(&detach_context, detach, &detached);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+
+  kill(owner, SIGKILL);
+  waitpid(owner, nullptr, 0);
+  ExpectHealthyJob("after-stolen-session");
 }
 
 TEST_F(BadInputTest, NoDaemonAtSocket) {
