@@ -195,6 +195,16 @@ class PyClient {
     Check(s);
   }
 
+  void SetCommHook(const CommHookOptions& hook) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->SetCommHook(hook);
+    }
+    Check(s);
+  }
+
   void Detach() {
     absl::Status s;
     {
@@ -240,8 +250,9 @@ std::unique_ptr<PyClient> Attach(
     double bucket_cap_mb, double first_bucket_cap_mb, size_t broadcast_bytes,
     double connect_timeout, double attach_timeout, double wait_timeout,
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
-    const std::string& coordinator) {
+    const std::string& coordinator, const std::string& comm_hook) {
   ClientOptions options;
+  options.comm_hook.name = comm_hook;
   options.socket_path = socket;
   options.job_id = job_id;
   options.local_rank = local_rank;
@@ -438,6 +449,35 @@ PYBIND11_MODULE(_C, m) {
            "Daemon-mediated broadcast, in place, of a writable contiguous "
            "buffer (bytes <= the attach's broadcast_bytes) from global rank "
            "`root`. Every rank must make the same sequence of calls.")
+      .def(
+          "set_comm_hook",
+          [](PyClient& c, const std::string& name, int rank, int64_t start,
+             double min_rate, std::optional<bool> error_feedback,
+             std::optional<bool> warm_start, double epsilon, uint64_t seed,
+             bool batch_same_shape) {
+            gradd::CommHookOptions h;
+            h.name = name;
+            h.matrix_approximation_rank = rank;
+            h.start_powersgd_iter = start;
+            h.min_compression_rate = min_rate;
+            h.use_error_feedback = error_feedback;
+            h.warm_start = warm_start;
+            h.orthogonalization_epsilon = epsilon;
+            h.random_seed = seed;
+            h.batch_tensors_with_same_shape = batch_same_shape;
+            c.SetCommHook(h);
+          },
+          py::arg("name"), py::kw_only(),
+          py::arg("matrix_approximation_rank") = 0,
+          py::arg("start_powersgd_iter") = 0,
+          py::arg("min_compression_rate") = 0.0,
+          py::arg("use_error_feedback") = py::none(),
+          py::arg("warm_start") = py::none(),
+          py::arg("orthogonalization_epsilon") = 0.0,
+          py::arg("random_seed") = 0,
+          py::arg("batch_tensors_with_same_shape") = false,
+          "Chooses the job's communication hook (run by the daemon) before "
+          "the first backward; every local rank must choose the same.")
       .def("detach", &PyClient::Detach,
            "Clean goodbye. Views stay valid memory until they are dropped.")
       .def("__enter__", [](py::object self) { return self; })
@@ -454,6 +494,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("attach_timeout") = 120.0, py::arg("wait_timeout") = 600.0,
         py::arg("node_id") = "", py::arg("node_rank") = py::none(),
         py::arg("num_nodes") = 0, py::arg("coordinator") = "",
+        py::arg("comm_hook") = "",
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype) tuples. "
         "Blocks (GIL released) until every local rank has attached. "

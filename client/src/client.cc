@@ -42,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/src/comm_hook_options.h"
 #include "common/control_block.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
@@ -226,6 +227,7 @@ class ClientImpl final : public Client {
   bool BucketDone(int bucket) const override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Detach() override;
+  absl::Status SetCommHook(const CommHookOptions& hook) override;
 
   int num_buckets() const override { return static_cast<int>(buckets_.size()); }
   const BucketInfo& bucket(int b) const override {
@@ -618,6 +620,22 @@ absl::Status ClientImpl::Detach() {
   return absl::OkStatus();
 }
 
+absl::Status ClientImpl::SetCommHook(const CommHookOptions& hook) {
+  if (absl::Status s = CheckFailed(); !s.ok()) return s;
+  v1::CommHookSetRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_local_rank(options_.local_rank);
+  request.set_session_id(session_id_);
+  *request.mutable_hook() = CommHookToProto(hook);
+  v1::CommHookSetResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      After<std::chrono::system_clock>(options_.connect_timeout));
+  const grpc::Status s = stub_->SetCommHook(&context, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
@@ -687,6 +705,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
   if (options.node_rank.has_value()) request.set_node_rank(*options.node_rank);
   request.set_num_nodes(options.num_nodes);
   request.set_coordinator(options.coordinator);
+  *request.mutable_comm_hook() = CommHookToProto(options.comm_hook);
   for (const ClientParam& p : params) {
     v1::ParamSpec* spec = request.add_params();
     spec->set_name(p.name);

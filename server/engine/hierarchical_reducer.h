@@ -62,6 +62,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "server/backends/collective_backend.h"
 #include "server/engine/bucket_reducer.h"
@@ -92,6 +93,11 @@ class HierarchicalReducer final : public BucketReducerInterface {
     //   kNetwork      always inside the backend's schedule
     enum class LocalSum { kAuto, kEngineThread, kNetwork };
     LocalSum local_sum = LocalSum::kAuto;
+    // Where AgreeCommHook meets the other nodes: the job's namespace of
+    // `store` and a key prefix unique to this formation round.
+    std::string job_id;
+    std::string store_prefix;
+    absl::Duration agree_timeout = absl::Seconds(30);
   };
   // Off by default: on the 2-core development machine, where the "network"
   // is loopback TCP and every phase competes for the same cores and memory
@@ -113,6 +119,18 @@ class HierarchicalReducer final : public BucketReducerInterface {
   void Start(const BucketWork& work, Completion done) override;
   void StartBroadcast(const BroadcastWork& work, Completion done) override;
   ReducerStats stats() const override;
+  // A hooked bucket goes to the network thread whole, in plan order, and
+  // the hook does its local reduce, collectives and write-back there.
+  [[nodiscard]] absl::Status SetCommHook(
+      std::unique_ptr<CommHookInterface> hook) override {
+    hook_ = std::move(hook);
+    return absl::OkStatus();
+  }
+  // Through the rendezvous store (no store: OK): each node publishes its
+  // description under "<store_prefix>/comm_hook/<node rank>" and reads the
+  // others', within agree_timeout.
+  [[nodiscard]] absl::Status AgreeCommHook(
+      const std::string& description) override;
 
  private:
   struct FreeDeleter {
@@ -142,6 +160,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
     // thread already summed them into local rank 0's bucket).
     bool fused = false;
     int to_sum = 0;
+    // Whole bucket handed to hook_ on the network thread.
+    bool hooked = false;
   };
   using ChunkKey = std::tuple<uint64_t, int, int>;  // iteration, bucket, chunk
   struct BroadcastItem {
@@ -170,6 +190,9 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // bucket (the engine never starts b again before b's completion), so it
   // needs no lock.
   std::vector<std::unique_ptr<void, FreeDeleter>> accumulators_;
+  // Set by the engine thread before the first Start (hand-off through mu_
+  // with the first bucket); used by the network thread only after that.
+  std::unique_ptr<CommHookInterface> hook_;
 
   absl::Mutex mu_;
   // Chunks reduced locally, waiting for their turn on the network.

@@ -62,7 +62,8 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       layout_(spec_.local_world_size, spec_.plan.buckets.size()),
       reducer_(std::move(reducer)),
       rank_state_(new std::atomic<int>[spec_.local_world_size]),
-      started_(spec_.plan.buckets.size(), 0) {
+      started_(spec_.plan.buckets.size(), 0),
+      hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook) {
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
 }
 
@@ -197,6 +198,7 @@ bool Job::Scan() {
       }
     }
     if (ready < world) continue;
+    if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
     const Bucket& bucket = spec_.plan.buckets[b];
@@ -226,6 +228,33 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
   layout_.done_seq(control_.data())[bucket].store(iteration,
                                                   std::memory_order_release);
   WakeClients(header_);
+}
+
+bool Job::ResolveCommHook() {
+  hook_resolved_ = true;
+  auto fail = [&](const absl::Status& s) {
+    FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "': ", s.message()));
+    failed_ = true;
+    return false;
+  };
+  absl::StatusOr<v1::CommHookSpec> spec = hooks_.Resolve();
+  if (!spec.ok()) return fail(spec.status());
+  if (absl::Status s = reducer_->AgreeCommHook(DescribeCommHook(*spec));
+      !s.ok()) {
+    return fail(s);
+  }
+  CommHookContext context;
+  context.world_size = spec_.global_world_size();
+  context.params = &spec_.params;
+  context.plan = &spec_.plan;
+  context.pool = spec_.hook_pool;
+  absl::StatusOr<std::unique_ptr<CommHookInterface>> hook =
+      MakeCommHook(*spec, context);
+  if (!hook.ok()) return fail(hook.status());
+  if (absl::Status s = reducer_->SetCommHook(*std::move(hook)); !s.ok()) {
+    return fail(s);
+  }
+  return true;
 }
 
 bool Job::ScanBroadcast() {

@@ -36,6 +36,7 @@
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
+#include "server/hooks/comm_hook_factory.h"
 
 namespace gradd {
 
@@ -53,6 +54,12 @@ struct JobSpec {
   int num_nodes = 1;
   int global_rank_offset = 0;
   int world_size = 0;
+
+  // The job's communication hook as chosen at attach (validated; "":
+  // allreduce), until a rank's SetCommHook; and the pool hooks split their
+  // local work across (may be null).
+  v1::CommHookSpec comm_hook;
+  ThreadPool* hook_pool = nullptr;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -98,6 +105,14 @@ class Job {
   // Publishes a job failure now (e.g. daemon shutdown). Any thread.
   void Fail(absl::StatusCode code, absl::string_view message);
 
+  // Local rank `rank` chooses the job's communication hook (Node.SetCommHook;
+  // errors as CommHookSelection::Set). Any thread. The engine settles the
+  // choice when the job's first bucket is about to start: ranks that
+  // disagree, or nodes that do, fail the job with the reason.
+  absl::Status SetCommHook(int rank, const v1::CommHookSpec& spec) {
+    return hooks_.Set(rank, spec);
+  }
+
   // The job's failure, or OK (reads the control block).
   absl::Status status() const;
 
@@ -115,6 +130,9 @@ class Job {
   bool Scan();
   bool ScanBroadcast();
   void CheckStuck();
+  // Engine thread: settles the hook and hands it to the reducer; false (job
+  // failed) when ranks or nodes disagree or the hook cannot be built.
+  bool ResolveCommHook();
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
@@ -143,6 +161,9 @@ class Job {
   std::vector<uint64_t> started_;  // iteration last handed to the reducer
   uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
   bool failed_ = false;
+  bool hook_resolved_ = false;
+
+  CommHookSelection hooks_;
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

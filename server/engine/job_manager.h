@@ -80,6 +80,8 @@ class JobManager final : public NodeHandlerInterface,
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
                     AttachCallback done) override;
   void HandleDetach(v1::DetachRequest request, DetachCallback done) override;
+  void HandleSetCommHook(v1::CommHookSetRequest request,
+                         SetCommHookCallback done) override;
   void OnSessionClosed(uint64_t session_id) override;
 
   // Publishes `message` (UNAVAILABLE) in every job's control block, answers
@@ -120,6 +122,7 @@ class JobManager final : public NodeHandlerInterface,
   struct FormedNodes {
     NodeFormation formation;
     std::unique_ptr<RendezvousStoreInterface> store;
+    std::string prefix;  // the formation round's store prefix
   };
   using Task = absl::AnyInvocable<void() &&>;
 
@@ -132,6 +135,8 @@ class JobManager final : public NodeHandlerInterface,
                 AttachCallback done);
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
+  void DoSetCommHook(const v1::CommHookSetRequest& request,
+                     SetCommHookCallback done);
   void FormJob(const std::string& job_id);
   // Multi-node: starts the formation thread for a pending job whose local
   // ranks agree; `spec` is the local part of the job.

@@ -21,6 +21,7 @@ class NodeHandlerInterface {
   using AttachCallback =
       absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
   using DetachCallback = absl::AnyInvocable<void(absl::Status) &&>;
+  using SetCommHookCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
   virtual ~NodeHandlerInterface() = default;
 
@@ -28,6 +29,11 @@ class NodeHandlerInterface {
   virtual void HandleAttach(v1::AttachRequest request, absl::Time deadline,
                             AttachCallback done) = 0;
   virtual void HandleDetach(v1::DetachRequest request, DetachCallback done) = 0;
+  // Immediate (no waiting on other ranks).
+  virtual void HandleSetCommHook(v1::CommHookSetRequest request,
+                                 SetCommHookCallback done) {
+    std::move(done)(absl::UnimplementedError("SetCommHook is not served"));
+  }
 };
 
 }  // namespace gradd

@@ -26,6 +26,9 @@ class NodeService final : public v1::Node::Service {
   grpc::Status Detach(grpc::ServerContext* context,
                       const v1::DetachRequest* request,
                       v1::DetachResponse* response) override;
+  grpc::Status SetCommHook(grpc::ServerContext* context,
+                           const v1::CommHookSetRequest* request,
+                           v1::CommHookSetResponse* response) override;
 
  private:
   NodeHandlerInterface* const handler_;

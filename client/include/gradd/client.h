@@ -41,7 +41,28 @@ enum class DType : int32_t;  // common/dtype.h; values as gradd.v1.DType
 struct ClientParam {
   std::string name;
   std::vector<int64_t> shape;
-  int32_t dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
+  int32_t
+      dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
+};
+
+// The job's communication hook, run by the daemon between the local reduce
+// and the network (proto/gradd/v1/comm_hook.proto). Every rank of a job
+// must choose the same. name "": the daemon's default_comm_hook.
+struct CommHookOptions {
+  // "allreduce", "fp16_compress", "bf16_compress", "powerSGD",
+  // "batched_powerSGD" (torch's function names).
+  std::string name;
+  // PowerSGD (torch's PowerSGDState); 0 / unset = torch's default. The
+  // daemon draws the initial random Q matrices from its own generator
+  // seeded with random_seed (gradd.torch hands it torch's draws instead).
+  int matrix_approximation_rank = 0;       // 1
+  int64_t start_powersgd_iter = 0;         // 1000
+  double min_compression_rate = 0;         // 2
+  std::optional<bool> use_error_feedback;  // true
+  std::optional<bool> warm_start;          // true
+  double orthogonalization_epsilon = 0;
+  uint64_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;
 };
 
 struct ClientOptions {
@@ -67,6 +88,8 @@ struct ClientOptions {
   std::optional<int> node_rank;
   int num_nodes = 0;
   std::string coordinator;
+  // The job's communication hook (default: the daemon's).
+  CommHookOptions comm_hook;
 };
 
 struct BucketInfo {
@@ -108,6 +131,13 @@ class Client {
   // bytes must not exceed ClientOptions::broadcast_bytes (larger data is
   // sent in several rounds by the caller).
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+
+  // Chooses the job's communication hook after Attach; every local rank
+  // must call it with the same hook before its first MarkReady. Errors:
+  // INVALID_ARGUMENT (unknown hook, listing the supported ones; another
+  // rank chose differently, naming both), FAILED_PRECONDITION (called
+  // twice, or after the job's first bucket started).
+  virtual absl::Status SetCommHook(const CommHookOptions& hook) = 0;
 
   // Clean goodbye (also done by the destructor).
   virtual absl::Status Detach() = 0;

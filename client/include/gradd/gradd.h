@@ -78,6 +78,20 @@ typedef struct gradd_options {
   int64_t connect_timeout_ms; /* defaults 10000 / 120000 / 600000 */
   int64_t attach_timeout_ms;
   int64_t wait_timeout_ms;
+  /* The job's communication hook, run by the daemon between the local
+   * reduce and the network: NULL or "" = the daemon's default_comm_hook;
+   * "allreduce", "fp16_compress", "bf16_compress", "powerSGD",
+   * "batched_powerSGD". Every rank must choose the same. */
+  const char* comm_hook;
+  /* PowerSGD only (torch's PowerSGDState); 0 = torch's default, and for
+   * the two flags -1 = default (on), 0 = off, 1 = on. */
+  int32_t powersgd_matrix_approximation_rank;
+  int64_t powersgd_start_iter;
+  double powersgd_min_compression_rate;
+  int32_t powersgd_use_error_feedback;
+  int32_t powersgd_warm_start;
+  double powersgd_orthogonalization_epsilon;
+  uint64_t powersgd_random_seed;
 } gradd_options;
 
 typedef struct gradd_param {
