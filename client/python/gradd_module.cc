@@ -451,10 +451,10 @@ PYBIND11_MODULE(_C, m) {
            "`root`. Every rank must make the same sequence of calls.")
       .def(
           "set_comm_hook",
-          [](PyClient& c, const std::string& name, int rank, int64_t start,
-             double min_rate, std::optional<bool> error_feedback,
-             std::optional<bool> warm_start, double epsilon, uint64_t seed,
-             bool batch_same_shape) {
+          [](PyClient& c, const std::string& name, int rank,
+             std::optional<int64_t> start, double min_rate,
+             std::optional<bool> error_feedback, std::optional<bool> warm_start,
+             double epsilon, uint64_t seed, bool batch_same_shape) {
             gradd::CommHookOptions h;
             h.name = name;
             h.matrix_approximation_rank = rank;
@@ -469,7 +469,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("name"), py::kw_only(),
           py::arg("matrix_approximation_rank") = 0,
-          py::arg("start_powersgd_iter") = 0,
+          py::arg("start_powersgd_iter") = py::none(),
           py::arg("min_compression_rate") = 0.0,
           py::arg("use_error_feedback") = py::none(),
           py::arg("warm_start") = py::none(),

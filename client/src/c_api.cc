@@ -87,7 +87,10 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
     gradd::CommHookOptions& h = o.comm_hook;
     if (options->comm_hook != nullptr) h.name = options->comm_hook;
     h.matrix_approximation_rank = options->powersgd_matrix_approximation_rank;
-    h.start_powersgd_iter = options->powersgd_start_iter;
+    if (options->powersgd_start_iter != 0) {
+      h.start_powersgd_iter =
+          std::max<int64_t>(0, options->powersgd_start_iter);
+    }
     h.min_compression_rate = options->powersgd_min_compression_rate;
     if (options->powersgd_use_error_feedback >= 0) {
       h.use_error_feedback = options->powersgd_use_error_feedback != 0;

@@ -11,7 +11,9 @@ inline v1::CommHookSpec CommHookToProto(const CommHookOptions& o) {
   v1::CommHookSpec spec;
   spec.set_name(o.name);
   spec.set_matrix_approximation_rank(o.matrix_approximation_rank);
-  spec.set_start_powersgd_iter(o.start_powersgd_iter);
+  if (o.start_powersgd_iter.has_value()) {
+    spec.set_start_powersgd_iter(*o.start_powersgd_iter);
+  }
   spec.set_min_compression_rate(o.min_compression_rate);
   if (o.use_error_feedback.has_value()) {
     spec.set_use_error_feedback(*o.use_error_feedback);

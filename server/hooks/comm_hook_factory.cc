@@ -82,7 +82,7 @@ v1::CommHookSpec NormalizeCommHookSpec(const v1::CommHookSpec& spec) {
                                       ? spec.matrix_approximation_rank()
                                       : 1);
   n.set_start_powersgd_iter(
-      spec.start_powersgd_iter() > 0 ? spec.start_powersgd_iter() : 1000);
+      spec.has_start_powersgd_iter() ? spec.start_powersgd_iter() : 1000);
   n.set_min_compression_rate(
       spec.min_compression_rate() > 0 ? spec.min_compression_rate() : 2);
   n.set_use_error_feedback(

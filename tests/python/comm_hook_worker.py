@@ -48,6 +48,30 @@ def bf16_reference_hook(process_group, bucket):
     return fut.then(decompress)
 
 
+def _orthogonalize_2d_too(orthogonalize):
+    """torch 1.13's batched_powerSGD_hook hands _orthogonalize a 2-D matrix,
+    which it asserts against (it expects a batch); the reference runs the
+    hook with that one matrix treated as a batch of one."""
+    def fixed(matrices, epsilon=0):
+        if matrices.dim() == 2:
+            return orthogonalize(matrices.unsqueeze(0), epsilon)
+        return orthogonalize(matrices, epsilon)
+    return fixed
+
+
+def one_bucket_at_a_time(hook):
+    """torch's PowerSGD hooks wait on allreduces inside future callbacks,
+    which run on Gloo's worker threads; with two buckets in flight those
+    callbacks deadlock the workers or issue collectives in a different
+    order on each rank. The reference therefore finishes each bucket before
+    DDP hands it the next (the results do not depend on the overlap)."""
+    def run(state, bucket):
+        fut = hook(state, bucket)
+        fut.wait()
+        return fut
+    return run
+
+
 def register(hook, ref, ours, psgd):
     if hook == "allreduce":
         ref.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -65,7 +89,11 @@ def register(hook, ref, ours, psgd):
         ours.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook in ("powerSGD", "batched_powerSGD"):
         fn = getattr(powerSGD_hook, hook + "_hook")
-        ref.register_comm_hook(powerSGD_hook.PowerSGDState(None, **psgd), fn)
+        if hook == "batched_powerSGD":
+            powerSGD_hook._orthogonalize = _orthogonalize_2d_too(powerSGD_hook._orthogonalize)
+        # Registered directly: DDP's signature check does not know the wrapper.
+        dist._register_comm_hook(ref.reducer, powerSGD_hook.PowerSGDState(None, **psgd),
+                                 one_bucket_at_a_time(fn))
         ours.register_comm_hook(powerSGD_hook.PowerSGDState(None, **psgd), fn)
     else:
         raise ValueError(hook)
@@ -78,6 +106,9 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
 
+    # The same buckets on both sides (PowerSGD's state is per bucket): torch
+    # reads its first-bucket cap from this module constant at construction.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * (1 << 20))
     torch.manual_seed(1000 + rank)  # different initial weights per rank
     model, make_input, loss_fn = models.build("mlp")
     ref = TorchDDP(copy.deepcopy(model), bucket_cap_mb=CAP_MB)

@@ -44,3 +44,32 @@ def test_builtin_fp16_matches_torch(daemon, job_id, tmp_path):
         {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id}, timeout=150,
     )
     check([json.loads(o.strip().splitlines()[-1]) for o in outs], "builtin_fp16")
+
+
+# PowerSGD: (PowerSGDState settings, ranks). start_powerSGD_iter > 1 covers
+# the switch from vanilla allreduce to compression.
+POWERSGD_CASES = [
+    ("powerSGD", dict(matrix_approximation_rank=1, start_powerSGD_iter=2), 2),
+    ("powerSGD", dict(matrix_approximation_rank=2, start_powerSGD_iter=3,
+                      use_error_feedback=False, warm_start=False, random_seed=7), 3),
+    ("powerSGD", dict(matrix_approximation_rank=2, start_powerSGD_iter=2,
+                      use_error_feedback=True, warm_start=False,
+                      orthogonalization_epsilon=1e-8), 2),
+    ("powerSGD", dict(matrix_approximation_rank=1, start_powerSGD_iter=3,
+                      use_error_feedback=False, warm_start=True), 2),
+    ("batched_powerSGD", dict(matrix_approximation_rank=1, start_powerSGD_iter=2), 2),
+    ("batched_powerSGD", dict(matrix_approximation_rank=2, start_powerSGD_iter=2,
+                              warm_start=False, random_seed=3), 3),
+]
+POWERSGD_TOL = 1e-4
+
+
+@pytest.mark.parametrize("hook,state,world", POWERSGD_CASES,
+                         ids=[f"{h}-{i}" for i, (h, _, _) in enumerate(POWERSGD_CASES)])
+def test_powersgd_matches_torch(daemon, job_id, tmp_path, hook, state, world):
+    outs = run_workers(
+        "comm_hook_worker.py", world,
+        [hook, str(tmp_path / "gloo"), str(STEPS), json.dumps(state)],
+        {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id}, timeout=150,
+    )
+    check([json.loads(o.strip().splitlines()[-1]) for o in outs], hook, tol=POWERSGD_TOL)

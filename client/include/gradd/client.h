@@ -53,13 +53,13 @@ struct CommHookOptions {
   // "batched_powerSGD" (torch's function names).
   std::string name;
   // PowerSGD (torch's PowerSGDState); 0 / unset = torch's default. The
-  // daemon draws the initial random Q matrices from its own generator
-  // seeded with random_seed (gradd.torch hands it torch's draws instead).
-  int matrix_approximation_rank = 0;       // 1
-  int64_t start_powersgd_iter = 0;         // 1000
-  double min_compression_rate = 0;         // 2
-  std::optional<bool> use_error_feedback;  // true
-  std::optional<bool> warm_start;          // true
+  // daemon draws the random initial Q matrices as torch's hook does with
+  // PowerSGDState(random_seed=random_seed).
+  int matrix_approximation_rank = 0;           // 1
+  std::optional<int64_t> start_powersgd_iter;  // 1000
+  double min_compression_rate = 0;             // 2
+  std::optional<bool> use_error_feedback;      // true
+  std::optional<bool> warm_start;              // true
   double orthogonalization_epsilon = 0;
   uint64_t random_seed = 0;
   bool batch_tensors_with_same_shape = false;

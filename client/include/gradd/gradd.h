@@ -83,7 +83,8 @@ typedef struct gradd_options {
    * "allreduce", "fp16_compress", "bf16_compress", "powerSGD",
    * "batched_powerSGD". Every rank must choose the same. */
   const char* comm_hook;
-  /* PowerSGD only (torch's PowerSGDState); 0 = torch's default, and for
+  /* PowerSGD only (torch's PowerSGDState); 0 = torch's default
+   * (start_iter: 1000; -1 = 0, compress from the first iteration), and for
    * the two flags -1 = default (on), 0 = off, 1 = on. */
   int32_t powersgd_matrix_approximation_rank;
   int64_t powersgd_start_iter;

@@ -78,9 +78,7 @@ def _powersgd_settings(state: Any, name: str) -> Dict[str, Any]:
         )
     return dict(
         matrix_approximation_rank=int(state.matrix_approximation_rank),
-        # 0 means "torch's default (1000)" on the wire; torch's 0 behaves like 1
-        # (compress from the first iteration), which the daemon treats alike.
-        start_powersgd_iter=max(1, int(state.start_powerSGD_iter)),
+        start_powersgd_iter=int(state.start_powerSGD_iter),
         min_compression_rate=float(state.min_compression_rate),
         use_error_feedback=bool(state.use_error_feedback),
         warm_start=bool(state.warm_start),
@@ -136,13 +134,22 @@ def register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
 
 
 def _seed_of(state: Any) -> int:
-    # torch seeds its Q draws from state.rng (numpy RandomState(random_seed));
-    # the seed itself is not kept, so read it back from the generator's key
-    # as RandomState(seed) set it (key[0] == seed for integer seeds).
-    try:
-        return int(state.rng.get_state()[1][0])
-    except Exception:  # pragma: no cover - exotic generators
-        return 0
+    """torch draws its Q matrices from state.rng = RandomState(random_seed);
+    the daemon reproduces those draws from the seed (server/hooks/
+    torch_random.h). The state keeps no seed, so read it back from the
+    generator: RandomState(seed) puts seed in key[0], and the generator must
+    be untouched for the draws to line up."""
+    import numpy as np
+
+    got = state.rng.get_state()
+    seed = int(got[1][0])
+    want = np.random.RandomState(seed).get_state()
+    if got[0] != want[0] or got[2] != want[2] or not np.array_equal(got[1], want[1]):
+        raise ValueError(
+            "gradd: PowerSGDState.rng has been drawn from or re-seeded; the daemon "
+            "reproduces torch's draws only from a fresh PowerSGDState(random_seed=...)"
+        )
+    return seed
 
 
 def _set(ddp: Any, name: str, settings: Dict[str, Any]) -> None:
