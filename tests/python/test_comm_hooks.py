@@ -164,3 +164,134 @@ def test_two_daemons_match_torch(hook_cluster, job_id, tmp_path, hook, state):
     results = run_on_cluster(hook_cluster, job_id,
                              [hook, str(tmp_path / "gloo"), str(STEPS), json.dumps(state)])
     check(results, hook, tol=TOL.get(hook, POWERSGD_TOL))
+
+
+# ---------------------------------------------------------------- errors
+import threading  # noqa: E402
+
+import torch  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook  # noqa: E402
+
+import gradd  # noqa: E402
+from gradd.torch import DistributedDataParallel as DDP  # noqa: E402
+from test_client import run_ranks  # noqa: E402
+import models  # noqa: E402
+
+
+def make(rank, world, daemon, job_id):
+    torch.manual_seed(rank)
+    return DDP(models.mlp(), socket=daemon.socket, job_id=job_id, rank=rank, world_size=world,
+               local_rank=rank, local_world_size=world, bucket_cap_mb=0.02,
+               first_bucket_cap_mb=0.02)
+
+
+def step(ddp):
+    ddp(torch.randn(4, 32)).sum().backward()
+
+
+def test_unknown_hook_names_the_supported_ones(daemon, job_id):
+    ddp = make(0, 1, daemon, job_id)
+
+    def my_hook(state, bucket):
+        raise AssertionError("gradd must not call Python hooks")
+
+    with pytest.raises(NotImplementedError) as e:
+        ddp.register_comm_hook(None, my_hook)
+    assert "my_hook" in str(e.value) and "fp16_compress_hook" in str(e.value)
+    assert "powerSGD_hook" in str(e.value)
+    with pytest.raises(NotImplementedError, match="FP16_COMPRESS"):
+        ddp._register_builtin_comm_hook("QUANTIZE")
+    with pytest.raises(TypeError, match="must be callable"):
+        ddp.register_comm_hook(None, 5)
+    step(ddp)  # still the plain average
+    ddp.shutdown()
+
+
+def test_register_twice_and_after_first_backward(daemon, job_id):
+    ddp = make(0, 1, daemon, job_id)
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        ddp._register_builtin_comm_hook(torch.distributed.BuiltinCommHookType.ALLREDUCE)
+    step(ddp)
+    ddp.shutdown()
+
+    late = make(0, 1, daemon, job_id + "-late")
+    step(late)
+    with pytest.raises(gradd.GraddError, match="before the first backward"):
+        late.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    late.shutdown()
+
+
+def test_powersgd_state_must_be_fresh(daemon, job_id):
+    ddp = make(0, 1, daemon, job_id)
+    state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=2)
+    state.rng.randint(10)
+    with pytest.raises(ValueError, match="fresh PowerSGDState"):
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    with pytest.raises(TypeError, match="PowerSGDState"):
+        ddp.register_comm_hook(None, powerSGD_hook.powerSGD_hook)
+    ddp.shutdown()
+
+
+def test_ranks_that_disagree_get_both_named(daemon, job_id):
+    registered = threading.Event()
+
+    def rank_fn(rank):
+        ddp = make(rank, 2, daemon, job_id)
+        try:
+            if rank == 0:
+                ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+                registered.set()
+                return None
+            assert registered.wait(30)
+            with pytest.raises(gradd.GraddError) as e:
+                ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            return str(e.value)
+        finally:
+            ddp.shutdown()
+
+    msg = run_ranks(2, rank_fn)[1]
+    assert "local ranks 0 and 1" in msg and "fp16_compress" in msg and "bf16_compress" in msg
+
+
+def test_rank_without_the_hook_fails_the_job(daemon, job_id):
+    def rank_fn(rank):
+        ddp = make(rank, 2, daemon, job_id)
+        if rank == 0:
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        with pytest.raises(gradd.GraddError) as e:
+            step(ddp)
+        ddp.shutdown()
+        return str(e.value)
+
+    for msg in run_ranks(2, rank_fn):
+        assert "different communication hooks" in msg and "local rank 1 kept" in msg
+
+
+def test_daemon_default_hook_applies(gradd_binary, job_id, tmp_path):
+    config = tmp_path / "gradd.yaml"
+    config.write_text("default_comm_hook:\n  name: fp16_compress\n")
+    d = Daemon(gradd_binary, ["--config", str(config)])
+    try:
+        def rank_fn(rank):
+            ddp = make(rank, 2, d, job_id)
+            torch.manual_seed(100 + rank)
+            x = torch.randn(4, 32)
+            ddp(x).sum().backward()
+            local = models.mlp()
+            local.load_state_dict(ddp.module.state_dict())
+            local(x).sum().backward()
+            out = ([p.grad.clone() for p in ddp.module.parameters()],
+                   [p.grad.clone() for p in local.parameters()])
+            ddp.shutdown()
+            return out
+
+        (g0, l0), (g1, l1) = run_ranks(2, rank_fn)
+        for a, b, x, y in zip(g0, g1, l0, l1):
+            assert torch.equal(a, b)
+            assert torch.equal(a, a.half().float())  # carried as float16
+            torch.testing.assert_close(a, (x + y) / 2, rtol=2e-3, atol=1e-5)
+    finally:
+        d.stop()
