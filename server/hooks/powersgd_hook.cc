@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/reduce.h"
 
@@ -36,11 +37,26 @@ void Orthogonalize(float* x, size_t rows, size_t cols, float epsilon) {
   }
 }
 
-// p (rows x rank) = m (rows x cols) q (cols x rank).
-void MulQ(const float* m, const float* q, float* p, size_t rows, size_t cols,
-          size_t rank, std::vector<double>& acc) {
-  acc.assign(rank, 0.0);
-  for (size_t i = 0; i < rows; ++i) {
+// Below this many multiply-adds a product runs on the calling thread.
+constexpr size_t kMinParallelWork = 1 << 18;
+
+// fn(begin, end) over [0, n) rows or columns of a product costing `work`
+// multiply-adds, split across `pool` when that pays off.
+void Split(ThreadPool* pool, size_t n, size_t work,
+           absl::FunctionRef<void(size_t, size_t)> fn) {
+  if (pool == nullptr || n < 2 || work < 2 * kMinParallelWork) {
+    fn(0, n);
+    return;
+  }
+  const size_t per = std::max<size_t>(1, kMinParallelWork / (work / n));
+  pool->ParallelFor(n, per, fn);
+}
+
+// p (rows x rank) = m (rows x cols) q (cols x rank), rows [begin, end).
+void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
+          size_t begin, size_t end) {
+  std::vector<double> acc(rank);
+  for (size_t i = begin; i < end; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0);
     const float* row = m + i * cols;
     for (size_t j = 0; j < cols; ++j) {
@@ -48,31 +64,35 @@ void MulQ(const float* m, const float* q, float* p, size_t rows, size_t cols,
       const float* qj = q + j * rank;
       for (size_t k = 0; k < rank; ++k) acc[k] += mij * qj[k];
     }
-    for (size_t k = 0; k < rank; ++k)
+    for (size_t k = 0; k < rank; ++k) {
       p[i * rank + k] = static_cast<float>(acc[k]);
+    }
   }
 }
 
-// q (cols x rank) = m^T (cols x rows) p (rows x rank).
+// q (cols x rank) = m^T (cols x rows) p (rows x rank), q's rows (m's
+// columns) [begin, end).
 void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
-                    size_t cols, size_t rank, std::vector<double>& acc) {
-  acc.assign(cols * rank, 0.0);
+                    size_t cols, size_t rank, size_t begin, size_t end) {
+  std::vector<double> acc((end - begin) * rank, 0.0);
   for (size_t i = 0; i < rows; ++i) {
     const float* row = m + i * cols;
     const float* pi = p + i * rank;
-    for (size_t j = 0; j < cols; ++j) {
+    for (size_t j = begin; j < end; ++j) {
       const double mij = row[j];
-      double* aj = acc.data() + j * rank;
+      double* aj = acc.data() + (j - begin) * rank;
       for (size_t k = 0; k < rank; ++k) aj[k] += mij * pi[k];
     }
   }
-  for (size_t i = 0; i < cols * rank; ++i) q[i] = static_cast<float>(acc[i]);
+  for (size_t i = 0; i < (end - begin) * rank; ++i) {
+    q[begin * rank + i] = static_cast<float>(acc[i]);
+  }
 }
 
-// out (rows x cols) = p (rows x rank) q^T (rank x cols).
-void Approximate(const float* p, const float* q, float* out, size_t rows,
-                 size_t cols, size_t rank) {
-  for (size_t i = 0; i < rows; ++i) {
+// out (rows x cols) = p (rows x rank) q^T (rank x cols), rows [begin, end).
+void Approximate(const float* p, const float* q, float* out, size_t cols,
+                 size_t rank, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
     const float* pi = p + i * rank;
     float* row = out + i * cols;
     for (size_t j = 0; j < cols; ++j) {
@@ -183,11 +203,11 @@ absl::StatusOr<std::unique_ptr<CommHookInterface>> MakePowerSgdHook(
                     *context.params, *context.plan,
                     n.matrix_approximation_rank(), n.min_compression_rate());
   return std::make_unique<PowerSgdHook>(n, context.world_size,
-                                        std::move(layouts));
+                                        std::move(layouts), context.pool);
 }
 
 PowerSgdHook::PowerSgdHook(const v1::CommHookSpec& spec, int world_size,
-                           std::vector<Layout> layouts)
+                           std::vector<Layout> layouts, ThreadPool* pool)
     : batched_(spec.name() == "batched_powerSGD"),
       start_iter_(spec.start_powersgd_iter()),
       error_feedback_(spec.use_error_feedback()),
@@ -198,6 +218,7 @@ PowerSgdHook::PowerSgdHook(const v1::CommHookSpec& spec, int world_size,
       world_size_(world_size),
       layouts_(std::move(layouts)),
       states_(layouts_.size()),
+      pool_(pool),
       rng_(static_cast<uint32_t>(spec.random_seed())) {}
 
 int64_t PowerSgdHook::Seed(uint64_t index) {
@@ -308,8 +329,10 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   }
   // P = M Q, summed over every rank.
   for (const Matrix& m : layout.matrices) {
-    MulQ(m_sum_.data() + m.offset, st.q.data() + m.q_offset,
-         st.p.data() + m.p_offset, m.rows, m.cols, m.rank, acc_);
+    Split(pool_, m.rows, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
+      MulQ(m_sum_.data() + m.offset, st.q.data() + m.q_offset,
+           st.p.data() + m.p_offset, m.cols, m.rank, b, e);
+    });
   }
   if (absl::Status s =
           net.AllreduceSum(st.p.data(), layout.p_size, DType::kFloat32);
@@ -321,8 +344,10 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   }
   // Q = M^T P, summed over every rank, divided by the world size.
   for (const Matrix& m : layout.matrices) {
-    MulTransposedP(m_sum_.data() + m.offset, st.p.data() + m.p_offset,
-                   st.q.data() + m.q_offset, m.rows, m.cols, m.rank, acc_);
+    Split(pool_, m.cols, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
+      MulTransposedP(m_sum_.data() + m.offset, st.p.data() + m.p_offset,
+                     st.q.data() + m.q_offset, m.rows, m.cols, m.rank, b, e);
+    });
   }
   if (absl::Status s =
           net.AllreduceSum(st.q.data(), layout.q_size, DType::kFloat32);
@@ -332,8 +357,10 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   const float world = static_cast<float>(world_size_);
   for (float& v : st.q) v /= world;
   for (const Matrix& m : layout.matrices) {
-    Approximate(st.p.data() + m.p_offset, st.q.data() + m.q_offset,
-                out_.data() + m.offset, m.rows, m.cols, m.rank);
+    Split(pool_, m.rows, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
+      Approximate(st.p.data() + m.p_offset, st.q.data() + m.q_offset,
+                  out_.data() + m.offset, m.cols, m.rank, b, e);
+    });
   }
   st.has_memory = warm_start_;
 

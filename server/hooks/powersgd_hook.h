@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "gradd/v1/comm_hook.pb.h"
 #include "server/hooks/comm_hook.h"
 #include "server/hooks/comm_hook_factory.h"
@@ -78,9 +79,11 @@ class PowerSgdHook final : public CommHookInterface {
     size_t q_size = 0;
   };
 
-  // `spec` normalised (NormalizeCommHookSpec); one layout per bucket.
+  // `spec` normalised (NormalizeCommHookSpec); one layout per bucket. The
+  // matrix products of large matrices are split across `pool` (may be
+  // null; must outlive the hook).
   PowerSgdHook(const v1::CommHookSpec& spec, int world_size,
-               std::vector<Layout> layouts);
+               std::vector<Layout> layouts, ThreadPool* pool = nullptr);
 
   [[nodiscard]] absl::Status Run(const CommHookWork& work,
                                  CollectiveBackendInterface& net) override;
@@ -116,6 +119,7 @@ class PowerSgdHook final : public CommHookInterface {
   const int world_size_;
   const std::vector<Layout> layouts_;
   std::vector<BucketState> states_;
+  ThreadPool* const pool_;
 
   NumpyRandomState rng_;
   TorchCpuRandom torch_rng_;
@@ -123,12 +127,11 @@ class PowerSgdHook final : public CommHookInterface {
   std::map<uint64_t, int64_t> drawn_;
 
   // Scratch kept between calls: each local rank's M_r, the node's M and
-  // the result, the uncompressed pack, double accumulators.
+  // the result, the uncompressed pack.
   std::vector<std::vector<float>> m_rank_;
   std::vector<float> m_sum_;
   std::vector<float> out_;
   std::vector<float> packed_;
-  std::vector<double> acc_;
 };
 
 }  // namespace gradd

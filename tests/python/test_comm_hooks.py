@@ -295,3 +295,16 @@ def test_daemon_default_hook_applies(gradd_binary, job_id, tmp_path):
             torch.testing.assert_close(a, (x + y) / 2, rtol=2e-3, atol=1e-5)
     finally:
         d.stop()
+
+
+def test_ddp_comm_hook_type_wrappers_register(daemon, job_id):
+    from torch.distributed.algorithms.ddp_comm_hooks import DDPCommHookType
+
+    for i, kind in enumerate([DDPCommHookType.FP16_COMPRESS, DDPCommHookType.POWER_SGD,
+                              DDPCommHookType.BATCHED_POWER_SGD_RANK2]):
+        ddp = make(0, 1, daemon, f"{job_id}-{i}")
+        kind.value(model=ddp, state=None)
+        with pytest.raises(RuntimeError, match="only be called once"):
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        step(ddp)
+        ddp.shutdown()

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/bucket_planner.h"
 #include "common/reduce.h"
+#include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/fake_collective_backend.h"
@@ -308,6 +309,42 @@ TEST(PowerSgdHookTest, TwoNodesMatchOneNodeWithEveryRank) {
       EXPECT_THAT(backends[0]->allreduce_dtypes(), Each(DType::kFloat32));
     }
   }
+}
+
+// Large products are split across the reduce pool: same values.
+TEST(PowerSgdHookTest, PoolSplitGivesTheSameResult) {
+  std::vector<ParamInfo> params = {{"w", {700, 400}, DType::kFloat32}};
+  BucketPlan plan;
+  Bucket b;
+  b.dtype = DType::kFloat32;
+  b.params = {0};
+  b.param_offsets = {0};
+  b.size_bytes = params[0].bytes();
+  plan.buckets.push_back(b);
+  plan.total_bytes = b.size_bytes;
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> results;
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    CommHookContext context;
+    context.world_size = 2;
+    context.params = &params;
+    context.plan = &plan;
+    context.pool = p;
+    auto hook = MakeCommHook(PowerSgdSpec("powerSGD", true, true), context);
+    ASSERT_TRUE(hook.ok()) << hook.status();
+    Buffers bufs(2, params[0].numel());
+    SingleNodeBackend one_node;
+    for (uint64_t it = 1; it <= 3; ++it) {
+      for (int r = 0; r < 2; ++r) {
+        for (size_t i = 0; i < params[0].numel(); ++i) {
+          bufs.data[r][i] = Grad(r, i, it);
+        }
+      }
+      ASSERT_TRUE((*hook)->Run(WorkOf(bufs, 0, it), one_node).ok());
+    }
+    results.push_back(bufs.data[0]);
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 TEST(PowerSgdHookTest, RefusesNonFloat32Buckets) {
