@@ -23,6 +23,7 @@
 #include "server/hooks/comm_hook_factory.h"
 #include "server/hooks/compress_hook.h"
 #include "server/hooks/powersgd_hook.h"
+#include "server/rendezvous/kv_store.h"
 
 namespace gradd {
 namespace {
@@ -182,6 +183,72 @@ TEST(Compress16HookTest, HierarchicalReducerRunsTheHook) {
     exact /= kWorld;
     EXPECT_NEAR(bufs[0][0]->data[1][i], exact, 2e-3f * (1 + std::fabs(exact)));
     EXPECT_EQ(bufs[0][0]->data[0][i], bufs[1][0]->data[1][i]);
+  }
+}
+
+// Both nodes' reducers reach one in-process store through this.
+class SharedStore final : public RendezvousStoreInterface {
+ public:
+  explicit SharedStore(KvStore* kv) : kv_(kv) {}
+  absl::Status Set(absl::string_view job, absl::string_view key,
+                   absl::string_view value) override {
+    return kv_->Set(job, key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view job, absl::string_view key,
+                                  absl::Duration timeout) override {
+    return kv_->Get(job, key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view job, absl::string_view key,
+                              int64_t delta) override {
+    return kv_->Add(job, key, delta);
+  }
+  absl::Status Wait(absl::string_view job, absl::Span<const std::string> keys,
+                    absl::Duration timeout) override {
+    return kv_->Wait(job, keys, timeout);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view job,
+                              absl::string_view key) override {
+    return kv_->Delete(job, key);
+  }
+  std::string Describe() const override { return "test store"; }
+
+ private:
+  KvStore* const kv_;
+};
+
+// Nodes compare their hooks through the store and name each other.
+TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheHook) {
+  for (bool same : {true, false}) {
+    KvStore kv;
+    auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10),
+                                                       {"node-a", "node-b"});
+    std::vector<std::unique_ptr<HierarchicalReducer>> reducers;
+    for (int n = 0; n < 2; ++n) {
+      HierarchicalReducer::Options options;
+      options.num_buckets = 1;
+      options.node_offsets = {0, 1};
+      options.world_size = 2;
+      options.job_id = "job";
+      options.store_prefix = "round0";
+      options.agree_timeout = absl::Seconds(10);
+      reducers.push_back(std::make_unique<HierarchicalReducer>(
+          options, std::move(backends[n]), std::make_unique<SharedStore>(&kv)));
+    }
+    std::vector<absl::Status> status(2);
+    OnEachNode(2, [&](int n) {
+      status[n] = reducers[n]->AgreeCommHook(n == 1 && !same ? "bf16_compress"
+                                                             : "fp16_compress");
+    });
+    for (int n = 0; n < 2; ++n) {
+      if (same) {
+        EXPECT_TRUE(status[n].ok()) << status[n];
+        continue;
+      }
+      EXPECT_EQ(status[n].code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(status[n].message(), HasSubstr("node-a"));
+      EXPECT_THAT(status[n].message(), HasSubstr("node-b"));
+      EXPECT_THAT(status[n].message(), HasSubstr("bf16_compress"));
+    }
   }
 }
 
