@@ -123,9 +123,14 @@ BucketPlan Assign(const std::vector<ParamInfo>& params,
   };
   std::vector<Closed> closed;
 
+  std::map<DType, std::vector<int32_t>> internal;
   for (int pos = 0; pos < static_cast<int>(order.size()); ++pos) {
     const int32_t i = order[pos];
     const DType dtype = params[i].dtype;
+    if (IsInternalParam(params[i].name)) {
+      internal[dtype].push_back(i);
+      continue;
+    }
     Open& bucket = open[dtype];
     if (bucket.params.empty()) bucket.first_position = pos;
     bucket.params.push_back(i);
@@ -150,11 +155,19 @@ BucketPlan Assign(const std::vector<ParamInfo>& params,
               });
   }
 
+  // gradd's own parameters last, one bucket per dtype.
+  const size_t model_buckets = closed.size();
+  for (auto& [dtype, ids] : internal) {
+    closed.push_back({dtype, std::move(ids), 0});
+  }
+
   BucketPlan plan;
   plan.buckets.reserve(closed.size());
   size_t offset = 0;
-  for (Closed& c : closed) {
+  for (size_t k = 0; k < closed.size(); ++k) {
+    Closed& c = closed[k];
     Bucket b;
+    b.internal = k >= model_buckets;
     b.dtype = c.dtype;
     b.params = std::move(c.params);
     b.param_offsets.reserve(b.params.size());

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,7 +51,20 @@ struct Bucket {
   std::vector<size_t> param_offsets;  // byte offsets inside the bucket
   size_t size_bytes = 0;              // payload bytes (no trailing padding)
   size_t offset = 0;                  // byte offset inside a rank's memory
+  // Holds only gradd's own parameters (names starting with
+  // kInternalParamPrefix, e.g. the client's used map): such a bucket is
+  // averaged plainly, never through a communication hook.
+  bool internal = false;
 };
+
+// Parameters whose names start with this are the client library's own
+// (never a model's): the planners put them in buckets of their own, after
+// every model bucket, so the model's buckets are exactly torch's (sizes,
+// hooks such as batched PowerSGD that treat a bucket as one matrix).
+inline constexpr std::string_view kInternalParamPrefix = "[gradd] ";
+inline bool IsInternalParam(std::string_view name) {
+  return name.substr(0, kInternalParamPrefix.size()) == kInternalParamPrefix;
+}
 
 struct BucketPlan {
   std::vector<Bucket> buckets;

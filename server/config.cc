@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/hooks/comm_hook_factory.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gradd {
@@ -294,6 +295,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         absl::StrCat("max_local_world_size = ", c.max_local_world_size(),
                      " is above 65536"));
   }
+  RETURN_IF_ERROR(
+      ValidateCommHookSpec(c.default_comm_hook(), "default_comm_hook"));
   return absl::OkStatus();
 }
 

@@ -215,6 +215,16 @@ class PyClient {
     Check(s);
   }
 
+  void SetCommHook(const CommHookOptions& hook) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->SetCommHook(hook);
+    }
+    Check(s);
+  }
+
   void JoinEnter(bool divide_by_initial_world_size,
                  bool throw_on_early_termination) {
     JoinOptions options;
@@ -319,8 +329,9 @@ std::unique_ptr<PyClient> Attach(
     double connect_timeout, double attach_timeout, double wait_timeout,
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
     const std::string& coordinator, bool find_unused_parameters,
-    bool rebuild_buckets) {
+    bool rebuild_buckets, const std::string& comm_hook) {
   ClientOptions options;
+  options.comm_hook.name = comm_hook;
   options.socket_path = socket;
   options.job_id = job_id;
   options.local_rank = local_rank;
@@ -576,6 +587,35 @@ PYBIND11_MODULE(_C, m) {
           "ready_order", [](PyClient& c) { return c.client().ready_order(); },
           "Parameter indices in the order they were marked ready in the "
           "last completed iteration (recorded until buckets are rebuilt).")
+      .def(
+          "set_comm_hook",
+          [](PyClient& c, const std::string& name, int rank,
+             std::optional<int64_t> start, double min_rate,
+             std::optional<bool> error_feedback, std::optional<bool> warm_start,
+             double epsilon, uint64_t seed, bool batch_same_shape) {
+            gradd::CommHookOptions h;
+            h.name = name;
+            h.matrix_approximation_rank = rank;
+            h.start_powersgd_iter = start;
+            h.min_compression_rate = min_rate;
+            h.use_error_feedback = error_feedback;
+            h.warm_start = warm_start;
+            h.orthogonalization_epsilon = epsilon;
+            h.random_seed = seed;
+            h.batch_tensors_with_same_shape = batch_same_shape;
+            c.SetCommHook(h);
+          },
+          py::arg("name"), py::kw_only(),
+          py::arg("matrix_approximation_rank") = 0,
+          py::arg("start_powersgd_iter") = py::none(),
+          py::arg("min_compression_rate") = 0.0,
+          py::arg("use_error_feedback") = py::none(),
+          py::arg("warm_start") = py::none(),
+          py::arg("orthogonalization_epsilon") = 0.0,
+          py::arg("random_seed") = 0,
+          py::arg("batch_tensors_with_same_shape") = false,
+          "Chooses the job's communication hook (run by the daemon) before "
+          "the first backward; every local rank must choose the same.")
       .def("detach", &PyClient::Detach,
            "Clean goodbye. Views stay valid memory until they are dropped.")
       .def("__enter__", [](py::object self) { return self; })
@@ -593,7 +633,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("node_id") = "", py::arg("node_rank") = py::none(),
         py::arg("num_nodes") = 0, py::arg("coordinator") = "",
         py::arg("find_unused_parameters") = false,
-        py::arg("rebuild_buckets") = true,
+        py::arg("rebuild_buckets") = true, py::arg("comm_hook") = "",
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype) tuples. "
         "Blocks (GIL released) until every local rank has attached. "

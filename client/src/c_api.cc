@@ -53,6 +53,8 @@ void gradd_options_init(gradd_options* options) {
   options->connect_timeout_ms = defaults.connect_timeout.count();
   options->attach_timeout_ms = defaults.attach_timeout.count();
   options->wait_timeout_ms = defaults.wait_timeout.count();
+  options->powersgd_use_error_feedback = -1;
+  options->powersgd_warm_start = -1;
 }
 
 int gradd_attach(const gradd_options* options, const gradd_param* params,
@@ -83,6 +85,24 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
   }
   if (GRADD_HAS_FIELD(options, find_unused_parameters)) {
     o.find_unused_parameters = options->find_unused_parameters != 0;
+  }
+  if (GRADD_HAS_FIELD(options, powersgd_random_seed)) {
+    gradd::CommHookOptions& h = o.comm_hook;
+    if (options->comm_hook != nullptr) h.name = options->comm_hook;
+    h.matrix_approximation_rank = options->powersgd_matrix_approximation_rank;
+    if (options->powersgd_start_iter != 0) {
+      h.start_powersgd_iter =
+          std::max<int64_t>(0, options->powersgd_start_iter);
+    }
+    h.min_compression_rate = options->powersgd_min_compression_rate;
+    if (options->powersgd_use_error_feedback >= 0) {
+      h.use_error_feedback = options->powersgd_use_error_feedback != 0;
+    }
+    if (options->powersgd_warm_start >= 0) {
+      h.warm_start = options->powersgd_warm_start != 0;
+    }
+    h.orthogonalization_epsilon = options->powersgd_orthogonalization_epsilon;
+    h.random_seed = options->powersgd_random_seed;
   }
 
   std::vector<gradd::ClientParam> list(num_params);

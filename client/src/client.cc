@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "attach_internal.h"
+#include "client/src/comm_hook_options.h"
 #include "client/src/daemon_peer.h"
 #include "client/src/join_client.h"
 #include "client/src/plan_views.h"
@@ -287,6 +288,7 @@ class ClientImpl final : public Client {
     if (catch_up.next_iteration > 0) CatchUpAfterJoin(catch_up);
     return r;
   }
+  absl::Status SetCommHook(const CommHookOptions& hook) override;
 
   int num_buckets() const override { return static_cast<int>(buckets_.size()); }
   const BucketInfo& bucket(int b) const override {
@@ -772,6 +774,22 @@ absl::Status ClientImpl::Detach() {
   return absl::OkStatus();
 }
 
+absl::Status ClientImpl::SetCommHook(const CommHookOptions& hook) {
+  if (absl::Status s = CheckFailed(); !s.ok()) return s;
+  v1::CommHookSetRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_local_rank(options_.local_rank);
+  request.set_session_id(session_id_);
+  *request.mutable_hook() = CommHookToProto(hook);
+  v1::CommHookSetResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      After<std::chrono::system_clock>(options_.connect_timeout));
+  const grpc::Status s = stub_->SetCommHook(&context, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(
@@ -879,6 +897,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   if (options.node_rank.has_value()) request.set_node_rank(*options.node_rank);
   request.set_num_nodes(options.num_nodes);
   request.set_coordinator(options.coordinator);
+  *request.mutable_comm_hook() = CommHookToProto(options.comm_hook);
   for (const ClientParam& p : params) {
     v1::ParamSpec* spec = request.add_params();
     spec->set_name(p.name);

@@ -119,6 +119,9 @@ class UsedMapClient final : public Client {
     return inner_->JoinActive(sync_data, sync_bytes);
   }
   absl::StatusOr<JoinResult> Join() override { return inner_->Join(); }
+  absl::Status SetCommHook(const CommHookOptions& hook) override {
+    return inner_->SetCommHook(hook);
+  }
   // The inner client plans with the map included (it is one more
   // parameter to the daemon); the order shown hides it.
   absl::StatusOr<bool> RebuildBuckets() override {

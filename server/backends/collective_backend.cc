@@ -14,6 +14,13 @@ absl::Status CheckAccumulatorDType(absl::string_view op, DType dtype) {
                    " is not an accumulator type (float32/float64)"));
 }
 
+absl::Status CheckWireDType(absl::string_view op, DType dtype) {
+  if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
+    return absl::OkStatus();
+  }
+  return CheckAccumulatorDType(op, dtype);
+}
+
 absl::Status CheckLocalAverage(const LocalAverage& work) {
   if (absl::Status s = CheckAccumulatorDType("AllreduceAverage", work.dtype);
       !s.ok()) {

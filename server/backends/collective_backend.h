@@ -37,6 +37,11 @@ struct LocalAverage {
 
 // OK for float32/float64; otherwise INVALID_ARGUMENT naming `op`.
 absl::Status CheckAccumulatorDType(absl::string_view op, DType dtype);
+// OK for what AllreduceSum carries: float32/float64, and float16/bfloat16
+// (the 16-bit communication hooks' wire types, summed element by element
+// in float32 and rounded back after each addition, as Gloo's float16 sum
+// does); otherwise INVALID_ARGUMENT naming `op`.
+absl::Status CheckWireDType(absl::string_view op, DType dtype);
 // OK, or INVALID_ARGUMENT saying what is wrong with `work`.
 absl::Status CheckLocalAverage(const LocalAverage& work);
 
@@ -49,7 +54,8 @@ class CollectiveBackendInterface {
   virtual int num_nodes() const = 0;
 
   // In-place element-wise sum of `count` elements across all nodes. dtype is
-  // an accumulator type (float32 or float64).
+  // an accumulator type (float32 or float64) or a 16-bit wire type
+  // (CheckWireDType).
   [[nodiscard]] virtual absl::Status AllreduceSum(void* data, size_t count,
                                                   DType dtype) = 0;
   // Leaves (sum over every rank of the job) / divisor in every buffer of

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/reduce.h"
 
 namespace gradd {
 namespace {
@@ -30,6 +31,20 @@ void SumAll(const std::vector<void*>& data, size_t count) {
     for (size_t i = 0; i < count; ++i) sum[i] += in[i];
   }
   for (void* out : data) std::memcpy(out, sum.data(), count * sizeof(T));
+}
+
+// 16-bit wire types: each addition in float32, rounded back (as Gloo).
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void SumAll16(const std::vector<void*>& data, size_t count) {
+  std::vector<uint16_t> sum(static_cast<const uint16_t*>(data[0]),
+                            static_cast<const uint16_t*>(data[0]) + count);
+  for (size_t r = 1; r < data.size(); ++r) {
+    const uint16_t* in = static_cast<const uint16_t*>(data[r]);
+    for (size_t i = 0; i < count; ++i) {
+      sum[i] = FromFloat(ToFloat(sum[i]) + ToFloat(in[i]));
+    }
+  }
+  for (void* out : data) std::memcpy(out, sum.data(), count * 2);
 }
 
 }  // namespace
@@ -86,6 +101,10 @@ class FakeCollectiveBackend::Group {
       if (kind == kAllreduce) {
         if (dtype == DType::kFloat64) {
           SumAll<double>(op.data, count);
+        } else if (dtype == DType::kFloat16) {
+          SumAll16<&HalfToFloat, &FloatToHalf>(op.data, count);
+        } else if (dtype == DType::kBFloat16) {
+          SumAll16<&BFloat16ToFloat, &FloatToBFloat16>(op.data, count);
         } else {
           SumAll<float>(op.data, count);
         }
@@ -202,12 +221,12 @@ absl::Status FakeCollectiveBackend::Run(int kind, void* data, size_t count,
 
 absl::Status FakeCollectiveBackend::AllreduceSum(void* data, size_t count,
                                                  DType dtype) {
-  if (absl::Status s = CheckAccumulatorDType("fake AllreduceSum", dtype);
-      !s.ok()) {
+  if (absl::Status s = CheckWireDType("fake AllreduceSum", dtype); !s.ok()) {
     return s;
   }
   ++allreduce_calls_;
   allreduce_bytes_ += static_cast<int64_t>(count * DTypeSize(dtype));
+  allreduce_dtypes_.push_back(dtype);
   return Run(kAllreduce, data, count, dtype, 0);
 }
 

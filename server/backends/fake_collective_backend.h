@@ -58,8 +58,11 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
 
   int64_t allreduce_calls() const { return allreduce_calls_; }
   int64_t broadcast_calls() const { return broadcast_calls_; }
-  // Bytes handed to AllreduceSum so far.
+  // Bytes handed to AllreduceSum so far, and each call's dtype in order.
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
+  const std::vector<DType>& allreduce_dtypes() const {
+    return allreduce_dtypes_;
+  }
   // AllreduceAverage calls, and those of them whose local buffers arrived
   // already summed (to_sum 1 with more than one buffer).
   int64_t average_calls() const { return average_calls_; }
@@ -78,6 +81,7 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   int64_t allreduce_calls_ = 0;
   int64_t broadcast_calls_ = 0;
   int64_t allreduce_bytes_ = 0;
+  std::vector<DType> allreduce_dtypes_;
   int64_t average_calls_ = 0;
   int64_t presummed_average_calls_ = 0;
 };

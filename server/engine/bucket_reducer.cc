@@ -33,17 +33,28 @@ void FusedReducer::Start(const BucketWork& work, Completion done) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
-  SplitAcrossPool(pool_, work.dtype, 0, work.count,
-                  [&](size_t begin, size_t end) {
-                    FusedAverage(work.dtype, buffers.data(), n, begin, end,
-                                 work.divisor > 0 ? work.divisor : divisor_);
-                  });
+  absl::Status status;
+  if (hook_ != nullptr && !work.internal) {
+    CommHookWork hook_work;
+    hook_work.bucket = work.bucket;
+    hook_work.iteration = work.iteration;
+    hook_work.dtype = work.dtype;
+    hook_work.count = work.count;
+    hook_work.rank_buffers = work.rank_buffers;
+    status = hook_->Run(hook_work, single_node_);
+  } else {
+    SplitAcrossPool(pool_, work.dtype, 0, work.count,
+                    [&](size_t begin, size_t end) {
+                      FusedAverage(work.dtype, buffers.data(), n, begin, end,
+                                   work.divisor > 0 ? work.divisor : divisor_);
+                    });
+  }
   reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count(),
                        std::memory_order_relaxed);
   buckets_.fetch_add(1, std::memory_order_relaxed);
-  std::move(done)(absl::OkStatus());
+  std::move(done)(std::move(status));
 }
 
 void BucketReducerInterface::StartBroadcast(const BroadcastWork& work,

@@ -22,6 +22,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
+#include "server/hooks/comm_hook.h"
 
 namespace gradd {
 
@@ -47,6 +50,8 @@ struct BucketWork {
   uint64_t iteration = 0;
   DType dtype = DType::kFloat32;
   size_t count = 0;  // elements
+  // Only gradd's own parameters (Bucket::internal): never through a hook.
+  bool internal = false;
   // Bucket `bucket` in the memory of each local rank that contributes (all
   // of them, except ranks that joined: join_state.h); may be empty (a node
   // whose ranks all joined contributes zeros to the network collective).
@@ -103,6 +108,23 @@ class BucketReducerInterface {
   // `first_iteration` on the job has `num_buckets` buckets (a bucket
   // rebuild, job.h); per-bucket state of the old plan is dropped.
   virtual void Replan(uint64_t first_iteration, int num_buckets) {}
+
+  // Engine thread only, before the first Start: every bucket from now on
+  // goes through `hook` (server/hooks/) instead of the plain average; null
+  // keeps the average. UNIMPLEMENTED where the reducer runs no hooks.
+  [[nodiscard]] virtual absl::Status SetCommHook(
+      std::unique_ptr<CommHookInterface> hook) {
+    return hook == nullptr ? absl::OkStatus()
+                           : absl::UnimplementedError(
+                                 "this reducer runs no communication hooks");
+  }
+  // Engine thread only, before the first Start: OK when every node of the
+  // job chose the hook `description` (DescribeCommHook); INVALID_ARGUMENT
+  // naming two nodes that differ. Blocks, bounded. Single node: OK.
+  [[nodiscard]] virtual absl::Status AgreeCommHook(
+      const std::string& description) {
+    return absl::OkStatus();
+  }
 };
 
 // Runs fn(b, e) over [begin, end) of a bucket of `dtype`, split across
@@ -120,10 +142,17 @@ class FusedReducer final : public BucketReducerInterface {
       : pool_(pool), divisor_(divisor) {}
   void Start(const BucketWork& work, Completion done) override;
   ReducerStats stats() const override;
+  [[nodiscard]] absl::Status SetCommHook(
+      std::unique_ptr<CommHookInterface> hook) override {
+    hook_ = std::move(hook);
+    return absl::OkStatus();
+  }
 
  private:
   ThreadPool* const pool_;
   const double divisor_;
+  std::unique_ptr<CommHookInterface> hook_;
+  SingleNodeBackend single_node_;
   // Written by the engine thread, read by stats() from any thread.
   std::atomic<uint64_t> buckets_{0};
   std::atomic<uint64_t> reduce_ns_{0};

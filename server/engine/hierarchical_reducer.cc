@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
@@ -48,6 +49,40 @@ HierarchicalReducer::~HierarchicalReducer() {
   thread_.join();
 }
 
+absl::Status HierarchicalReducer::AgreeCommHook(
+    const std::string& description) {
+  const int nodes = static_cast<int>(options_.node_offsets.size());
+  if (store_ == nullptr || nodes <= 1) return absl::OkStatus();
+  const int me = backend_->node_rank();
+  auto key = [&](int node) {
+    return absl::StrCat(options_.store_prefix, "/comm_hook/", node);
+  };
+  if (absl::Status s = store_->Set(options_.job_id, key(me), description);
+      !s.ok()) {
+    return s;
+  }
+  const absl::Time deadline = absl::Now() + options_.agree_timeout;
+  for (int k = 0; k < nodes; ++k) {
+    if (k == me) continue;
+    absl::StatusOr<std::string> theirs =
+        store_->Get(options_.job_id, key(k),
+                    std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!theirs.ok()) {
+      return absl::Status(theirs.status().code(),
+                          absl::StrCat("waiting for ", backend_->NodeName(k),
+                                       " to choose its communication hook: ",
+                                       theirs.status().message()));
+    }
+    if (*theirs != description) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nodes disagree on the communication hook: ", backend_->NodeName(me),
+          " uses '", description, "' but ", backend_->NodeName(k), " uses '",
+          *theirs, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
   BucketWork work = given;
   if (work.rank_buffers->empty()) {
@@ -72,6 +107,16 @@ void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
     }
     std::memset(zero.get(), 0, bytes);
     work.rank_buffers = &zero_ptrs_[work.bucket];
+  }
+  if (hook_ != nullptr && !work.internal) {
+    Item item;
+    item.hooked = true;
+    item.bucket = std::make_shared<BucketState>();
+    item.bucket->work = work;
+    item.bucket->done = std::move(done);
+    item.bucket->chunks_left = 1;
+    Enqueue(std::move(item));
+    return;
   }
   const DType acc_type = AccumulatorDType(work.dtype);
   const size_t acc_elem = DTypeSize(acc_type);
@@ -313,6 +358,22 @@ void HierarchicalReducer::RunChunk(Item& item) {
   const BucketWork& work = item.bucket->work;
   const DType acc_type = AccumulatorDType(work.dtype);
   char* acc = static_cast<char*>(item.bucket->acc);
+  if (item.hooked) {
+    if (broken_.ok()) {
+      const Clock::time_point start = Clock::now();
+      CommHookWork hook_work;
+      hook_work.bucket = work.bucket;
+      hook_work.iteration = work.iteration;
+      hook_work.dtype = work.dtype;
+      hook_work.count = work.count;
+      hook_work.rank_buffers = work.rank_buffers;
+      absl::Status s = hook_->Run(hook_work, *backend_);
+      network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      if (!s.ok()) broken_ = std::move(s);
+    }
+    FinishChunk(item, broken_);
+    return;
+  }
   if (item.fused) {
     if (broken_.ok()) {
       const Clock::time_point start = Clock::now();

@@ -65,6 +65,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "server/backends/collective_backend.h"
 #include "server/engine/bucket_reducer.h"
@@ -95,6 +96,11 @@ class HierarchicalReducer final : public BucketReducerInterface {
     //   kNetwork      always inside the backend's schedule
     enum class LocalSum { kAuto, kEngineThread, kNetwork };
     LocalSum local_sum = LocalSum::kAuto;
+    // Where AgreeCommHook meets the other nodes: the job's namespace of
+    // `store` and a key prefix unique to this formation round.
+    std::string job_id;
+    std::string store_prefix;
+    absl::Duration agree_timeout = absl::Seconds(30);
   };
   // Off by default: on the 2-core development machine, where the "network"
   // is loopback TCP and every phase competes for the same cores and memory
@@ -118,6 +124,18 @@ class HierarchicalReducer final : public BucketReducerInterface {
   void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
   void Replan(uint64_t first_iteration, int num_buckets) override;
+  // A hooked bucket goes to the network thread whole, in plan order, and
+  // the hook does its local reduce, collectives and write-back there.
+  [[nodiscard]] absl::Status SetCommHook(
+      std::unique_ptr<CommHookInterface> hook) override {
+    hook_ = std::move(hook);
+    return absl::OkStatus();
+  }
+  // Through the rendezvous store (no store: OK): each node publishes its
+  // description under "<store_prefix>/comm_hook/<node rank>" and reads the
+  // others', within agree_timeout.
+  [[nodiscard]] absl::Status AgreeCommHook(
+      const std::string& description) override;
 
  private:
   struct FreeDeleter {
@@ -147,6 +165,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
     // thread already summed them into local rank 0's bucket).
     bool fused = false;
     int to_sum = 0;
+    // Whole bucket handed to hook_ on the network thread.
+    bool hooked = false;
   };
   using ChunkKey = std::tuple<uint64_t, int, int>;  // iteration, bucket, chunk
   struct BroadcastItem {
@@ -184,6 +204,9 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // engine thread, handed over with the bucket like accumulators_.
   std::vector<std::unique_ptr<void, FreeDeleter>> zero_buckets_;
   std::vector<std::vector<void*>> zero_ptrs_;
+  // Set by the engine thread before the first Start (hand-off through mu_
+  // with the first bucket); used by the network thread only after that.
+  std::unique_ptr<CommHookInterface> hook_;
 
   absl::Mutex mu_;
   // Chunks reduced locally, waiting for their turn on the network.

@@ -67,7 +67,8 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       started_(spec_.plan.buckets.size(), 0),
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
             spec_.global_world_size(), spec_.num_nodes),
-      active_buffers_(spec_.plan.buckets.size()) {
+      active_buffers_(spec_.plan.buckets.size()),
+      hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook) {
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
 }
 
@@ -244,6 +245,7 @@ bool Job::Scan() {
     // A rank may have entered join mode right after the scan above: the
     // iteration then belongs to the join epoch (StepJoin next time).
     if (JoinInPlay()) break;
+    if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
     const Bucket& bucket = plan_.buckets[b];
@@ -252,6 +254,7 @@ bool Job::Scan() {
     work.iteration = need;
     work.dtype = bucket.dtype;
     work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
+    work.internal = bucket.internal;
     work.rank_buffers = &bucket_buffers_[b];
     reducer_->Start(work, [this, b, need](absl::Status s) {
       Complete(static_cast<int>(b), need, std::move(s));
@@ -273,6 +276,38 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
   layout_.done_seq(control_.data())[bucket].store(iteration,
                                                   std::memory_order_release);
   WakeClients(header_);
+}
+
+bool Job::ResolveCommHook() {
+  hook_resolved_ = true;
+  auto fail = [&](const absl::Status& s) {
+    FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "': ", s.message()));
+    failed_ = true;
+    return false;
+  };
+  absl::StatusOr<v1::CommHookSpec> spec = hooks_.Resolve();
+  if (!spec.ok()) return fail(spec.status());
+  if (absl::Status s = reducer_->AgreeCommHook(DescribeCommHook(*spec));
+      !s.ok()) {
+    return fail(s);
+  }
+  hook_spec_ = *std::move(spec);
+  if (absl::Status s = InstallCommHook(); !s.ok()) return fail(s);
+  return true;
+}
+
+absl::Status Job::InstallCommHook() {
+  // Built over the live plan: a bucket rebuild (job_rebuild.cc) installs a
+  // fresh hook for the new buckets, as torch's per-bucket hook state starts
+  // over with its rebuilt buckets.
+  CommHookContext context;
+  context.world_size = spec_.global_world_size();
+  context.params = &spec_.params;
+  context.plan = &plan_;
+  context.pool = spec_.hook_pool;
+  ASSIGN_OR_RETURN(std::unique_ptr<CommHookInterface> hook,
+                   MakeCommHook(hook_spec_, context));
+  return reducer_->SetCommHook(std::move(hook));
 }
 
 bool Job::ScanBroadcast() {

@@ -61,6 +61,7 @@
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/join_state.h"
+#include "server/hooks/comm_hook_factory.h"
 
 namespace gradd {
 
@@ -84,6 +85,12 @@ struct JobSpec {
   // formed through (a bucket rebuild agrees through them).
   std::string coordinator;
   std::string round_prefix;
+
+  // The job's communication hook as chosen at attach (validated; "":
+  // allreduce), until a rank's SetCommHook; and the pool hooks split their
+  // local work across (may be null).
+  v1::CommHookSpec comm_hook;
+  ThreadPool* hook_pool = nullptr;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -139,6 +146,14 @@ class Job {
   // Publishes a job failure now (e.g. daemon shutdown). Any thread.
   void Fail(absl::StatusCode code, absl::string_view message);
 
+  // Local rank `rank` chooses the job's communication hook (Node.SetCommHook;
+  // errors as CommHookSelection::Set). Any thread. The engine settles the
+  // choice when the job's first bucket is about to start: ranks that
+  // disagree, or nodes that do, fail the job with the reason.
+  absl::Status SetCommHook(int rank, const v1::CommHookSpec& spec) {
+    return hooks_.Set(rank, spec);
+  }
+
   // The job's failure, or OK (reads the control block).
   absl::Status status() const;
 
@@ -182,6 +197,11 @@ class Job {
   // ready". Otherwise re-reads the row into *s.
   bool Lagging(int rank, const std::atomic<uint64_t>& row, uint64_t* s);
   void FailGoneInJoin();
+  // Engine thread: settles the hook and hands it to the reducer; false (job
+  // failed) when ranks or nodes disagree or the hook cannot be built.
+  bool ResolveCommHook();
+  // Builds the resolved hook over plan_ and hands it to the reducer.
+  absl::Status InstallCommHook();
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
@@ -235,6 +255,10 @@ class Job {
   bool round_done_ ABSL_GUARDED_BY(round_mu_) = false;
   absl::Status round_status_ ABSL_GUARDED_BY(round_mu_);
   std::vector<double> round_values_ ABSL_GUARDED_BY(round_mu_);
+  bool hook_resolved_ = false;
+  v1::CommHookSpec hook_spec_;  // once resolved
+
+  CommHookSelection hooks_;
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

@@ -212,6 +212,8 @@ bool Job::ScanJoinBuckets() {
       }
     }
     if (!ready) continue;
+    // The job's hook is settled before its first bucket, join or not.
+    if (!hook_resolved_ && !ResolveCommHook()) return false;
     std::vector<void*>& buffers = active_buffers_[b];
     buffers.clear();
     for (int r = 0; r < world; ++r) {
@@ -225,6 +227,7 @@ bool Job::ScanJoinBuckets() {
     work.iteration = it;
     work.dtype = bucket.dtype;
     work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
+    work.internal = bucket.internal;
     work.rank_buffers = &buffers;
     work.divisor = current.divisor;
     reducer_->Start(work, [this, b, it](absl::Status s) {

@@ -14,8 +14,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "server/config.h"
 #include "server/engine/hierarchical_reducer.h"
+#include "server/hooks/comm_hook_factory.h"
 #include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
@@ -176,6 +178,7 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
     return absl::InvalidArgumentError(
         absl::StrCat(who, " registered no parameters"));
   }
+  RETURN_IF_ERROR(ValidateCommHookSpec(req.comm_hook(), who));
   if (static_cast<uint32_t>(req.params_size()) > config.max_params()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(who, " registered ", req.params_size(),
@@ -286,6 +289,38 @@ void JobManager::HandleDetach(v1::DetachRequest request, DetachCallback done) {
     }
   }
   std::move(done)(absl::OkStatus());
+}
+
+void JobManager::HandleSetCommHook(v1::CommHookSetRequest request,
+                                   SetCommHookCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      tasks_.push_back([this, request = std::move(request),
+                        done = std::move(done)]() mutable {
+        DoSetCommHook(request, std::move(done));
+      });
+      return;
+    }
+  }
+  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+}
+
+void JobManager::DoSetCommHook(const v1::CommHookSetRequest& request,
+                               SetCommHookCallback done) {
+  const std::string who = absl::StrCat("local rank ", request.local_rank(),
+                                       " of job '", request.job_id(), "'");
+  auto it = bound_.find(request.session_id());
+  auto job = jobs_.find(request.job_id());
+  if (it == bound_.end() || it->second.first != request.job_id() ||
+      it->second.second != request.local_rank() || job == jobs_.end()) {
+    std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+        who, " is not attached through session ", request.session_id(),
+        "; attach before choosing a communication hook")));
+    return;
+  }
+  std::move(done)(
+      job->second.job->SetCommHook(request.local_rank(), request.hook()));
 }
 
 void JobManager::OnSessionClosed(uint64_t session_id) {
@@ -526,6 +561,15 @@ void JobManager::FormJob(const std::string& job_id) {
           other.request.bucket_cap_mb(), "/",
           other.request.first_bucket_cap_mb(), " MiB)"));
     }
+    if (same.ok() && !google::protobuf::util::MessageDifferencer::Equals(
+                         NormalizeCommHookSpec(first.request.comm_hook()),
+                         NormalizeCommHookSpec(other.request.comm_hook()))) {
+      same = absl::InvalidArgumentError(
+          absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                       "' asked for different communication hooks ('",
+                       DescribeCommHook(first.request.comm_hook()), "' vs '",
+                       DescribeCommHook(other.request.comm_hook()), "')"));
+    }
     if (same.ok() &&
         first.request.broadcast_bytes() != other.request.broadcast_bytes()) {
       same = absl::InvalidArgumentError(
@@ -586,6 +630,10 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.planner = options;
   spec.broadcast_bytes = first.request.broadcast_bytes();
   spec.spin = std::chrono::microseconds(config_.spin_us());
+  spec.comm_hook = first.request.comm_hook().name().empty()
+                       ? config_.default_comm_hook()
+                       : first.request.comm_hook();
+  spec.hook_pool = pool_;
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));
     return;
@@ -705,6 +753,10 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     options.node_offsets.push_back(node.global_rank_offset);
   }
   options.world_size = layout.world_size;
+  options.job_id = job_id;
+  options.store_prefix = result->round_prefix;
+  options.agree_timeout =
+      absl::Milliseconds(config_.rendezvous().collective_timeout_ms());
   Log(absl::StrCat(
       "job '", job_id, "' formed: node rank ", layout.node_rank, " of ",
       layout.num_nodes, " (", absl::StrJoin(layout.NodeIds(), ", "),

@@ -83,6 +83,8 @@ class JobManager final : public NodeHandlerInterface,
   void HandleDetach(v1::DetachRequest request, DetachCallback done) override;
   void HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                             absl::Time deadline, RebuildCallback done) override;
+  void HandleSetCommHook(v1::CommHookSetRequest request,
+                         SetCommHookCallback done) override;
   void OnSessionClosed(uint64_t session_id) override;
 
   // Publishes `message` (UNAVAILABLE) in every job's control block, answers
@@ -143,6 +145,8 @@ class JobManager final : public NodeHandlerInterface,
   void DoSessionClosed(uint64_t session_id);
   void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
                  RebuildCallback done);
+  void DoSetCommHook(const v1::CommHookSetRequest& request,
+                     SetCommHookCallback done);
   void FormJob(const std::string& job_id);
   // Multi-node: starts the formation thread for a pending job whose local
   // ranks agree; `spec` is the local part of the job.

@@ -113,6 +113,18 @@ bool Job::TrySwitchPlan() {
     done[b].store(k, std::memory_order_release);
   }
   reducer_->Replan(k + 1, static_cast<int>(plan_.buckets.size()));
+  if (hook_resolved_) {
+    if (absl::Status s = InstallCommHook(); !s.ok()) {
+      const std::string message = absl::StrCat(
+          "job '", spec_.job_id,
+          "': the communication hook cannot follow the rebuilt buckets: ",
+          s.message());
+      FailJob(s.code(), message);
+      failed_ = true;
+      std::move(next.done)(absl::Status(s.code(), message));
+      return false;
+    }
+  }
   rebuild_after_.store(0, std::memory_order_release);
   std::move(next.done)(absl::OkStatus());
   return true;

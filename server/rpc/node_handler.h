@@ -23,6 +23,7 @@ class NodeHandlerInterface {
   using DetachCallback = absl::AnyInvocable<void(absl::Status) &&>;
   using RebuildCallback =
       absl::AnyInvocable<void(absl::StatusOr<v1::RebuildBucketsResponse>) &&>;
+  using SetCommHookCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
   virtual ~NodeHandlerInterface() = default;
 
@@ -36,6 +37,12 @@ class NodeHandlerInterface {
                                     absl::Time deadline, RebuildCallback done) {
     std::move(done)(
         absl::UnimplementedError("this gradd daemon cannot rebuild buckets"));
+  }
+
+  // Immediate (no waiting on other ranks).
+  virtual void HandleSetCommHook(v1::CommHookSetRequest request,
+                                 SetCommHookCallback done) {
+    std::move(done)(absl::UnimplementedError("SetCommHook is not served"));
   }
 };
 

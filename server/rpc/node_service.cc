@@ -145,4 +145,25 @@ grpc::Status NodeService::RebuildBuckets(
   return grpc::Status::OK;
 }
 
+grpc::Status NodeService::SetCommHook(grpc::ServerContext* context,
+                                      const v1::CommHookSetRequest* request,
+                                      v1::CommHookSetResponse* response) {
+  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+    return s;
+  }
+  auto slot = std::make_shared<Slot<absl::Status>>();
+  handler_->HandleSetCommHook(*request, [slot](absl::Status status) {
+    absl::MutexLock lock(&slot->mu);
+    slot->value = std::move(status);
+  });
+  std::optional<absl::Status> result =
+      WaitFor(context, slot,
+              std::min(CallDeadline(context), absl::Now() + kDetachLimit));
+  if (!result) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "gradd did not answer SetCommHook in time");
+  }
+  return ToGrpcStatus(*result);
+}
+
 }  // namespace gradd

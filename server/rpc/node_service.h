@@ -33,6 +33,9 @@ class NodeService final : public v1::Node::Service {
   grpc::Status RebuildBuckets(grpc::ServerContext* context,
                               const v1::RebuildBucketsRequest* request,
                               v1::RebuildBucketsResponse* response) override;
+  grpc::Status SetCommHook(grpc::ServerContext* context,
+                           const v1::CommHookSetRequest* request,
+                           v1::CommHookSetResponse* response) override;
 
  private:
   // PERMISSION_DENIED (as a gRPC status) unless the caller owns the session.

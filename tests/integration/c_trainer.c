@@ -2,12 +2,15 @@
  *
  *   gradd_c_trainer nodaemon SOCKET      attach must fail with
  *                                        GRADD_UNAVAILABLE naming SOCKET
- *   gradd_c_trainer train SOCKET JOB RANK WORLD ITERATIONS
+ *   gradd_c_trainer train SOCKET JOB RANK WORLD ITERATIONS [COMM_HOOK]
  *                                        float32 + float64 params, every
- *                                        average checked exactly
+ *                                        average checked exactly (the
+ *                                        values are exact in 16 bits too)
  *   gradd_c_trainer unused SOCKET JOB RANK WORLD
  *                                        find_unused_parameters: "w" used
  *                                        by rank 0 only, "b" by nobody
+ *   gradd_c_trainer badhook SOCKET       attach with an unknown comm hook
+ *                                        must fail naming the known ones
  * Prints PASS and exits 0, or prints why and exits 1. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +43,28 @@ static double Expected(unsigned long long t, int p, size_t j) {
   return (double)((long long)((j + 5 * t + 11 * (unsigned)p) % 41) - 20) * 0.5;
 }
 
+static int BadHook(const char* socket) {
+  static const int64_t shape[] = {4};
+  gradd_param param = {"w", shape, 1, GRADD_FLOAT32};
+  gradd_options opts;
+  gradd_options_init(&opts);
+  opts.socket_path = socket;
+  opts.job_id = "badhook";
+  opts.comm_hook = "fp8_compress";
+  gradd_client* client = NULL;
+  int rc = gradd_attach(&opts, &param, 1, &client);
+  if (rc != GRADD_INVALID_ARGUMENT ||
+      strstr(gradd_last_error(), "fp8_compress") == NULL ||
+      strstr(gradd_last_error(), "fp16_compress") == NULL) {
+    printf("FAIL: attach returned %d (%s)\n", rc, gradd_last_error());
+    return 1;
+  }
+  printf("PASS %s\n", gradd_last_error());
+  return 0;
+}
+
 static int Train(const char* socket, const char* job, int rank, int world,
-                 int iterations) {
+                 int iterations, const char* comm_hook) {
   static const int64_t shape0[] = {3, 5};
   static const int64_t shape1[] = {1000};
   static const int64_t shape2[] = {7};
@@ -56,6 +79,7 @@ static int Train(const char* socket, const char* job, int rank, int world,
   opts.local_world_size = world;
   opts.attach_timeout_ms = 20000;
   opts.wait_timeout_ms = 20000;
+  opts.comm_hook = comm_hook;
   gradd_client* c = NULL;
   if (gradd_attach(&opts, params, 3, &c) != GRADD_OK) {
     printf("FAIL attach: %s\n", gradd_last_error());
@@ -175,8 +199,10 @@ static int Unused(const char* socket, const char* job, int rank, int world) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "nodaemon") == 0) return NoDaemon(argv[2]);
-  if (argc == 7 && strcmp(argv[1], "train") == 0) {
-    return Train(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+  if (argc == 3 && strcmp(argv[1], "badhook") == 0) return BadHook(argv[2]);
+  if ((argc == 7 || argc == 8) && strcmp(argv[1], "train") == 0) {
+    return Train(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
+                 argc == 8 ? argv[7] : NULL);
   }
   if (argc == 6 && strcmp(argv[1], "unused") == 0) {
     return Unused(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));

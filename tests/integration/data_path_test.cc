@@ -94,6 +94,24 @@ TEST_F(DataPathTest, CAbiFindUnusedParameters) {
   }
 }
 
+// The C ABI chooses the job's communication hook at attach.
+TEST_F(DataPathTest, CAbiCommHook) {
+  Proc bad_proc = Spawn("c_badhook", {GRADD_C_TRAINER, "badhook", socket_});
+  Exit bad = Wait(bad_proc, milliseconds(10000));
+  EXPECT_EQ(bad.code, 0) << bad.output;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(Spawn(absl::StrCat("c_fp16_rank", r),
+                       {GRADD_C_TRAINER, "train", socket_, "cfp16",
+                        absl::StrCat(r), "2", "5", "fp16_compress"}));
+  }
+  for (Proc& p : ps) {
+    Exit x = Wait(p, milliseconds(30000));
+    EXPECT_EQ(x.code, 0) << x.output;
+    EXPECT_THAT(x.output, HasSubstr("PASS iterations=5"));
+  }
+}
+
 TEST_F(DataPathTest, ExampleTrainer) {
   std::vector<Proc> ps;
   for (int r = 0; r < 2; ++r) {

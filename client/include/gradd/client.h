@@ -53,6 +53,26 @@ struct ClientParam {
       dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
 };
 
+// The job's communication hook, run by the daemon between the local reduce
+// and the network (proto/gradd/v1/comm_hook.proto). Every rank of a job
+// must choose the same. name "": the daemon's default_comm_hook.
+struct CommHookOptions {
+  // "allreduce", "fp16_compress", "bf16_compress", "powerSGD",
+  // "batched_powerSGD" (torch's function names).
+  std::string name;
+  // PowerSGD (torch's PowerSGDState); 0 / unset = torch's default. The
+  // daemon draws the random initial Q matrices as torch's hook does with
+  // PowerSGDState(random_seed=random_seed).
+  int matrix_approximation_rank = 0;           // 1
+  std::optional<int64_t> start_powersgd_iter;  // 1000
+  double min_compression_rate = 0;             // 2
+  std::optional<bool> use_error_feedback;      // true
+  std::optional<bool> warm_start;              // true
+  double orthogonalization_epsilon = 0;
+  uint64_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;
+};
+
 struct ClientOptions {
   // Daemon socket. Empty: $GRADD_SOCKET, else the daemon's default path.
   std::string socket_path;
@@ -96,6 +116,8 @@ struct ClientOptions {
   // Record the ready order so RebuildBuckets() can re-plan (false: it
   // does nothing and MarkReady skips the recording).
   bool rebuild_buckets = true;
+  // The job's communication hook (default: the daemon's).
+  CommHookOptions comm_hook;
 };
 
 // What MarkUnused contributes for a parameter this rank did not use.
@@ -207,6 +229,12 @@ class Client {
   // This rank has no more inputs (call between iterations). ABORTED
   // ("Rank r exhausted all inputs") with throw_on_early_termination.
   virtual absl::StatusOr<JoinResult> Join() = 0;
+  // Chooses the job's communication hook after Attach; every local rank
+  // must call it with the same hook before its first MarkReady. Errors:
+  // INVALID_ARGUMENT (unknown hook, listing the supported ones; another
+  // rank chose differently, naming both), FAILED_PRECONDITION (called
+  // twice, or after the job's first bucket started).
+  virtual absl::Status SetCommHook(const CommHookOptions& hook) = 0;
 
   // Clean goodbye (also done by the destructor).
   virtual absl::Status Detach() = 0;

@@ -82,6 +82,21 @@ typedef struct gradd_options {
    * find_unused_parameters); enables gradd_mark_unused and
    * gradd_globally_used. Every rank of a job must agree. */
   int32_t find_unused_parameters;
+  /* The job's communication hook, run by the daemon between the local
+   * reduce and the network: NULL or "" = the daemon's default_comm_hook;
+   * "allreduce", "fp16_compress", "bf16_compress", "powerSGD",
+   * "batched_powerSGD". Every rank must choose the same. */
+  const char* comm_hook;
+  /* PowerSGD only (torch's PowerSGDState); 0 = torch's default
+   * (start_iter: 1000; -1 = 0, compress from the first iteration), and for
+   * the two flags -1 = default (on), 0 = off, 1 = on. */
+  int32_t powersgd_matrix_approximation_rank;
+  int64_t powersgd_start_iter;
+  double powersgd_min_compression_rate;
+  int32_t powersgd_use_error_feedback;
+  int32_t powersgd_warm_start;
+  double powersgd_orthogonalization_epsilon;
+  uint64_t powersgd_random_seed;
 } gradd_options;
 
 typedef struct gradd_param {

@@ -419,9 +419,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     # ------------------------------------------------------- not supported
     def register_comm_hook(self, state, hook):
-        raise NotImplementedError(
-            "gradd runs communication hooks in the daemon; configure them there"
-        )
+        """torch's hooks run in the daemon: see gradd/_comm_hooks.py."""
+        from gradd import _comm_hooks
+
+        _comm_hooks.register_comm_hook(self, state, hook)
+
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        from gradd import _comm_hooks
+
+        _comm_hooks.register_builtin_comm_hook(self, comm_hook_type)
 
     # ------------------------------------------------------------- join
     # Uneven inputs: the daemon fills in for ranks that ran out of inputs

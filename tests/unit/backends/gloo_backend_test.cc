@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/reduce.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rendezvous/rendezvous_client.h"
@@ -249,11 +250,44 @@ TEST_F(GlooBackendTest, AllreduceAverageRejectsBadWork) {
   CheckAverage<float>(backends, {2, 2}, 1 << 18, DType::kFloat32, false);
 }
 
-TEST_F(GlooBackendTest, RejectsNonAccumulatorDType) {
+TEST_F(GlooBackendTest, RejectsNonWireDType) {
   auto backends = Connect(2);
-  uint16_t half[4] = {};
-  EXPECT_EQ(backends[0]->AllreduceSum(half, 4, DType::kFloat16).code(),
+  uint16_t data[4] = {};
+  EXPECT_EQ(backends[0]->AllreduceSum(data, 4, static_cast<DType>(99)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The 16-bit communication hooks put float16/bfloat16 on the wire: summed
+// in float32 and rounded to 16 bits after each addition.
+TEST_F(GlooBackendTest, AllreduceSumsSixteenBitWireTypes) {
+  auto backends = Connect(3);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    auto to16 = [&](float f) {
+      return dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+    };
+    auto from16 = [&](uint16_t h) {
+      return dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+    };
+    constexpr size_t kCount = 1000;  // above one bcube step, below ring's
+    std::vector<std::vector<uint16_t>> data(3, std::vector<uint16_t>(kCount));
+    for (int r = 0; r < 3; ++r) {
+      for (size_t i = 0; i < kCount; ++i) {
+        data[r][i] = to16(0.25f * (r + 1) + static_cast<float>(i % 7));
+      }
+    }
+    std::vector<absl::Status> status(3);
+    OnEachNode(3, [&](int r) {
+      status[r] = backends[r]->AllreduceSum(data[r].data(), kCount, dtype);
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(status[r].ok()) << status[r];
+      for (size_t i = 0; i < kCount; i += 97) {
+        // Exactly representable partial sums: 1.5 + 3 * (i % 7).
+        EXPECT_EQ(from16(data[r][i]), 1.5f + 3.0f * static_cast<float>(i % 7))
+            << "node " << r << " element " << i;
+      }
+    }
+  }
 }
 
 TEST_F(GlooBackendTest, BroadcastCopiesRootBytes) {

@@ -80,6 +80,9 @@ class FakeClient final : public Client {
   absl::StatusOr<JoinResult> Join() override {
     return absl::UnimplementedError("fake");
   }
+  absl::Status SetCommHook(const CommHookOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
   absl::StatusOr<bool> RebuildBuckets() override { return false; }
   bool buckets_rebuilt() const override { return false; }
   std::vector<int32_t> ready_order() const override { return {}; }

@@ -123,6 +123,31 @@ TEST(ConfigTest, ValidationCatchesOutOfRangeValues) {
   EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("spin_us"));
 }
 
+TEST(ConfigTest, DefaultCommHookIsParsedAndChecked) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(R"(
+default_comm_hook:
+  name: powerSGD
+  matrix_approximation_rank: 2
+  start_powersgd_iter: 10
+  warm_start: false
+)",
+                                                       "hook.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->default_comm_hook().name(), "powerSGD");
+  EXPECT_EQ(c->default_comm_hook().matrix_approximation_rank(), 2);
+  EXPECT_EQ(c->default_comm_hook().start_powersgd_iter(), 10);
+  ASSERT_TRUE(c->default_comm_hook().has_warm_start());
+  EXPECT_FALSE(c->default_comm_hook().warm_start());
+  v1::DaemonConfig good = DefaultConfig();
+  *good.mutable_default_comm_hook() = c->default_comm_hook();
+  EXPECT_TRUE(ValidateConfig(good).ok()) << ValidateConfig(good);
+  v1::DaemonConfig bad = DefaultConfig();
+  bad.mutable_default_comm_hook()->set_name("fp8_compress");
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("default_comm_hook: unknown communication hook "
+                        "'fp8_compress'"));
+}
+
 TEST(ConfigTest, LoadConfigFileAppliesDefaultsAndNamesTheFile) {
   char path[] = "/tmp/gradd-config-test-XXXXXX";
   int fd = mkstemp(path);

@@ -1,0 +1,139 @@
+// PowerSGD (torch's powerSGD_hook.powerSGD_hook and batched_powerSGD_hook)
+// run by the daemon, with the hook's state -- each local rank's error
+// feedback, the P/Q memory of warm start, the iteration count and the
+// random generator -- kept per job here.
+//
+// Per bucket and iteration t (torch's state.iter is t - 1):
+//
+//   t <= start_powersgd_iter   vanilla average (sum of the local ranks,
+//                              AllreduceSum, divide)
+//   afterwards                 M_r = grad_r + e_r (error feedback) for each
+//                              local rank r; M = sum of the node's M_r.
+//     powerSGD: the bucket's parameters viewed as n x m matrices
+//       (shape[0] x rest); those worth compressing (torch's
+//       _should_compress with rank min(n, m, R)) in torch's order (grouped
+//       by shape, first appearance first); the rest (vectors, small
+//       matrices) are summed, AllreduceSum'd and divided uncompressed.
+//     batched_powerSGD: the whole bucket, zero-padded, as one square
+//       matrix of side ceil(sqrt(count)) and rank R.
+//     Q: drawn afresh (every iteration without warm start, the first
+//       compressed one with it) as torch draws it -- a seed from
+//       numpy.random.RandomState(random_seed).randint(1e9) per bucket in
+//       bucket order, torch.manual_seed(seed), torch.randn per matrix
+//       (torch_random.h) -- else the previous iteration's Q; then
+//       orthogonalised (Gram-Schmidt with epsilon; batched: epsilon 0).
+//     P = M Q, AllreduceSum(P), orthogonalise P; Q = M^T P, AllreduceSum(Q),
+//     Q /= world size; result = P Q^T in every local rank's bucket, and
+//     e_r = M_r - result.
+//   Since P and Q are linear in M, summing the node's ranks first and
+//   allreducing across nodes gives torch's sums over all ranks.
+//
+// Differences from torch within rounding only: float32 products are
+// accumulated in double here (torch: its BLAS); for rank > 2 torch
+// orthogonalises by QR, which may flip column signs of P and Q -- the
+// result P Q^T is the same -- and ignores epsilon. Buckets must be
+// float32 (MakePowerSgdHook says otherwise). Thread-compatible
+// (comm_hook.h: one caller, buckets in plan order).
+#ifndef GRADD_SERVER_HOOKS_POWERSGD_HOOK_H_
+#define GRADD_SERVER_HOOKS_POWERSGD_HOOK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/thread_pool.h"
+#include "gradd/v1/comm_hook.pb.h"
+#include "server/hooks/comm_hook.h"
+#include "server/hooks/comm_hook_factory.h"
+#include "server/hooks/torch_random.h"
+
+namespace gradd {
+
+// INVALID_ARGUMENT for a plan with non-float32 buckets.
+absl::StatusOr<std::unique_ptr<CommHookInterface>> MakePowerSgdHook(
+    const v1::CommHookSpec& spec, const CommHookContext& context);
+
+class PowerSgdHook final : public CommHookInterface {
+ public:
+  // One compressed matrix: rows x cols at element `offset` of the (padded)
+  // bucket, approximated with `rank` columns; its P and Q at p_offset /
+  // q_offset of the bucket's P and Q memory.
+  struct Matrix {
+    size_t offset = 0;
+    size_t rows = 0;
+    size_t cols = 0;
+    size_t rank = 0;
+    size_t p_offset = 0;
+    size_t q_offset = 0;
+  };
+  struct Layout {
+    size_t count = 0;   // bucket elements
+    size_t padded = 0;  // elements of the working vectors (batched: side^2)
+    // Uncompressed (offset, numel) ranges in bucket order.
+    std::vector<std::pair<size_t, size_t>> uncompressed;
+    std::vector<Matrix> matrices;  // torch's qs order
+    size_t p_size = 0;
+    size_t q_size = 0;
+  };
+
+  // `spec` normalised (NormalizeCommHookSpec); one layout per bucket. The
+  // matrix products of large matrices are split across `pool` (may be
+  // null; must outlive the hook).
+  PowerSgdHook(const v1::CommHookSpec& spec, int world_size,
+               std::vector<Layout> layouts, ThreadPool* pool = nullptr);
+
+  [[nodiscard]] absl::Status Run(const CommHookWork& work,
+                                 CollectiveBackendInterface& net) override;
+  std::string name() const override {
+    return batched_ ? "batched_powerSGD" : "powerSGD";
+  }
+
+  // The layouts torch's hooks use for `plan` (exposed for tests).
+  static std::vector<Layout> PerParameterLayouts(
+      const std::vector<ParamInfo>& params, const BucketPlan& plan, int rank,
+      double min_compression_rate);
+  static std::vector<Layout> BatchedLayouts(const BucketPlan& plan, int rank);
+
+ private:
+  struct BucketState {
+    std::vector<std::vector<float>> error;  // by local rank
+    std::vector<float> p;
+    std::vector<float> q;
+    bool has_memory = false;  // warm start: q holds last iteration's Q
+  };
+
+  absl::Status Vanilla(const CommHookWork& work,
+                       CollectiveBackendInterface& net);
+  // The seed torch draws for the `index`-th randomisation of the job
+  // (bucket order within an iteration).
+  int64_t Seed(uint64_t index);
+
+  const bool batched_;
+  const int64_t start_iter_;
+  const bool error_feedback_;
+  const bool warm_start_;
+  const float epsilon_;
+  const int world_size_;
+  const std::vector<Layout> layouts_;
+  std::vector<BucketState> states_;
+  ThreadPool* const pool_;
+
+  NumpyRandomState rng_;
+  TorchCpuRandom torch_rng_;
+  uint64_t next_draw_ = 0;
+  std::map<uint64_t, int64_t> drawn_;
+
+  // Scratch kept between calls: each local rank's M_r, the node's M and
+  // the result, the uncompressed pack.
+  std::vector<std::vector<float>> m_rank_;
+  std::vector<float> m_sum_;
+  std::vector<float> out_;
+  std::vector<float> packed_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_HOOKS_POWERSGD_HOOK_H_
