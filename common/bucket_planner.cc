@@ -237,6 +237,20 @@ absl::StatusOr<BucketPlan> PlanBucketsInOrder(
   return Assign(params, *bytes, order, options, /*sort_by_first=*/false);
 }
 
+void MarkInternalBuckets(const std::vector<ParamInfo>& params,
+                         BucketPlan* plan) {
+  for (Bucket& b : plan->buckets) {
+    b.internal = !b.params.empty();
+    for (int32_t p : b.params) {
+      if (p < 0 || static_cast<size_t>(p) >= params.size() ||
+          !IsInternalParam(params[p].name)) {
+        b.internal = false;
+        break;
+      }
+    }
+  }
+}
+
 size_t MaxPlanBytes(const std::vector<ParamInfo>& params) {
   size_t total = 0;
   for (const ParamInfo& p : params) {

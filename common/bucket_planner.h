@@ -99,6 +99,11 @@ absl::StatusOr<BucketPlan> PlanBucketsInOrder(
     const std::vector<ParamInfo>& params, const std::vector<int32_t>& order,
     const PlannerOptions& options);
 
+// Sets Bucket::internal on the buckets of `plan` that hold only internal
+// parameters (a plan received from another node carries no flags).
+void MarkInternalBuckets(const std::vector<ParamInfo>& params,
+                         BucketPlan* plan);
+
 // Upper bound on BucketPlan::total_bytes for any plan over `params` (every
 // bucket order and cap: at most one bucket per parameter, each padded to
 // kBucketAlignment), so memory laid out once can take any later plan.

@@ -21,6 +21,8 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(
     JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer) {
+  // A plan that came from node rank 0 over the wire carries no flags.
+  MarkInternalBuckets(spec.params, &spec.plan);
   std::unique_ptr<Job> job(new Job(std::move(spec), std::move(reducer)));
   const JobSpec& s = job->spec_;
   const int world = s.local_world_size;

@@ -100,6 +100,7 @@ bool Job::TrySwitchPlan() {
     return false;
   }
   plan_ = std::move(next.plan);
+  MarkInternalBuckets(spec_.params, &plan_);
   MapBuckets();
   started_.assign(plan_.buckets.size(), k);
   // Join's per-bucket scratch follows the plan (it is rebuilt per round).

@@ -126,6 +126,11 @@ def test_idle_sessions_are_closed(gradd_binary, tmp_path):
         d.stop()
 
 
+def _proc_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -188,6 +193,12 @@ def test_stopped_daemon_is_reported_not_waited_for(gradd_binary, tmp_path, monke
         c.mark_ready(0)
         c.wait_all()  # beats normally
         os.kill(d.proc.pid, 19)  # SIGSTOP
+        # The signal is asynchronous: wait until the daemon really stopped,
+        # or its engine could still finish the next bucket.
+        deadline = time.monotonic() + 10
+        while _proc_state(d.proc.pid) != "T":
+            assert time.monotonic() < deadline, "gradd did not stop"
+            time.sleep(0.01)
         try:
             c.mark_ready(0)
             start = time.monotonic()

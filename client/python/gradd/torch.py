@@ -337,14 +337,18 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     @property
     def num_buckets(self) -> int:
-        return self._client.num_buckets
+        """The model's buckets (gradd's own used-map bucket not counted)."""
+        return len(self.bucket_info())
 
     def bucket_info(self) -> List[dict]:
-        """Per bucket: dtype, size_bytes and the names of its parameters (a
-        bucket may also hold gradd's small used map, not listed)."""
+        """Per model bucket, in plan order: dtype, size_bytes and the names
+        of its parameters (gradd's own used-map bucket, which holds no model
+        parameter, is not listed)."""
         out = []
         for b in range(self._client.num_buckets):
             info = self._client.bucket(b)
+            if not info["params"]:
+                continue
             info["param_names"] = [self._param_names[i] for i in info["params"]]
             out.append(info)
         return out
