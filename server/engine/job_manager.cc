@@ -259,33 +259,37 @@ void JobManager::Post(Task task) {
   tasks_.push_back(std::move(task));
 }
 
-void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
-                              AttachCallback done) {
+template <typename Callback, typename Work>
+void JobManager::PostOrAnswer(Callback done, absl::Status if_stopping,
+                              Work work) {
   {
     absl::MutexLock lock(&mu_);
     if (!stop_) {
-      tasks_.push_back([this, request = std::move(request), deadline,
-                        done = std::move(done)]() mutable {
-        DoAttach(std::move(request), deadline, std::move(done));
-      });
+      tasks_.push_back(
+          [work = std::move(work), done = std::move(done)]() mutable {
+            std::move(work)(std::move(done));
+          });
       return;
     }
   }
-  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+  std::move(done)(std::move(if_stopping));
+}
+
+void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
+                              AttachCallback done) {
+  PostOrAnswer(std::move(done),
+               absl::UnavailableError("gradd daemon is stopping"),
+               [this, request = std::move(request),
+                deadline](AttachCallback done) mutable {
+                 DoAttach(std::move(request), deadline, std::move(done));
+               });
 }
 
 void JobManager::HandleDetach(v1::DetachRequest request, DetachCallback done) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stop_) {
-      tasks_.push_back([this, request = std::move(request),
-                        done = std::move(done)]() mutable {
-        DoDetach(request, std::move(done));
-      });
-      return;
-    }
-  }
-  std::move(done)(absl::OkStatus());
+  PostOrAnswer(std::move(done), absl::OkStatus(),
+               [this, request = std::move(request)](DetachCallback done) {
+                 DoDetach(request, std::move(done));
+               });
 }
 
 void JobManager::OnSessionClosed(uint64_t session_id) {
@@ -800,17 +804,12 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
 void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                                       absl::Time deadline,
                                       RebuildCallback done) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stop_) {
-      tasks_.push_back([this, request = std::move(request), deadline,
-                        done = std::move(done)]() mutable {
-        DoRebuild(std::move(request), deadline, std::move(done));
-      });
-      return;
-    }
-  }
-  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+  PostOrAnswer(std::move(done),
+               absl::UnavailableError("gradd daemon is stopping"),
+               [this, request = std::move(request),
+                deadline](RebuildCallback done) mutable {
+                 DoRebuild(std::move(request), deadline, std::move(done));
+               });
 }
 
 void JobManager::DoRebuild(v1::RebuildBucketsRequest request,

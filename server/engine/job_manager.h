@@ -131,6 +131,11 @@ class JobManager final : public NodeHandlerInterface,
   using Task = absl::AnyInvocable<void() &&>;
 
   void Post(Task task);
+  // Queues `work(std::move(done))` for the control thread; when the manager
+  // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
+  // left unanswered. Any thread.
+  template <typename Callback, typename Work>
+  void PostOrAnswer(Callback done, absl::Status if_stopping, Work work);
   void Loop();
   absl::Time NextDeadline() const;
   // Stamps every active job's heartbeat when it is due.
