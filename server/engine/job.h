@@ -182,6 +182,11 @@ class Job {
   // ready". Otherwise re-reads the row into *s.
   bool Lagging(int rank, const std::atomic<uint64_t>& row, uint64_t* s);
   void FailGoneInJoin();
+  // Hands bucket `b` of `iteration` to the reducer: the sum over `buffers`
+  // (which must stay put until Complete) divided by `divisor` (0: the
+  // reducer's own); Complete follows.
+  void StartBucket(size_t b, uint64_t iteration,
+                   const std::vector<void*>* buffers, double divisor);
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
