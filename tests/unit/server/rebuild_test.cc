@@ -13,6 +13,7 @@
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/kv_store.h"
 #include "tests/unit/server/fake_session_registry.h"
+#include "tests/unit/server/job_manager_fixture.h"
 #include "tests/unit/server/test_rank.h"
 
 namespace gradd {
@@ -71,42 +72,11 @@ const std::vector<TestParam> kModel = {
 };
 constexpr double kCapMb = 128.0 / (1 << 20);
 
-class RebuildTest : public ::testing::Test {
+class RebuildTest : public JobManagerFixture {
  protected:
-  void SetUp() override {
-    config_ = DefaultConfig();
-    config_.set_attach_timeout_ms(10000);
-  }
-  void TearDown() override {
-    if (manager_) manager_->Stop();
-  }
-  JobManager& manager() {
-    if (!manager_) {
-      manager_ = std::make_unique<JobManager>(config_, &sessions_, &pool_);
-      sessions_.set_observer(manager_.get());
-    }
-    return *manager_;
-  }
   std::vector<std::unique_ptr<TestRank>> AttachJob(const std::string& job,
                                                    int world) {
-    std::vector<uint64_t> session(world);
-    std::vector<std::shared_ptr<PendingAttach>> pending;
-    for (int r = 0; r < world; ++r) {
-      session[r] = sessions_.Open();
-      v1::AttachRequest req = MakeRequest(job, r, world, session[r], kModel);
-      req.set_bucket_cap_mb(kCapMb);
-      req.set_first_bucket_cap_mb(kCapMb);
-      pending.push_back(StartAttach(manager(), std::move(req)));
-    }
-    std::vector<std::unique_ptr<TestRank>> ranks;
-    for (int r = 0; r < world; ++r) {
-      absl::StatusOr<v1::AttachResponse> resp = pending[r]->Get();
-      EXPECT_TRUE(resp.ok()) << resp.status();
-      if (!resp.ok()) return {};
-      ranks.push_back(std::make_unique<TestRank>(
-          r, session[r], *resp, sessions_.TakeSent(session[r])));
-    }
-    return ranks;
+    return JobManagerFixture::AttachJob(job, world, kModel, kCapMb, kCapMb);
   }
 
   // One iteration on `buckets`: rank r writes (r + 1) * (iteration + i)
@@ -153,11 +123,6 @@ class RebuildTest : public ::testing::Test {
     }
     return right;
   }
-
-  v1::DaemonConfig config_;
-  ThreadPool pool_{2};
-  FakeSessionRegistry sessions_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(RebuildTest, EveryRankGetsThePlanOfLocalRankZerosOrder) {
