@@ -9,14 +9,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace gradd {
-namespace {
 
-absl::Status Errno(absl::string_view what, const std::string& path) {
+absl::Status ErrnoUnavailable(absl::string_view what, absl::string_view path) {
   return absl::UnavailableError(
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
-
-}  // namespace
 
 std::optional<sockaddr_un> UnixAddress(absl::string_view path) {
   sockaddr_un addr{};
@@ -51,15 +48,15 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type,
         absl::StrCat(what, " path too long: ", path));
   }
   UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return Errno("socket() for", path);
+  if (!fd.valid()) return ErrnoUnavailable("socket() for", path);
   if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr),
            sizeof(*addr)) != 0) {
-    return Errno(absl::StrCat("cannot bind ", what), path);
+    return ErrnoUnavailable(absl::StrCat("cannot bind ", what), path);
   }
   // bind() leaves the file with the umask's mode; set ours before anyone
   // can connect (listeners check SO_PEERCRED again at accept).
-  if (chmod(path.c_str(), mode) != 0) return Errno("chmod", path);
-  if (listen(fd.get(), 128) != 0) return Errno("listen on", path);
+  if (chmod(path.c_str(), mode) != 0) return ErrnoUnavailable("chmod", path);
+  if (listen(fd.get(), 128) != 0) return ErrnoUnavailable("listen on", path);
   return fd;
 }
 

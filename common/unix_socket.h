@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/shm.h"
@@ -29,6 +30,10 @@ absl::StatusOr<UniqueFd> UnixSocket(int type);
 // connect()s `fd` to `addr`, retrying on EINTR. Returns 0, or the errno of
 // the failed connect (callers decide what is worth retrying).
 int ConnectUnix(int fd, const sockaddr_un& addr);
+
+// UNAVAILABLE "<what> <path>: <errno's text>", the error the listeners
+// return when a system call fails.
+absl::Status ErrnoUnavailable(absl::string_view what, absl::string_view path);
 
 // Binds a new socket of `type` (SOCK_STREAM / SOCK_SEQPACKET, optionally
 // | SOCK_NONBLOCK; CLOEXEC is added) to `path`, sets the file's mode to

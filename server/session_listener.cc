@@ -20,11 +20,6 @@
 namespace gradd {
 namespace {
 
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
 // Tells a peer why it is not served, best effort (the socket is
 // non-blocking and a fresh connection's buffer has room).
 void Refuse(int fd, absl::StatusCode code, absl::string_view reason) {
@@ -44,7 +39,7 @@ absl::StatusOr<std::unique_ptr<SessionListener>> SessionListener::Create(
       ListenUnix(path, SOCK_SEQPACKET, /*mode=*/0600, "session socket");
   if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return Errno("eventfd for", path);
+  if (!wake.valid()) return ErrnoUnavailable("eventfd for", path);
   return std::unique_ptr<SessionListener>(
       new SessionListener(path, *std::move(fd), std::move(wake), options));
 }

@@ -17,14 +17,6 @@
 #include "grpcpp/server_posix.h"
 
 namespace gradd {
-namespace {
-
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Create(
     const std::string& path) {
@@ -32,7 +24,7 @@ absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Create(
                                            /*mode=*/0600, "gRPC socket");
   if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return Errno("eventfd for", path);
+  if (!wake.valid()) return ErrnoUnavailable("eventfd for", path);
   return std::unique_ptr<UnixAcceptor>(
       new UnixAcceptor(path, *std::move(fd), std::move(wake)));
 }
