@@ -812,15 +812,26 @@ void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                });
 }
 
+absl::Status JobManager::CheckBound(uint64_t session_id,
+                                    const std::string& job_id, int local_rank,
+                                    absl::string_view who) const {
+  auto it = bound_.find(session_id);
+  if (it == bound_.end() || it->second.first != job_id ||
+      it->second.second != local_rank) {
+    return absl::NotFoundError(
+        absl::StrCat(who, " is not attached through session ", session_id));
+  }
+  return absl::OkStatus();
+}
+
 void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
                            absl::Time deadline, RebuildCallback done) {
   const std::string who = absl::StrCat("local rank ", request.local_rank(),
                                        " of job '", request.job_id(), "'");
-  auto it = bound_.find(request.session_id());
-  if (it == bound_.end() || it->second.first != request.job_id() ||
-      it->second.second != request.local_rank()) {
-    std::move(done)(absl::NotFoundError(absl::StrCat(
-        who, " is not attached through session ", request.session_id())));
+  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
+                                      request.local_rank(), who);
+      !bound.ok()) {
+    std::move(done)(std::move(bound));
     return;
   }
   auto job = jobs_.find(request.job_id());
@@ -836,15 +847,14 @@ void JobManager::DoDetach(const v1::DetachRequest& request,
                           DetachCallback done) {
   const std::string who = absl::StrCat("local rank ", request.local_rank(),
                                        " of job '", request.job_id(), "'");
-  auto it = bound_.find(request.session_id());
-  if (it == bound_.end() || it->second.first != request.job_id() ||
-      it->second.second != request.local_rank()) {
-    std::move(done)(absl::NotFoundError(absl::StrCat(
-        who, " is not attached through session ", request.session_id())));
+  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
+                                      request.local_rank(), who);
+      !bound.ok()) {
+    std::move(done)(std::move(bound));
     return;
   }
-  const std::string job_id = it->second.first;
-  const int rank = it->second.second;
+  const std::string job_id = request.job_id();
+  const int rank = request.local_rank();
   if (auto p = pending_.find(job_id); p != pending_.end()) {
     auto& slot = p->second.ranks[rank];
     if (slot) {

@@ -146,6 +146,11 @@ class JobManager final : public NodeHandlerInterface,
                 AttachCallback done);
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
+  // NOT_FOUND naming `who` unless session `session_id` attached local rank
+  // `local_rank` of `job_id`: a call acts only for the rank its session
+  // attached.
+  absl::Status CheckBound(uint64_t session_id, const std::string& job_id,
+                          int local_rank, absl::string_view who) const;
   void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
                  RebuildCallback done);
   void FormJob(const std::string& job_id);

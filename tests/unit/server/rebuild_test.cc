@@ -227,6 +227,36 @@ TEST_F(RebuildTest, ARankThatLeftBeforeTheRebuildFailsItAtOnce) {
                         "rebuild its buckets without it"));
 }
 
+TEST_F(RebuildTest, OnlyARanksOwnSessionMayAskForIt) {
+  auto ranks = AttachJob("own", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+  // Rank 0's session asking for rank 1: refused at once, naming rank 1.
+  v1::RebuildBucketsRequest req;
+  req.set_job_id("own");
+  req.set_local_rank(1);
+  req.set_session_id(ranks[0]->session());
+  req.set_iteration(1);
+  for (int32_t p = 0; p < 6; ++p) req.add_ready_order(p);
+  auto pending = std::make_shared<PendingRebuild>();
+  manager().HandleRebuildBuckets(
+      std::move(req), absl::Now() + absl::Seconds(20),
+      [pending](absl::StatusOr<v1::RebuildBucketsResponse> r) {
+        pending->result = std::move(r);
+        pending->done.Notify();
+      });
+  auto r = pending->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("local rank 1 of job 'own' is not attached through "
+                        "session"));
+  // The real ranks still rebuild together.
+  auto a = StartRebuild(manager(), "own", *ranks[0], 1, {0, 1, 2, 3, 4, 5});
+  auto b = StartRebuild(manager(), "own", *ranks[1], 1, {0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(a->Get().ok());
+  EXPECT_TRUE(b->Get().ok());
+}
+
 // --- multi-node agreement ------------------------------------------------
 
 v1::RebuildOrder Order(uint64_t it, std::vector<int32_t> order, uint64_t cap) {
