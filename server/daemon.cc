@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/session.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
+#include "common/unix_socket.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
@@ -95,21 +97,19 @@ absl::Status RemoveStaleSocket(const std::string& path, int socket_type) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " exists and is not a socket; refusing to replace it"));
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
+  const std::optional<sockaddr_un> addr = UnixAddress(path);
+  if (!addr.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket path too long: ", path));
   }
-  std::memcpy(addr.sun_path, path.data(), path.size());
   UniqueFd fd(socket(AF_UNIX, socket_type | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoStatus("socket() to probe", path);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
-      0) {
+  const int connect_errno = ConnectUnix(fd.get(), *addr);
+  if (connect_errno == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("another gradd is already listening on ", path));
   }
-  if (errno != ECONNREFUSED && errno != ENOENT) {
+  if (connect_errno != ECONNREFUSED && connect_errno != ENOENT) {
     return ErrnoStatus("cannot probe existing socket", path);
   }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {

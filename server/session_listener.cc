@@ -5,8 +5,6 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,14 +15,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/session.h"
+#include "common/unix_socket.h"
 
 namespace gradd {
 namespace {
-
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
 
 // Tells a peer why it is not served, best effort (the socket is
 // non-blocking and a fresh connection's buffer has room).
@@ -40,25 +34,14 @@ void Refuse(int fd, absl::StatusCode code, absl::string_view reason) {
 
 absl::StatusOr<std::unique_ptr<SessionListener>> SessionListener::Create(
     const std::string& path, const Options& options) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session socket path too long: ", path));
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return Errno("socket() for", path);
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno("cannot bind session socket", path);
-  }
   // Only our uid may connect; SO_PEERCRED is checked again at accept.
-  if (chmod(path.c_str(), 0600) != 0) return Errno("chmod", path);
-  if (listen(fd.get(), 128) != 0) return Errno("listen on", path);
+  absl::StatusOr<UniqueFd> fd =
+      ListenUnix(path, SOCK_SEQPACKET, /*mode=*/0600, "session socket");
+  if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return Errno("eventfd for", path);
+  if (!wake.valid()) return ErrnoUnavailable("eventfd for", path);
   return std::unique_ptr<SessionListener>(
-      new SessionListener(path, std::move(fd), std::move(wake), options));
+      new SessionListener(path, *std::move(fd), std::move(wake), options));
 }
 
 SessionListener::SessionListener(std::string path, UniqueFd listen_fd,

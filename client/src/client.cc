@@ -56,6 +56,7 @@
 #include "common/session.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
+#include "common/unix_socket.h"
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "used_map_client.h"
@@ -118,33 +119,23 @@ absl::Status RefusalStatus(const std::string& payload,
 absl::StatusOr<UniqueFd> ConnectSession(const std::string& socket_path,
                                         std::chrono::milliseconds timeout) {
   const std::string session_path = SessionSocketPath(socket_path);
-  struct sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  if (session_path.size() >= sizeof(addr.sun_path)) {
+  const std::optional<sockaddr_un> addr = UnixAddress(session_path);
+  if (!addr.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradd socket path '", socket_path, "' is too long for a Unix socket (",
-        sizeof(addr.sun_path) - 1 - (session_path.size() - socket_path.size()),
+        sizeof(sockaddr_un::sun_path) - 1 -
+            (session_path.size() - socket_path.size()),
         " bytes at most)"));
   }
-  std::memcpy(addr.sun_path, session_path.data(), session_path.size());
 
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = After<Clock>(timeout);
   int last_errno = 0;
   while (true) {
-    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("socket(AF_UNIX) failed: ", std::strerror(errno)));
-    }
-    int r;
-    do {
-      r = connect(fd.get(), reinterpret_cast<struct sockaddr*>(&addr),
-                  sizeof(addr));
-    } while (r != 0 && errno == EINTR);
-    if (r == 0) return fd;
-    last_errno = errno;
+    absl::StatusOr<UniqueFd> fd = UnixSocket(SOCK_SEQPACKET);
+    if (!fd.ok()) return fd.status();
+    last_errno = ConnectUnix(fd->get(), *addr);
+    if (last_errno == 0) return fd;
     // Nothing there yet (ENOENT), a stale socket file or a daemon still
     // starting (ECONNREFUSED), a full backlog (EAGAIN): worth retrying.
     // Anything else (EACCES, ENOTDIR, ...) will not fix itself.

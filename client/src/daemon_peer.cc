@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/shm.h"
+#include "common/unix_socket.h"
 
 namespace gradd {
 
@@ -46,28 +47,19 @@ absl::Status CheckDaemonPeer(const PeerIdentity& peer,
 
 absl::StatusOr<PeerIdentity> ProbeStreamSocketPeer(
     const std::string& socket_path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(addr.sun_path)) {
+  const std::optional<sockaddr_un> addr = UnixAddress(socket_path);
+  if (!addr.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradd socket path '", socket_path, "' is too long"));
   }
-  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("socket(AF_UNIX) failed: ", std::strerror(errno)));
-  }
-  int r;
-  do {
-    r = connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } while (r != 0 && errno == EINTR);
-  if (r != 0) {
+  absl::StatusOr<UniqueFd> fd = UnixSocket(SOCK_STREAM);
+  if (!fd.ok()) return fd.status();
+  if (const int e = ConnectUnix(fd->get(), *addr); e != 0) {
     return absl::UnavailableError(
         absl::StrCat("gradd's gRPC socket ", socket_path,
-                     " does not accept: ", std::strerror(errno)));
+                     " does not accept: ", std::strerror(e)));
   }
-  return SocketPeer(fd.get());
+  return SocketPeer(fd->get());
 }
 
 }  // namespace gradd

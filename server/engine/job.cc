@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/doorbell.h"
 #include "common/status_macros.h"
+#include "server/engine/bucket_specs.h"
 
 namespace gradd {
 namespace {
@@ -107,14 +108,7 @@ void Job::ReleaseFds() {
 
 v1::AttachResponse Job::ResponseFor(int rank) const {
   v1::AttachResponse resp;
-  for (const Bucket& b : plan_.buckets) {
-    v1::BucketSpec* out = resp.add_buckets();
-    out->set_dtype(static_cast<v1::DType>(b.dtype));
-    out->set_offset(b.offset);
-    out->set_size_bytes(b.size_bytes);
-    for (int32_t p : b.params) out->add_param_indices(p);
-    for (size_t o : b.param_offsets) out->add_param_offsets(o);
-  }
+  AppendBucketSpecs(plan_, resp.mutable_buckets());
   resp.set_rank_memory_bytes(rank_bytes_);
   resp.set_control_block_bytes(layout_.total_bytes());
   resp.set_broadcast_offset(broadcast_offset());
@@ -250,22 +244,28 @@ bool Job::Scan() {
     if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
-    const Bucket& bucket = plan_.buckets[b];
-    BucketWork work;
-    work.bucket = static_cast<int>(b);
-    work.iteration = need;
-    work.dtype = bucket.dtype;
-    work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
-    work.internal = bucket.internal;
-    work.rank_buffers = &bucket_buffers_[b];
-    reducer_->Start(work, [this, b, need](absl::Status s) {
-      Complete(static_cast<int>(b), need, std::move(s));
-    });
+    StartBucket(b, need, &bucket_buffers_[b], /*divisor=*/0);
   }
   if (failed_) return false;
   progress |= ScanBroadcast();
   if (any_gone && !failed_) CheckStuck();
   return progress;
+}
+
+void Job::StartBucket(size_t b, uint64_t iteration,
+                      const std::vector<void*>* buffers, double divisor) {
+  const Bucket& bucket = plan_.buckets[b];
+  BucketWork work;
+  work.bucket = static_cast<int>(b);
+  work.iteration = iteration;
+  work.dtype = bucket.dtype;
+  work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
+  work.internal = bucket.internal;
+  work.rank_buffers = buffers;
+  work.divisor = divisor;
+  reducer_->Start(work, [this, b, iteration](absl::Status s) {
+    Complete(static_cast<int>(b), iteration, std::move(s));
+  });
 }
 
 void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {

@@ -202,6 +202,11 @@ class Job {
   bool ResolveCommHook();
   // Builds the resolved hook over plan_ and hands it to the reducer.
   absl::Status InstallCommHook();
+  // Hands bucket `b` of `iteration` to the reducer: the sum over `buffers`
+  // (which must stay put until Complete) divided by `divisor` (0: the
+  // reducer's own); Complete follows.
+  void StartBucket(size_t b, uint64_t iteration,
+                   const std::vector<void*>* buffers, double divisor);
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;

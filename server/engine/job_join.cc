@@ -221,18 +221,7 @@ bool Job::ScanJoinBuckets() {
     }
     started_[b] = it;
     progress = true;
-    const Bucket& bucket = plan_.buckets[b];
-    BucketWork work;
-    work.bucket = static_cast<int>(b);
-    work.iteration = it;
-    work.dtype = bucket.dtype;
-    work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
-    work.internal = bucket.internal;
-    work.rank_buffers = &buffers;
-    work.divisor = current.divisor;
-    reducer_->Start(work, [this, b, it](absl::Status s) {
-      Complete(static_cast<int>(b), it, std::move(s));
-    });
+    StartBucket(b, it, &buffers, current.divisor);
   }
   return progress;
 }

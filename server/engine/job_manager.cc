@@ -262,33 +262,37 @@ void JobManager::Post(Task task) {
   tasks_.push_back(std::move(task));
 }
 
-void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
-                              AttachCallback done) {
+template <typename Callback, typename Work>
+void JobManager::PostOrAnswer(Callback done, absl::Status if_stopping,
+                              Work work) {
   {
     absl::MutexLock lock(&mu_);
     if (!stop_) {
-      tasks_.push_back([this, request = std::move(request), deadline,
-                        done = std::move(done)]() mutable {
-        DoAttach(std::move(request), deadline, std::move(done));
-      });
+      tasks_.push_back(
+          [work = std::move(work), done = std::move(done)]() mutable {
+            std::move(work)(std::move(done));
+          });
       return;
     }
   }
-  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+  std::move(done)(std::move(if_stopping));
+}
+
+void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
+                              AttachCallback done) {
+  PostOrAnswer(std::move(done),
+               absl::UnavailableError("gradd daemon is stopping"),
+               [this, request = std::move(request),
+                deadline](AttachCallback done) mutable {
+                 DoAttach(std::move(request), deadline, std::move(done));
+               });
 }
 
 void JobManager::HandleDetach(v1::DetachRequest request, DetachCallback done) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stop_) {
-      tasks_.push_back([this, request = std::move(request),
-                        done = std::move(done)]() mutable {
-        DoDetach(request, std::move(done));
-      });
-      return;
-    }
-  }
-  std::move(done)(absl::OkStatus());
+  PostOrAnswer(std::move(done), absl::OkStatus(),
+               [this, request = std::move(request)](DetachCallback done) {
+                 DoDetach(request, std::move(done));
+               });
 }
 
 void JobManager::HandleSetCommHook(v1::CommHookSetRequest request,
@@ -852,28 +856,34 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
 void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                                       absl::Time deadline,
                                       RebuildCallback done) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stop_) {
-      tasks_.push_back([this, request = std::move(request), deadline,
-                        done = std::move(done)]() mutable {
-        DoRebuild(std::move(request), deadline, std::move(done));
-      });
-      return;
-    }
+  PostOrAnswer(std::move(done),
+               absl::UnavailableError("gradd daemon is stopping"),
+               [this, request = std::move(request),
+                deadline](RebuildCallback done) mutable {
+                 DoRebuild(std::move(request), deadline, std::move(done));
+               });
+}
+
+absl::Status JobManager::CheckBound(uint64_t session_id,
+                                    const std::string& job_id, int local_rank,
+                                    absl::string_view who) const {
+  auto it = bound_.find(session_id);
+  if (it == bound_.end() || it->second.first != job_id ||
+      it->second.second != local_rank) {
+    return absl::NotFoundError(
+        absl::StrCat(who, " is not attached through session ", session_id));
   }
-  std::move(done)(absl::UnavailableError("gradd daemon is stopping"));
+  return absl::OkStatus();
 }
 
 void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
                            absl::Time deadline, RebuildCallback done) {
   const std::string who = absl::StrCat("local rank ", request.local_rank(),
                                        " of job '", request.job_id(), "'");
-  auto it = bound_.find(request.session_id());
-  if (it == bound_.end() || it->second.first != request.job_id() ||
-      it->second.second != request.local_rank()) {
-    std::move(done)(absl::NotFoundError(absl::StrCat(
-        who, " is not attached through session ", request.session_id())));
+  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
+                                      request.local_rank(), who);
+      !bound.ok()) {
+    std::move(done)(std::move(bound));
     return;
   }
   auto job = jobs_.find(request.job_id());
@@ -889,15 +899,14 @@ void JobManager::DoDetach(const v1::DetachRequest& request,
                           DetachCallback done) {
   const std::string who = absl::StrCat("local rank ", request.local_rank(),
                                        " of job '", request.job_id(), "'");
-  auto it = bound_.find(request.session_id());
-  if (it == bound_.end() || it->second.first != request.job_id() ||
-      it->second.second != request.local_rank()) {
-    std::move(done)(absl::NotFoundError(absl::StrCat(
-        who, " is not attached through session ", request.session_id())));
+  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
+                                      request.local_rank(), who);
+      !bound.ok()) {
+    std::move(done)(std::move(bound));
     return;
   }
-  const std::string job_id = it->second.first;
-  const int rank = it->second.second;
+  const std::string job_id = request.job_id();
+  const int rank = request.local_rank();
   if (auto p = pending_.find(job_id); p != pending_.end()) {
     auto& slot = p->second.ranks[rank];
     if (slot) {

@@ -133,6 +133,11 @@ class JobManager final : public NodeHandlerInterface,
   using Task = absl::AnyInvocable<void() &&>;
 
   void Post(Task task);
+  // Queues `work(std::move(done))` for the control thread; when the manager
+  // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
+  // left unanswered. Any thread.
+  template <typename Callback, typename Work>
+  void PostOrAnswer(Callback done, absl::Status if_stopping, Work work);
   void Loop();
   absl::Time NextDeadline() const;
   // Stamps every active job's heartbeat when it is due.
@@ -143,6 +148,11 @@ class JobManager final : public NodeHandlerInterface,
                 AttachCallback done);
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
+  // NOT_FOUND naming `who` unless session `session_id` attached local rank
+  // `local_rank` of `job_id`: a call acts only for the rank its session
+  // attached.
+  absl::Status CheckBound(uint64_t session_id, const std::string& job_id,
+                          int local_rank, absl::string_view who) const;
   void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
                  RebuildCallback done);
   void DoSetCommHook(const v1::CommHookSetRequest& request,

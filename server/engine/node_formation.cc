@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/backends/gloo/gloo_backend.h"
+#include "server/engine/bucket_specs.h"
 
 namespace gradd {
 namespace {
@@ -70,14 +71,7 @@ std::vector<v1::ParamSpec> Fingerprint(const std::vector<ParamInfo>& params) {
 
 std::string SerializePlan(const BucketPlan& plan) {
   v1::AttachResponse msg;
-  for (const Bucket& b : plan.buckets) {
-    v1::BucketSpec* out = msg.add_buckets();
-    out->set_dtype(static_cast<v1::DType>(b.dtype));
-    out->set_offset(b.offset);
-    out->set_size_bytes(b.size_bytes);
-    for (int32_t p : b.params) out->add_param_indices(p);
-    for (size_t o : b.param_offsets) out->add_param_offsets(o);
-  }
+  AppendBucketSpecs(plan, msg.mutable_buckets());
   msg.set_rank_memory_bytes(plan.total_bytes);
   return msg.SerializeAsString();
 }

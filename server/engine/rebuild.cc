@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "server/engine/bucket_specs.h"
 #include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
@@ -27,14 +28,7 @@ std::string MissingList(const std::vector<int>& missing) {
 v1::RebuildBucketsResponse RebuildResponse(const BucketPlan& plan,
                                            uint64_t first_iteration) {
   v1::RebuildBucketsResponse resp;
-  for (const Bucket& b : plan.buckets) {
-    v1::BucketSpec* out = resp.add_buckets();
-    out->set_dtype(static_cast<v1::DType>(b.dtype));
-    out->set_offset(b.offset);
-    out->set_size_bytes(b.size_bytes);
-    for (int32_t p : b.params) out->add_param_indices(p);
-    for (size_t o : b.param_offsets) out->add_param_offsets(o);
-  }
+  AppendBucketSpecs(plan, resp.mutable_buckets());
   resp.set_first_iteration(first_iteration);
   return resp;
 }

@@ -3,8 +3,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,39 +12,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/unix_socket.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
 
 namespace gradd {
-namespace {
-
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Create(
     const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path too long: ", path));
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return Errno("socket() for", path);
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno("cannot bind gRPC socket", path);
-  }
-  if (chmod(path.c_str(), 0600) != 0) return Errno("chmod", path);
-  if (listen(fd.get(), 128) != 0) return Errno("listen on", path);
+  absl::StatusOr<UniqueFd> fd = ListenUnix(path, SOCK_STREAM | SOCK_NONBLOCK,
+                                           /*mode=*/0600, "gRPC socket");
+  if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return Errno("eventfd for", path);
+  if (!wake.valid()) return ErrnoUnavailable("eventfd for", path);
   return std::unique_ptr<UnixAcceptor>(
-      new UnixAcceptor(path, std::move(fd), std::move(wake)));
+      new UnixAcceptor(path, *std::move(fd), std::move(wake)));
 }
 
 UnixAcceptor::UnixAcceptor(std::string path, UniqueFd listen_fd,

@@ -37,6 +37,19 @@ static int NoDaemon(const char* socket) {
   return 0;
 }
 
+/* Options for local rank `rank` of `world` in `job`, with 20 s attach and
+ * wait timeouts (bounded, and ample on a loaded machine). */
+static void JobOptions(gradd_options* opts, const char* socket, const char* job,
+                       int rank, int world) {
+  gradd_options_init(opts);
+  opts->socket_path = socket;
+  opts->job_id = job;
+  opts->local_rank = rank;
+  opts->local_world_size = world;
+  opts->attach_timeout_ms = 20000;
+  opts->wait_timeout_ms = 20000;
+}
+
 /* g = c + (2r - (L-1)) / 2 with c a small multiple of 1/2: the average is
  * exactly c (see test_trainer.cc). */
 static double Expected(unsigned long long t, int p, size_t j) {
@@ -72,13 +85,7 @@ static int Train(const char* socket, const char* job, int rank, int world,
                            {"big", shape1, 1, GRADD_FLOAT64},
                            {"b", shape2, 1, GRADD_FLOAT32}};
   gradd_options opts;
-  gradd_options_init(&opts);
-  opts.socket_path = socket;
-  opts.job_id = job;
-  opts.local_rank = rank;
-  opts.local_world_size = world;
-  opts.attach_timeout_ms = 20000;
-  opts.wait_timeout_ms = 20000;
+  JobOptions(&opts, socket, job, rank, world);
   opts.comm_hook = comm_hook;
   gradd_client* c = NULL;
   if (gradd_attach(&opts, params, 3, &c) != GRADD_OK) {
@@ -161,13 +168,7 @@ static int Unused(const char* socket, const char* job, int rank, int world) {
   gradd_param params[2] = {{"w", shape, 1, GRADD_FLOAT32},
                            {"b", shape, 1, GRADD_FLOAT32}};
   gradd_options opts;
-  gradd_options_init(&opts);
-  opts.socket_path = socket;
-  opts.job_id = job;
-  opts.local_rank = rank;
-  opts.local_world_size = world;
-  opts.attach_timeout_ms = 20000;
-  opts.wait_timeout_ms = 20000;
+  JobOptions(&opts, socket, job, rank, world);
   opts.find_unused_parameters = 1;
   gradd_client* c = NULL;
   if (gradd_attach(&opts, params, 2, &c) != GRADD_OK) {

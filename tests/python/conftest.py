@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -173,11 +174,12 @@ def job_id(request):
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def run_workers(script, world, args, env_extra, timeout=120, rank_env=None):
+def run_workers(script, world, args, env_extra, timeout=120, rank_env=None, logs=None):
     """Runs `world` copies of `script` (rank in RANK), returns their stdouts;
     fails with every worker's output if one fails or runs past `timeout`.
     `rank_env(rank)` may return per-rank variables (e.g.
-    TwoDaemons.rank_env) that override the single-node defaults."""
+    TwoDaemons.rank_env) that override the single-node defaults; `logs()`
+    (e.g. TwoDaemons.logs) is added to a failure's report."""
     procs = []
     for rank in range(world):
         env = dict(os.environ)
@@ -220,5 +222,29 @@ def run_workers(script, world, args, env_extra, timeout=120, rank_env=None):
         report = "\n".join(
             f"--- rank {r}: exit {rc}\n{out}\n{err[-6000:]}" for r, (rc, out, err) in enumerate(outs)
         )
+        if logs is not None:
+            report += f"\n{logs()}"
         pytest.fail(f"{script} failed:\n{report}")
     return [out for _, out, _ in outs]
+
+
+def rank_threads(world, fn, timeout=60):
+    """fn(rank) in `world` threads of this process (ranks of one job through
+    the binding, which releases the GIL while it waits); returns (results,
+    errors), each by rank. Fails if a thread is still running after
+    `timeout` seconds."""
+    results, errors = [None] * world, [None] * world
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors[rank] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), f"rank thread still running after {timeout} s"
+    return results, errors

@@ -8,7 +8,6 @@ daemon from GRADD_SOCKET, job from GRADD_JOB.
 """
 import copy
 import json
-import os
 import sys
 
 import torch
@@ -17,22 +16,14 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 import models
+from parity_util import init_gloo, rel_err
 
 CAP_MB = 0.002  # ~2 KB: forces several buckets even for the small CNN
 
 
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
-
-
 def main():
     name, init_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    rank, world = init_gloo(init_file)
 
     # Different initial weights on each rank: both wrappers must broadcast
     # rank 0's state at construction.

@@ -22,15 +22,9 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 import models
+from parity_util import rel_err
 
 CAP_MB = 0.002  # several buckets even for the small models
-
-
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
 
 
 def model_err(ours, want):

@@ -10,7 +10,6 @@ GRADD_JOB (multi-node: GRADD_COORDINATOR).
 """
 import copy
 import json
-import os
 import sys
 
 import torch
@@ -20,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 from gradd import _ddp_logging, _rebuild
+from parity_util import init_gloo, rel_err
 
 FIRST_CAP_BYTES = 2000
 CAP_MB = 0.004  # 4194 bytes
@@ -39,18 +39,9 @@ class Shuffled(nn.Module):
         return self.head(torch.relu(self.mid(torch.relu(self.embed(x)))))
 
 
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
-
-
 def main():
     mode, init_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    rank, world = init_gloo(init_file)
     # torch's first bucket cap is this module attribute (read by DDP's
     # constructor); gradd's is first_bucket_cap_mb.
     dist._DEFAULT_FIRST_BUCKET_BYTES = FIRST_CAP_BYTES

@@ -1,30 +1,17 @@
 """gradd._C: the binding over the C++ client, two ranks as threads of this
 process (attach, mark_ready and wait_all release the GIL)."""
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import gradd
+from conftest import rank_threads
 
 
 def run_ranks(world, fn, timeout=60):
     """fn(rank) in `world` threads; returns results, re-raises the first error."""
-    results, errors = [None] * world, [None] * world
-
-    def body(rank):
-        try:
-            results[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            errors[rank] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), f"rank thread still running after {timeout} s"
+    results, errors = rank_threads(world, fn, timeout)
     for e in errors:
         if e is not None:
             raise e

@@ -9,16 +9,10 @@ throw_on_early_termination every rank must raise at the same step.
 One node (2 and 3 ranks) and two daemons x two ranks (torch: 4 processes).
 """
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import types
 
 import pytest
 
-from conftest import HERE, run_workers
+from conftest import run_workers
 
 TOL = 1e-5
 
@@ -104,62 +98,32 @@ def test_join_disabled_is_a_no_op(daemon, job_id, tmp_path):
 
 
 # ---------------------------------------------------------------- 2 nodes
-@pytest.fixture
-def join_daemons(two_daemons):
-    """conftest's two daemons: node-a (the coordinator) and node-b."""
-    a, b = two_daemons.nodes
-    return types.SimpleNamespace(a=a, b=b, coordinator=two_daemons.coordinator)
-
-
-def _run_two_nodes(daemons, job_id, args, timeout=180):
+def _run_two_nodes(two_daemons, job_id, args, timeout=180):
     """4 workers: global rank r on node r // 2 as local rank r % 2."""
-    procs = []
-    for rank in range(4):
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2",
-            GROUP_RANK=str(rank // 2), GRADD_NUM_NODES="2",
-            GRADD_SOCKET=(daemons.a if rank < 2 else daemons.b).socket,
-            GRADD_COORDINATOR=daemons.coordinator, GRADD_JOB=job_id,
-            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-        )
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "join_worker.py"), *args], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        ))
-    outs, failed = [], False
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    os.killpg(q.pid, signal.SIGKILL)
-            out, err = p.communicate()
-            failed = True
-        outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
-        failed = failed or p.returncode != 0
-    if failed:
-        pytest.fail("\n".join(f"--- rank {r}: exit {rc}\n{o}\n{e[-4000:]}"
-                              for r, (rc, o, e) in enumerate(outs))
-                    + f"\n--- node-a\n{daemons.a.log()}\n--- node-b\n{daemons.b.log()}")
-    return [o for _, o, _ in outs]
+    return run_workers(
+        "join_worker.py",
+        4,
+        args,
+        {"GRADD_JOB": job_id, "GRADD_NUM_NODES": "2"},
+        timeout=timeout,
+        rank_env=lambda r: two_daemons.rank_env(r, 2),
+        logs=two_daemons.logs,
+    )
 
 
 @pytest.mark.parametrize("model,divide", [("cnn_bn", 0), ("mlp", 1)])
-def test_join_two_daemons_matches_torch(join_daemons, job_id, tmp_path, model, divide):
+def test_join_two_daemons_matches_torch(two_daemons, job_id, tmp_path, model, divide):
     # Node a (ranks 0, 1: 3 and 5 batches) runs out first; its daemon keeps
     # matching node b's collectives (zeros, buffer syncs) until rank 3 joins.
     outs = _run_two_nodes(
-        join_daemons, job_id, [model, str(tmp_path / "gloo_init"), "generic", str(divide), "0", "1"]
+        two_daemons, job_id, [model, str(tmp_path / "gloo_init"), "generic", str(divide), "0", "1"]
     )
     _check(_results(outs), 4)
 
 
-def test_join_two_daemons_throw(join_daemons, job_id, tmp_path):
+def test_join_two_daemons_throw(two_daemons, job_id, tmp_path):
     outs = _run_two_nodes(
-        join_daemons, job_id, ["mlp", str(tmp_path / "gloo_init"), "method", "1", "1", "1"]
+        two_daemons, job_id, ["mlp", str(tmp_path / "gloo_init"), "method", "1", "1", "1"]
     )
     results = _results(outs)
     _check(results, 4, throw=True)

@@ -9,62 +9,17 @@ parameters equal to torch's after every step across the switch.
 Runs 2 ranks on one daemon, and 2 daemons x 2 ranks (a multi-node job over
 loopback, node rank 0's order winning)."""
 import json
-import types
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import HERE
+from conftest import rank_threads, run_workers
 
 STEPS = 5
 TOL = 1e-5
 
 
-def _launch_rebuild_workers(ranks, args, timeout=150):
-    """Runs rebuild_worker.py once per entry of `ranks` (a dict of extra
-    environment each); returns the parsed JSON lines; fails with every
-    worker's output if one fails or runs past `timeout`."""
-    procs = []
-    for env_extra in ranks:
-        env = dict(os.environ)
-        env.update(env_extra, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "rebuild_worker.py"), *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        )
-    outs, failed = [], False
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            out, err = p.communicate()
-            err += b"\n[killed: timeout]"
-            failed = True
-        outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
-        failed = failed or p.returncode != 0
-    if failed:
-        report = "\n".join(f"--- rank {r}: exit {rc}\n{o}\n{e[-6000:]}" for r, (rc, o, e) in enumerate(outs))
-        pytest.fail(f"rebuild_worker.py failed:\n{report}")
-    return [json.loads(o.strip().splitlines()[-1]) for _, o, _ in outs]
-
-
-@pytest.fixture
-def rebuild_daemon_pair(two_daemons):
-    """conftest's two daemons: node-a (the coordinator) and node-b."""
-    a, b = two_daemons.nodes
-    return types.SimpleNamespace(a=a, b=b, coordinator=two_daemons.coordinator)
+def _results(outs):
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
 def _torch_buckets(r):
@@ -98,61 +53,33 @@ def _check(results, rebuild_at):
 
 @pytest.mark.parametrize("mode,rebuild_at", [("plain", 1), ("static", 2), ("unused", None)])
 def test_rebuild_matches_torch_one_node(daemon, job_id, tmp_path, mode, rebuild_at):
-    ranks = [
-        {
-            "RANK": str(r),
-            "LOCAL_RANK": str(r),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "GRADD_SOCKET": daemon.socket,
-            "GRADD_JOB": job_id,
-        }
-        for r in range(2)
-    ]
-    _check(_launch_rebuild_workers(ranks, [mode, str(tmp_path / "gloo_init"), str(STEPS)]), rebuild_at)
+    outs = run_workers(
+        "rebuild_worker.py",
+        2,
+        [mode, str(tmp_path / "gloo_init"), str(STEPS)],
+        {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id},
+        timeout=150,
+    )
+    _check(_results(outs), rebuild_at)
 
 
-def test_rebuild_matches_torch_two_daemons(rebuild_daemon_pair, job_id, tmp_path):
-    pair = rebuild_daemon_pair
-    ranks = [
-        {
-            "RANK": str(r),
-            "LOCAL_RANK": str(r % 2),
-            "WORLD_SIZE": "4",
-            "LOCAL_WORLD_SIZE": "2",
-            "GRADD_SOCKET": (pair.a if r < 2 else pair.b).socket,
-            "GRADD_COORDINATOR": pair.coordinator,
-            "GRADD_JOB": job_id,
-        }
-        for r in range(4)
-    ]
-    _check(_launch_rebuild_workers(ranks, ["plain", str(tmp_path / "gloo_init"), str(STEPS)], timeout=200), 1)
+def test_rebuild_matches_torch_two_daemons(two_daemons, job_id, tmp_path):
+    outs = run_workers(
+        "rebuild_worker.py",
+        4,
+        ["plain", str(tmp_path / "gloo_init"), str(STEPS)],
+        {"GRADD_JOB": job_id},
+        timeout=200,
+        rank_env=lambda r: two_daemons.rank_env(r, 2),
+        logs=two_daemons.logs,
+    )
+    _check(_results(outs), 1)
 
 
 # --- the binding (gradd._C) directly, ranks as threads ---------------------
 
 _PARAMS = [("w0", (64,), "float32"), ("w1", (64,), "float32"), ("w2", (64,), "float32"), ("w3", (64,), "float32")]
 _CAP = 256 / (1 << 20)  # 256 bytes: one float32 tensor of 64 per bucket
-
-
-def _rank_threads(world, fn, timeout=60):
-    import threading
-
-    results, errors = [None] * world, [None] * world
-
-    def body(rank):
-        try:
-            results[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            errors[rank] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), f"rank thread still running after {timeout} s"
-    return results, errors
 
 
 def _attach(daemon, job_id, rank):
@@ -188,7 +115,7 @@ def test_client_rebuild_moves_gradients_and_follows_rank_zero(daemon, job_id):
         c.detach()
         return before, order, after, moved, values
 
-    results, errors = _rank_threads(2, fn)
+    results, errors = rank_threads(2, fn)
     assert errors == [None, None], errors
     for before, order, after, moved, values in results:
         assert before == [[3], [2], [1], [0]]
@@ -213,7 +140,7 @@ def test_client_rank_skipping_rebuild_fails_both(daemon, job_id):
         finally:
             c.detach()
 
-    _, errors = _rank_threads(2, fn)
+    _, errors = rank_threads(2, fn)
     for e in errors:
         assert isinstance(e, gradd.GraddError), errors
         assert "started iteration 2 without rebuilding buckets" in str(e), e

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "tests/unit/server/fake_session_registry.h"
+#include "tests/unit/server/job_manager_fixture.h"
 #include "tests/unit/server/test_rank.h"
 
 namespace gradd {
@@ -39,62 +40,11 @@ const std::vector<TestParam> kSmallModel = {
     {"fc1.bias", {16}, v1::FLOAT32},
 };
 
-class JobManagerTest : public ::testing::Test {
+class JobManagerTest : public JobManagerFixture {
  protected:
-  void SetUp() override {
-    config_ = DefaultConfig();
-    config_.set_attach_timeout_ms(10000);
-  }
-  void TearDown() override {
-    if (manager_) manager_->Stop();
-  }
-
-  JobManager& manager() {
-    if (!manager_) {
-      manager_ = std::make_unique<JobManager>(config_, &sessions_, &pool_);
-      sessions_.set_observer(manager_.get());
-    }
-    return *manager_;
-  }
-
-  // Attaches `world` ranks of `job` (each with its own session) and returns
-  // them mapped; fails the test if any attach fails.
-  std::vector<std::unique_ptr<TestRank>> AttachJob(
-      const std::string& job, int world, const std::vector<TestParam>& params,
-      double bucket_cap_mb = 0, double first_cap_mb = 0,
-      uint64_t broadcast_bytes = 0) {
-    std::vector<uint64_t> session(world);
-    std::vector<std::shared_ptr<PendingAttach>> pending;
-    for (int r = 0; r < world; ++r) {
-      session[r] = sessions_.Open();
-      v1::AttachRequest req = MakeRequest(job, r, world, session[r], params);
-      req.set_bucket_cap_mb(bucket_cap_mb);
-      req.set_first_bucket_cap_mb(first_cap_mb);
-      req.set_broadcast_bytes(broadcast_bytes);
-      pending.push_back(StartAttach(manager(), std::move(req)));
-    }
-    std::vector<std::unique_ptr<TestRank>> ranks;
-    for (int r = 0; r < world; ++r) {
-      absl::StatusOr<v1::AttachResponse> resp = pending[r]->Get();
-      EXPECT_TRUE(resp.ok()) << resp.status();
-      if (!resp.ok()) return {};
-      FakeSessionRegistry::Sent sent = sessions_.TakeSent(session[r]);
-      EXPECT_EQ(sent.attach_id, resp->attach_id());
-      EXPECT_EQ(sent.fds.size(), 2u);
-      ranks.push_back(
-          std::make_unique<TestRank>(r, session[r], *resp, std::move(sent)));
-    }
-    return ranks;
-  }
-
   absl::Status AttachOne(v1::AttachRequest req) {
     return StartAttach(manager(), std::move(req))->Get().status();
   }
-
-  v1::DaemonConfig config_;
-  ThreadPool pool_{2};
-  FakeSessionRegistry sessions_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(JobManagerTest, AttachReturnsTheSamePlanToEveryRank) {

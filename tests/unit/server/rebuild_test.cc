@@ -13,6 +13,7 @@
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/kv_store.h"
 #include "tests/unit/server/fake_session_registry.h"
+#include "tests/unit/server/job_manager_fixture.h"
 #include "tests/unit/server/test_rank.h"
 
 namespace gradd {
@@ -71,42 +72,11 @@ const std::vector<TestParam> kModel = {
 };
 constexpr double kCapMb = 128.0 / (1 << 20);
 
-class RebuildTest : public ::testing::Test {
+class RebuildTest : public JobManagerFixture {
  protected:
-  void SetUp() override {
-    config_ = DefaultConfig();
-    config_.set_attach_timeout_ms(10000);
-  }
-  void TearDown() override {
-    if (manager_) manager_->Stop();
-  }
-  JobManager& manager() {
-    if (!manager_) {
-      manager_ = std::make_unique<JobManager>(config_, &sessions_, &pool_);
-      sessions_.set_observer(manager_.get());
-    }
-    return *manager_;
-  }
   std::vector<std::unique_ptr<TestRank>> AttachJob(const std::string& job,
                                                    int world) {
-    std::vector<uint64_t> session(world);
-    std::vector<std::shared_ptr<PendingAttach>> pending;
-    for (int r = 0; r < world; ++r) {
-      session[r] = sessions_.Open();
-      v1::AttachRequest req = MakeRequest(job, r, world, session[r], kModel);
-      req.set_bucket_cap_mb(kCapMb);
-      req.set_first_bucket_cap_mb(kCapMb);
-      pending.push_back(StartAttach(manager(), std::move(req)));
-    }
-    std::vector<std::unique_ptr<TestRank>> ranks;
-    for (int r = 0; r < world; ++r) {
-      absl::StatusOr<v1::AttachResponse> resp = pending[r]->Get();
-      EXPECT_TRUE(resp.ok()) << resp.status();
-      if (!resp.ok()) return {};
-      ranks.push_back(std::make_unique<TestRank>(
-          r, session[r], *resp, sessions_.TakeSent(session[r])));
-    }
-    return ranks;
+    return JobManagerFixture::AttachJob(job, world, kModel, kCapMb, kCapMb);
   }
 
   // One iteration on `buckets`: rank r writes (r + 1) * (iteration + i)
@@ -153,11 +123,6 @@ class RebuildTest : public ::testing::Test {
     }
     return right;
   }
-
-  v1::DaemonConfig config_;
-  ThreadPool pool_{2};
-  FakeSessionRegistry sessions_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(RebuildTest, EveryRankGetsThePlanOfLocalRankZerosOrder) {
@@ -260,6 +225,36 @@ TEST_F(RebuildTest, ARankThatLeftBeforeTheRebuildFailsItAtOnce) {
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("local rank 1 of job 'left' left; the job cannot "
                         "rebuild its buckets without it"));
+}
+
+TEST_F(RebuildTest, OnlyARanksOwnSessionMayAskForIt) {
+  auto ranks = AttachJob("own", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+  // Rank 0's session asking for rank 1: refused at once, naming rank 1.
+  v1::RebuildBucketsRequest req;
+  req.set_job_id("own");
+  req.set_local_rank(1);
+  req.set_session_id(ranks[0]->session());
+  req.set_iteration(1);
+  for (int32_t p = 0; p < 6; ++p) req.add_ready_order(p);
+  auto pending = std::make_shared<PendingRebuild>();
+  manager().HandleRebuildBuckets(
+      std::move(req), absl::Now() + absl::Seconds(20),
+      [pending](absl::StatusOr<v1::RebuildBucketsResponse> r) {
+        pending->result = std::move(r);
+        pending->done.Notify();
+      });
+  auto r = pending->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("local rank 1 of job 'own' is not attached through "
+                        "session"));
+  // The real ranks still rebuild together.
+  auto a = StartRebuild(manager(), "own", *ranks[0], 1, {0, 1, 2, 3, 4, 5});
+  auto b = StartRebuild(manager(), "own", *ranks[1], 1, {0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(a->Get().ok());
+  EXPECT_TRUE(b->Get().ok());
 }
 
 // --- multi-node agreement ------------------------------------------------

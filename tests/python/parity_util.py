@@ -1,0 +1,25 @@
+"""Pieces shared by the parity workers (one process per rank, torch's DDP
+over Gloo side by side with gradd.torch's)."""
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def rel_err(a, b):
+    """Largest difference between tensors `a` and `b` relative to the
+    largest magnitude in `b` (the absolute difference when `b` is zero)."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().item()
+    diff = (a - b).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def init_gloo(init_file):
+    """One intra-op thread (the machine runs several ranks), then torch's
+    Gloo process group of RANK / WORLD_SIZE over the file `init_file`;
+    returns (rank, world)."""
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    return rank, world
