@@ -13,8 +13,10 @@ one process per rank with torchrun's environment variables:
       /usr/bin/python3 examples/pytorch/train.py --steps 100 &
     done; wait
 
-(torchrun --nproc_per_node=2 --master_port=29500 examples/pytorch/train.py
-sets the same variables.) The job id defaults to torch-MASTER_ADDR:MASTER_PORT,
+(torchrun --nproc_per_node=2 --master_port=29500 --redirects 3 --tee 3
+--log_dir /tmp/torchrun-logs examples/pytorch/train.py sets the same
+variables; Debian's torch 1.13 torchrun crashes on Python 3.11 before it
+starts the workers unless it is given --redirects/--tee.) The job id defaults to torch-MASTER_ADDR:MASTER_PORT,
 so all ranks of one launch meet in the daemon; GRADD_JOB overrides it.
 
 Each rank trains a small MLP regression on its own shard of a synthetic data

@@ -51,11 +51,14 @@ def _check(results, rebuild_at):
     assert len({r["checksum"] for r in results}) == 1, "ranks hold different models"
 
 
-@pytest.mark.parametrize("mode,rebuild_at", [("plain", 1), ("static", 2), ("unused", None)])
-def test_rebuild_matches_torch_one_node(daemon, job_id, tmp_path, mode, rebuild_at):
+@pytest.mark.parametrize(
+    "mode,rebuild_at,world",
+    [("plain", 1, 2), ("static", 2, 2), ("unused", None, 2), ("plain", 1, 3)],
+)
+def test_rebuild_matches_torch_one_node(daemon, job_id, tmp_path, mode, rebuild_at, world):
     outs = run_workers(
         "rebuild_worker.py",
-        2,
+        world,
         [mode, str(tmp_path / "gloo_init"), str(STEPS)],
         {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id},
         timeout=150,
