@@ -4,6 +4,8 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -57,6 +59,55 @@ std::optional<T> WaitFor(grpc::ServerContext* context,
   return std::move(slot->value);
 }
 
+// A call whose handler waits on other ranks (Attach, RebuildBuckets): the
+// handler gets the client's deadline less kAnswerMargin and answers with
+// the response. `start(deadline, done)` calls the handler.
+template <typename Response, typename Start>
+grpc::Status WaitingCall(grpc::ServerContext* context, Response* response,
+                         absl::string_view what, Start start) {
+  const absl::Time deadline = CallDeadline(context);
+  auto slot = std::make_shared<Slot<absl::StatusOr<Response>>>();
+  const absl::Time handler_deadline =
+      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
+  start(handler_deadline, [slot](absl::StatusOr<Response> result) {
+    absl::MutexLock lock(&slot->mu);
+    slot->value = std::move(result);
+  });
+  std::optional<absl::StatusOr<Response>> result =
+      WaitFor(context, slot,
+              deadline == absl::InfiniteFuture() ? absl::InfiniteFuture()
+                                                 : deadline + kHandlerGrace);
+  if (!result) {
+    return grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat("gradd did not answer ", what, " in time"));
+  }
+  if (!result->ok()) return ToGrpcStatus(result->status());
+  *response = *std::move(*result);
+  return grpc::Status::OK;
+}
+
+// An immediate call (Detach, SetCommHook), bounded by kDetachLimit even
+// without a client deadline. `start(done)` calls the handler.
+template <typename Start>
+grpc::Status ImmediateCall(grpc::ServerContext* context, absl::string_view what,
+                           Start start) {
+  auto slot = std::make_shared<Slot<absl::Status>>();
+  start([slot](absl::Status status) {
+    absl::MutexLock lock(&slot->mu);
+    slot->value = std::move(status);
+  });
+  std::optional<absl::Status> result =
+      WaitFor(context, slot,
+              std::min(CallDeadline(context), absl::Now() + kDetachLimit));
+  if (!result) {
+    return grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat("gradd did not answer ", what, " in time"));
+  }
+  return ToGrpcStatus(*result);
+}
+
 }  // namespace
 
 grpc::Status NodeService::CheckCaller(const grpc::ServerContext* context,
@@ -72,26 +123,10 @@ grpc::Status NodeService::Attach(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
-  const absl::Time deadline = CallDeadline(context);
-  auto slot = std::make_shared<Slot<absl::StatusOr<v1::AttachResponse>>>();
-  const absl::Time handler_deadline =
-      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
-  handler_->HandleAttach(*request, handler_deadline,
-                         [slot](absl::StatusOr<v1::AttachResponse> result) {
-                           absl::MutexLock lock(&slot->mu);
-                           slot->value = std::move(result);
-                         });
-  std::optional<absl::StatusOr<v1::AttachResponse>> result =
-      WaitFor(context, slot,
-              deadline == absl::InfiniteFuture() ? absl::InfiniteFuture()
-                                                 : deadline + kHandlerGrace);
-  if (!result) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "gradd did not answer Attach in time");
-  }
-  if (!result->ok()) return ToGrpcStatus(result->status());
-  *response = *std::move(*result);
-  return grpc::Status::OK;
+  return WaitingCall(
+      context, response, "Attach", [&](absl::Time deadline, auto done) {
+        handler_->HandleAttach(*request, deadline, std::move(done));
+      });
 }
 
 grpc::Status NodeService::Detach(grpc::ServerContext* context,
@@ -100,19 +135,9 @@ grpc::Status NodeService::Detach(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
-  auto slot = std::make_shared<Slot<absl::Status>>();
-  handler_->HandleDetach(*request, [slot](absl::Status status) {
-    absl::MutexLock lock(&slot->mu);
-    slot->value = std::move(status);
+  return ImmediateCall(context, "Detach", [&](auto done) {
+    handler_->HandleDetach(*request, std::move(done));
   });
-  std::optional<absl::Status> result =
-      WaitFor(context, slot,
-              std::min(CallDeadline(context), absl::Now() + kDetachLimit));
-  if (!result) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "gradd did not answer Detach in time");
-  }
-  return ToGrpcStatus(*result);
 }
 
 grpc::Status NodeService::RebuildBuckets(
@@ -121,28 +146,10 @@ grpc::Status NodeService::RebuildBuckets(
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
-  const absl::Time deadline = CallDeadline(context);
-  auto slot =
-      std::make_shared<Slot<absl::StatusOr<v1::RebuildBucketsResponse>>>();
-  const absl::Time handler_deadline =
-      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
-  handler_->HandleRebuildBuckets(
-      *request, handler_deadline,
-      [slot](absl::StatusOr<v1::RebuildBucketsResponse> result) {
-        absl::MutexLock lock(&slot->mu);
-        slot->value = std::move(result);
+  return WaitingCall(
+      context, response, "RebuildBuckets", [&](absl::Time deadline, auto done) {
+        handler_->HandleRebuildBuckets(*request, deadline, std::move(done));
       });
-  std::optional<absl::StatusOr<v1::RebuildBucketsResponse>> result =
-      WaitFor(context, slot,
-              deadline == absl::InfiniteFuture() ? absl::InfiniteFuture()
-                                                 : deadline + kHandlerGrace);
-  if (!result) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "gradd did not answer RebuildBuckets in time");
-  }
-  if (!result->ok()) return ToGrpcStatus(result->status());
-  *response = *std::move(*result);
-  return grpc::Status::OK;
 }
 
 grpc::Status NodeService::SetCommHook(grpc::ServerContext* context,
@@ -151,19 +158,9 @@ grpc::Status NodeService::SetCommHook(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
-  auto slot = std::make_shared<Slot<absl::Status>>();
-  handler_->HandleSetCommHook(*request, [slot](absl::Status status) {
-    absl::MutexLock lock(&slot->mu);
-    slot->value = std::move(status);
+  return ImmediateCall(context, "SetCommHook", [&](auto done) {
+    handler_->HandleSetCommHook(*request, std::move(done));
   });
-  std::optional<absl::Status> result =
-      WaitFor(context, slot,
-              std::min(CallDeadline(context), absl::Now() + kDetachLimit));
-  if (!result) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "gradd did not answer SetCommHook in time");
-  }
-  return ToGrpcStatus(*result);
 }
 
 }  // namespace gradd

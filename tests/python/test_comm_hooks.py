@@ -3,14 +3,10 @@ server/hooks/) against torch's DDP (Gloo) with the same hook registered:
 same model, seed and per-rank data, different initial weights per rank;
 gradients and parameters compared after every step."""
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import HERE, Daemon, run_workers
+from conftest import Daemon, run_workers
 
 STEPS = 6
 # Relative to each tensor's largest magnitude. The 16-bit hooks round the
@@ -79,77 +75,14 @@ def test_powersgd_matches_torch(daemon, job_id, tmp_path, hook, state, world):
     check([json.loads(o.strip().splitlines()[-1]) for o in outs], hook, tol=POWERSGD_TOL)
 
 
-class HookCluster:
-    """Two gradd daemons on loopback forming multi-node jobs: the first
-    serves the rendezvous on an OS-chosen port, the second joins it."""
-
-    def __init__(self, binary, tmp_path):
-        port_file = tmp_path / "rendezvous.port"
-        self.daemons = [Daemon(binary, ["--node-id", "hooks-a", "--rendezvous-listen",
-                                        "127.0.0.1:0", "--rendezvous-port-file", str(port_file)])]
-        try:
-            deadline = time.monotonic() + 30
-            while not (port_file.exists() and port_file.read_text().strip()):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no rendezvous port:\n{self.daemons[0].log()}")
-                time.sleep(0.02)
-            self.coordinator = f"127.0.0.1:{port_file.read_text().strip()}"
-            self.daemons.append(Daemon(binary, ["--node-id", "hooks-b", "--coordinator",
-                                                self.coordinator]))
-        except Exception:
-            self.stop()
-            raise
-
-    def stop(self):
-        for d in self.daemons:
-            d.stop()
-
-
-@pytest.fixture
-def hook_cluster(gradd_binary, tmp_path):
-    cluster = HookCluster(gradd_binary, tmp_path)
-    yield cluster
-    alive = all(d.proc.poll() is None for d in cluster.daemons)
-    logs = "\n".join(d.log() for d in cluster.daemons)
-    cluster.stop()
-    assert alive, f"a gradd died during the test:\n{logs}"
-
-
 def run_on_cluster(cluster, job_id, args, local_world=2, timeout=150):
-    """torchrun-style: len(daemons) x local_world workers, node n's ranks on
-    daemon n; returns each rank's stdout."""
-    world = len(cluster.daemons) * local_world
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % local_world),
-            LOCAL_WORLD_SIZE=str(local_world), GROUP_RANK=str(rank // local_world),
-            GRADD_SOCKET=cluster.daemons[rank // local_world].socket, GRADD_JOB=job_id,
-            GRADD_COORDINATOR=cluster.coordinator, OMP_NUM_THREADS="1",
-        )
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "comm_hook_worker.py"), *args], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
-    outs, failed = [], False
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            out, err = p.communicate()
-            err += b"\n[killed: timeout]"
-            failed = True
-        outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
-        failed = failed or p.returncode != 0
-    if failed:
-        pytest.fail("\n".join(f"--- rank {r}: exit {rc}\n{o}\n{e[-4000:]}"
-                              for r, (rc, o, e) in enumerate(outs)) +
-                    "\n".join(d.log() for d in cluster.daemons))
-    return [json.loads(o.strip().splitlines()[-1]) for _, o, _ in outs]
+    """torchrun-style over conftest's two daemons: 2 x local_world workers,
+    node n's ranks on daemon n; returns each rank's result."""
+    outs = run_workers(
+        "comm_hook_worker.py", 2 * local_world, args, {"GRADD_JOB": job_id},
+        timeout=timeout, rank_env=lambda r: cluster.rank_env(r, local_world),
+        logs=cluster.logs)
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
 # Two nodes x two ranks (torch with four processes): the node's sum goes to
@@ -160,8 +93,8 @@ def run_on_cluster(cluster, job_id, args, local_world=2, timeout=150):
     ("batched_powerSGD", dict(matrix_approximation_rank=1, start_powerSGD_iter=2,
                               warm_start=False)),
 ])
-def test_two_daemons_match_torch(hook_cluster, job_id, tmp_path, hook, state):
-    results = run_on_cluster(hook_cluster, job_id,
+def test_two_daemons_match_torch(two_daemons, job_id, tmp_path, hook, state):
+    results = run_on_cluster(two_daemons, job_id,
                              [hook, str(tmp_path / "gloo"), str(STEPS), json.dumps(state)])
     check(results, hook, tol=TOL.get(hook, POWERSGD_TOL))
 
