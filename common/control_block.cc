@@ -25,25 +25,34 @@ uint64_t MonotonicNs() {
 
 ControlLayout::ControlLayout(uint32_t local_world_size, uint32_t num_buckets)
     : world_(local_world_size), buckets_(num_buckets) {
-  // Each rank's ready row on its own cache lines: ranks never share a line.
+  // Rows on their own cache lines: ranks never share a line.
   row_bytes_ =
       RoundUp(std::max<size_t>(1, buckets_) * sizeof(uint64_t), kCacheLine);
-  ready_offset_ = RoundUp(sizeof(ControlHeader), kCacheLine);
-  done_offset_ = ready_offset_ + row_bytes_ * world_;
-  bcast_offset_ = done_offset_ + row_bytes_;
-  join_offset_ = bcast_offset_ + sizeof(BroadcastSlot) * world_;
-  total_bytes_ = RoundUp(
-      join_offset_ + sizeof(JoinBoard) + sizeof(JoinSlot) * world_, 4096);
+  // Each block page-aligned: every one is a separate memfd mapped on its own,
+  // with its own protection.
+  done_offset_ = RoundUp(sizeof(ControlHeader), kCacheLine);
+  board_offset_ = done_offset_ + row_bytes_;
+  job_bytes_ = RoundUp(board_offset_ + sizeof(JoinBoard), 4096);
+  ready_offset_ = RoundUp(sizeof(RankHeader), kCacheLine);
+  bcast_offset_ = ready_offset_ + row_bytes_;
+  join_offset_ = bcast_offset_ + sizeof(BroadcastSlot);
+  rank_block_bytes_ = RoundUp(join_offset_ + sizeof(JoinSlot), 4096);
+  total_bytes_ = job_bytes_ + rank_block_bytes_ * world_;
 }
 
 ControlHeader* ControlLayout::header(void* base) const {
   return static_cast<ControlHeader*>(base);
 }
 
+RankHeader* ControlLayout::rank_header(void* base, uint32_t rank) const {
+  return reinterpret_cast<RankHeader*>(static_cast<char*>(base) +
+                                       rank_block_offset(rank));
+}
+
 std::atomic<uint64_t>* ControlLayout::ready_row(void* base,
                                                 uint32_t rank) const {
   return reinterpret_cast<std::atomic<uint64_t>*>(
-      static_cast<char*>(base) + ready_offset_ + row_bytes_ * rank);
+      static_cast<char*>(base) + rank_block_offset(rank) + ready_offset_);
 }
 
 std::atomic<uint64_t>* ControlLayout::done_seq(void* base) const {
@@ -52,19 +61,17 @@ std::atomic<uint64_t>* ControlLayout::done_seq(void* base) const {
 }
 
 BroadcastSlot* ControlLayout::bcast(void* base, uint32_t rank) const {
-  return reinterpret_cast<BroadcastSlot*>(static_cast<char*>(base) +
-                                          bcast_offset_) +
-         rank;
+  return reinterpret_cast<BroadcastSlot*>(
+      static_cast<char*>(base) + rank_block_offset(rank) + bcast_offset_);
 }
 
 JoinBoard* ControlLayout::join_board(void* base) const {
-  return reinterpret_cast<JoinBoard*>(static_cast<char*>(base) + join_offset_);
+  return reinterpret_cast<JoinBoard*>(static_cast<char*>(base) + board_offset_);
 }
 
 JoinSlot* ControlLayout::join_slot(void* base, uint32_t rank) const {
-  return reinterpret_cast<JoinSlot*>(static_cast<char*>(base) + join_offset_ +
-                                     sizeof(JoinBoard)) +
-         rank;
+  return reinterpret_cast<JoinSlot*>(static_cast<char*>(base) +
+                                     rank_block_offset(rank) + join_offset_);
 }
 
 void ControlLayout::Initialize(void* base) const {
@@ -74,16 +81,16 @@ void ControlLayout::Initialize(void* base) const {
   h->version = kControlVersion;
   h->num_buckets = buckets_;
   h->local_world_size = world_;
-  h->total_bytes = total_bytes_;
+  h->total_bytes = job_bytes_;
   h->heartbeat_ns.store(MonotonicNs(), std::memory_order_release);
 }
 
 absl::Status ControlLayout::Validate(const void* base,
                                      size_t mapped_bytes) const {
-  if (mapped_bytes < total_bytes_) {
+  if (mapped_bytes < job_bytes_) {
     return absl::InvalidArgumentError(
         absl::StrCat("control block too small: ", mapped_bytes, " bytes, ",
-                     total_bytes_, " expected"));
+                     job_bytes_, " expected"));
   }
   const auto* h = static_cast<const ControlHeader*>(base);
   if (h->magic != kControlMagic || h->version != kControlVersion) {
@@ -100,8 +107,9 @@ absl::Status ControlLayout::Validate(const void* base,
   return absl::OkStatus();
 }
 
-void PublishError(ControlHeader* header, absl::StatusCode code,
-                  std::string_view message) {
+void PublishError(const ControlLayout& layout, void* base,
+                  absl::StatusCode code, std::string_view message) {
+  ControlHeader* header = layout.header(base);
   if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
   // First failure wins. Only the daemon writes here, from one thread per job,
   // so a plain check is enough.
@@ -110,7 +118,7 @@ void PublishError(ControlHeader* header, absl::StatusCode code,
   std::memcpy(header->error, message.data(), n);
   header->error[n] = '\0';
   header->status.store(static_cast<int32_t>(code), std::memory_order_release);
-  WakeClients(header);
+  WakeClients(layout, base);
 }
 
 absl::Status ReadError(const ControlHeader* header) {

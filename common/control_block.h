@@ -1,24 +1,53 @@
-// The shared control block of one job on one node: the data-plane contract
-// between the daemon and its local trainers. One memfd per job, mapped
-// read-write by the daemon and by every local rank.
+// The shared control state of one job on one node: the data-plane contract
+// between the daemon and its local trainers.
 //
-//   [ControlHeader][ready_seq: world x RankRow][done_seq: buckets x u64]
-//   [bcast: world x BroadcastSlot][join: JoinBoard][world x JoinSlot]
+// Version 3 splits it by writer, so that one rank cannot corrupt another
+// rank or the job (issue 11):
+//
+//   job block   (one memfd, written only by the daemon):
+//               [ControlHeader][done_seq: buckets x u64][JoinBoard]
+//               The daemon maps it read-write, then seals it with
+//               F_SEAL_FUTURE_WRITE: trainers can only map it PROT_READ
+//               (mmap PROT_WRITE fails with EPERM, mprotect with EACCES).
+//               Linux >= 5.1; an older kernel fails the job's creation.
+//   rank block  (one memfd per local rank r, written by rank r; the daemon
+//               writes its ready row only during a plan switch):
+//               [RankHeader][ready_seq row][BroadcastSlot][JoinSlot]
+//   bell        (one pipe per local rank): the daemon keeps the read end,
+//               rank r gets the write end.
+//
+// Rank r receives the job block, its own rank block and the write end of its
+// own bell (plus its bucket memory), nothing of the other ranks. Both sides
+// map the blocks into one address range laid out as
+//   [job block][rank block 0]...[rank block world-1]
+// (ControlMapping, common/control_mapping.h), so ControlLayout computes every
+// address from one base; a trainer leaves the other ranks' blocks PROT_NONE.
 //
 // Sequence numbers are iteration numbers starting at 1; 0 means "never".
 //
 // Gradient buckets, one iteration (client rank r, bucket b, iteration i):
 //   client: writes its gradients into its bucket b, then
-//           ready_seq(r)[b].store(i, release); RingDaemon(header)
+//           ready_seq(r)[b].store(i, release); RingDaemon
 //   daemon: when ready_seq(r)[b] == i for every live rank r and
 //           done_seq[b] == i - 1: reduces, writes results into every rank's
-//           bucket b, done_seq[b].store(i, release); WakeClients(header)
+//           bucket b, done_seq[b].store(i, release); WakeClients
 //   client: waits until done_seq[b] == i for every bucket (or header.status
 //           != 0, then reads header.error).
 //
+// Wake-ups (common/doorbell.h). Client -> daemon: rank r bumps its own
+// RankHeader::doorbell, and writes a byte to its bell only when
+// header.daemon_sleeping says the daemon sleeps; the daemon spins on every
+// rank's doorbell word, then poll()s on every bell. Daemon -> clients: rank r
+// raises its own RankHeader::sleeping before futex-waiting on header.done_gen
+// (FUTEX_WAIT needs only read access); the daemon bumps done_gen and calls
+// futex wake if any rank's flag is up. Whatever a rank writes into its own
+// words or bell can only delay its own wake-ups, never another rank's: the
+// daemon keeps a separate "seen" value per rank and stops polling a bell
+// whose write end was closed.
+//
 // Broadcast (op k = 1, 2, ...), independent of gradient iterations:
 //   client: root copies bytes into its broadcast area; every rank sets
-//           bcast[r].root / bcast[r].bytes, then bcast[r].ready_seq = k,
+//           bcast(r).root / bcast(r).bytes, then bcast(r).ready_seq = k,
 //           RingDaemon
 //   daemon: when every rank is ready for k and all agree on root and bytes,
 //           copies root's area into every other rank's area,
@@ -44,9 +73,9 @@
 // header.status.store(absl::StatusCode, release), then WakeClients. Status
 // never goes back to 0 for the life of the block.
 //
-// Only the daemon writes done_seq, bcast_done_seq, status and error; rank r
-// writes only its own ready rows. The daemon never trusts what ranks wrote:
-// a ready_seq that skips ahead fails the job with a clear error.
+// The daemon never trusts what ranks wrote: a ready_seq that skips ahead
+// fails the job with a clear error. A rogue rank can fail its own job; it
+// cannot reach another rank's rows, done_seq, status, error or another job.
 #ifndef GRADD_COMMON_CONTROL_BLOCK_H_
 #define GRADD_COMMON_CONTROL_BLOCK_H_
 
@@ -60,7 +89,8 @@ namespace gradd {
 
 inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
 // 2: the daemon's heartbeat and the join region.
-inline constexpr uint32_t kControlVersion = 2;
+// 3: split into a read-only job block and per-rank blocks, per-rank bells.
+inline constexpr uint32_t kControlVersion = 3;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -74,16 +104,13 @@ struct alignas(kCacheLine) ControlHeader {
   uint32_t local_world_size;
   uint64_t total_bytes;
 
-  // Client -> daemon doorbell: bumped on every publish. The daemon futex-waits
-  // on it after setting daemon_sleeping; clients call futex wake only when
-  // daemon_sleeping is set.
-  alignas(kCacheLine) std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> daemon_sleeping;
+  // Non-zero while the daemon's engine sleeps in poll() on the bells:
+  // clients write their bell only then.
+  alignas(kCacheLine) std::atomic<uint32_t> daemon_sleeping;
 
-  // Daemon -> clients: bumped after every done / error publish. Clients that
-  // sleep increment `sleepers` first, the daemon wakes only when it is > 0.
+  // Daemon -> clients: bumped after every done / error publish; clients
+  // futex-wait on it (after raising their own RankHeader::sleeping).
   alignas(kCacheLine) std::atomic<uint32_t> done_gen;
-  std::atomic<uint32_t> sleepers;
 
   alignas(kCacheLine) std::atomic<uint64_t> bcast_done_seq;
 
@@ -100,6 +127,15 @@ struct alignas(kCacheLine) ControlHeader {
 
 // CLOCK_MONOTONIC in nanoseconds: one clock for every process on the host.
 uint64_t MonotonicNs();
+
+// Rank r's wake-up words, at the start of its rank block (written by rank r).
+struct alignas(kCacheLine) RankHeader {
+  // Bumped on every publish; the daemon spins on it before sleeping.
+  std::atomic<uint32_t> doorbell;
+  // Non-zero while rank r sleeps on done_gen: the daemon calls futex wake
+  // only when some rank's flag is up.
+  std::atomic<uint32_t> sleeping;
+};
 
 struct alignas(kCacheLine) BroadcastSlot {
   std::atomic<uint64_t> ready_seq;
@@ -142,41 +178,55 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 // Offsets of each region for a given job shape; both sides compute it.
+// `base` is the start of the combined range (see the top of this file).
 class ControlLayout {
  public:
   ControlLayout(uint32_t local_world_size, uint32_t num_buckets);
 
+  // The combined range: job block + every rank block.
   size_t total_bytes() const { return total_bytes_; }
+  size_t job_bytes() const { return job_bytes_; }
+  size_t rank_block_bytes() const { return rank_block_bytes_; }
+  size_t rank_block_offset(uint32_t rank) const {
+    return job_bytes_ + rank_block_bytes_ * rank;
+  }
   uint32_t local_world_size() const { return world_; }
   uint32_t num_buckets() const { return buckets_; }
 
   // Views into a mapped block (base must be the mapping's start).
   ControlHeader* header(void* base) const;
+  RankHeader* rank_header(void* base, uint32_t rank) const;
   std::atomic<uint64_t>* ready_row(void* base, uint32_t rank) const;
   std::atomic<uint64_t>* done_seq(void* base) const;
   BroadcastSlot* bcast(void* base, uint32_t rank) const;
   JoinBoard* join_board(void* base) const;
   JoinSlot* join_slot(void* base, uint32_t rank) const;
 
-  // Initialises a freshly mapped, zero-filled block (daemon side).
+  // Initialises a freshly mapped, zero-filled job block (daemon side).
   void Initialize(void* base) const;
-  // Checks magic, version and shape of a block mapped by a client.
+  // Checks magic, version and shape of a job block mapped by a client.
   absl::Status Validate(const void* base, size_t mapped_bytes) const;
 
  private:
   uint32_t world_;
   uint32_t buckets_;
   size_t row_bytes_;
-  size_t ready_offset_;
+  // Within the job block.
   size_t done_offset_;
+  size_t board_offset_;
+  size_t job_bytes_;
+  // Within a rank block.
+  size_t ready_offset_;
   size_t bcast_offset_;
   size_t join_offset_;
+  size_t rank_block_bytes_;
   size_t total_bytes_;
 };
 
-// Records a job failure in the block (first failure wins) and wakes clients.
-void PublishError(ControlHeader* header, absl::StatusCode code,
-                  std::string_view message);
+// Records a job failure in the job block (first failure wins) and wakes
+// clients (daemon side: `base` maps every rank block).
+void PublishError(const ControlLayout& layout, void* base,
+                  absl::StatusCode code, std::string_view message);
 // The job's failure, or OK.
 absl::Status ReadError(const ControlHeader* header);
 

@@ -69,7 +69,7 @@ inline std::chrono::nanoseconds SleepBudget(Clock::time_point deadline,
 }  // namespace doorbell_internal
 
 template <typename Pred>
-bool WaitForDaemon(ControlHeader* header, Pred ready,
+bool WaitForDaemon(const ControlHeader* header, RankHeader* me, Pred ready,
                    std::chrono::nanoseconds spin,
                    std::chrono::nanoseconds timeout) {
   using doorbell_internal::Clock;
@@ -101,21 +101,23 @@ bool WaitForDaemon(ControlHeader* header, Pred ready,
   // Phase 2: sleep on done_gen. The generation is read *before* the
   // condition: the daemon publishes done/error first and bumps done_gen
   // after, so if the condition is still false, a later publish changes
-  // done_gen away from `gen` and the futex returns at once. `sleepers` is
-  // raised before the final check (seq_cst against the daemon's seq_cst
-  // done_gen bump and sleepers load) so the daemon cannot skip the wake.
+  // done_gen away from `gen` and the futex returns at once. Our own
+  // `sleeping` flag is raised before the final check (seq_cst against the
+  // daemon's seq_cst done_gen bump and flag loads) so the daemon cannot skip
+  // the wake. Only this rank's flag: another rank clearing its own can only
+  // cost itself wake-ups.
   while (true) {
     uint32_t gen = header->done_gen.load(std::memory_order_seq_cst);
     if (ready()) return true;
     if (failed()) return false;
     Clock::time_point now = Clock::now();
     if (now >= deadline) return false;
-    header->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    me->sleeping.fetch_add(1, std::memory_order_seq_cst);
     if (header->done_gen.load(std::memory_order_seq_cst) == gen) {
       FutexWait(&header->done_gen, gen,
                 doorbell_internal::SleepBudget(deadline, now));
     }
-    header->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    me->sleeping.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 

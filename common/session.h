@@ -4,8 +4,9 @@
 // (SOCK_SEQPACKET). A trainer connects there first; the daemon greets it with
 // a SessionHello carrying a fresh session id, which the trainer passes in
 // AttachRequest.session_id. When Attach succeeds the daemon sends one
-// SessionFds message with SCM_RIGHTS [control block memfd, rank memory memfd]
-// before the RPC returns. The connection stays open for the life of the rank:
+// SessionFds message with SCM_RIGHTS [job block memfd (sealed against
+// writes), rank memory memfd, rank control block memfd, write end of the
+// rank's bell pipe] (common/control_block.h) before the RPC returns. The connection stays open for the life of the rank:
 // the daemon sees a trainer's death as the socket closing, so nothing is left
 // behind and nobody waits for a dead rank. The daemon checks the peer's uid
 // (SO_PEERCRED) against its own (or root).
@@ -53,7 +54,7 @@ struct SessionFds {
   uint32_t magic = kSessionMagic;
   uint32_t kind = static_cast<uint32_t>(SessionMessageKind::kFds);
   uint64_t attach_id = 0;
-  // Followed by two fds: control block, rank bucket memory.
+  // Followed by four fds: job block, rank bucket memory, rank block, bell.
 };
 
 // Who is at the other end of a connected Unix socket (SO_PEERCRED), as the

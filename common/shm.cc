@@ -90,7 +90,10 @@ Mapping::~Mapping() {
   if (data_ != nullptr) munmap(data_, size_);
 }
 
-absl::StatusOr<UniqueFd> CreateSealedMemfd(std::string_view name, size_t size) {
+namespace {
+
+absl::StatusOr<UniqueFd> CreateMemfd(std::string_view name, size_t size,
+                                     int seals) {
   // The name only shows up in /proc/<pid>/fd links; memfd_create limits it
   // to 249 bytes.
   std::string n(name.substr(0, 200));
@@ -104,11 +107,39 @@ absl::StatusOr<UniqueFd> CreateSealedMemfd(std::string_view name, size_t size) {
   }
   // Sealed so no process holding the fd can shrink it (a later access to
   // the mapping past the new end would SIGBUS the daemon) or grow it.
-  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
-      0) {
+  if (fcntl(fd.get(), F_ADD_SEALS, seals) != 0) {
     return ErrnoError(errno, absl::StrCat("sealing memfd ", n, " failed"));
   }
   return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> CreateSealedMemfd(std::string_view name, size_t size) {
+  return CreateMemfd(name, size, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+}
+
+absl::StatusOr<UniqueFd> CreateMemfdForSealing(std::string_view name,
+                                               size_t size) {
+  return CreateMemfd(name, size, F_SEAL_SHRINK | F_SEAL_GROW);
+}
+
+absl::Status SealReadOnlyForOthers(int fd) {
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    if (err == EINVAL) {
+      return absl::FailedPreconditionError(
+          "this kernel cannot seal a memfd against future writes "
+          "(F_SEAL_FUTURE_WRITE needs Linux >= 5.1); gradd needs it to keep "
+          "trainers from writing the daemon's control state");
+    }
+    return ErrnoError(
+        err, absl::StrCat("F_SEAL_FUTURE_WRITE on fd ", fd, " failed"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckSealedMemfd(int fd, size_t size) {

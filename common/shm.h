@@ -59,6 +59,14 @@ class Mapping {
 // Creates an anonymous memfd of `size` zero bytes, sealed against shrinking,
 // growing and further sealing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL).
 absl::StatusOr<UniqueFd> CreateSealedMemfd(std::string_view name, size_t size);
+// The same, but left open for one more seal: SealReadOnlyForOthers, once the
+// creator has mapped it read-write.
+absl::StatusOr<UniqueFd> CreateMemfdForSealing(std::string_view name,
+                                               size_t size);
+// Adds F_SEAL_FUTURE_WRITE | F_SEAL_SEAL: the mappings that exist keep
+// their write access, nobody can map it writable again or write() to it
+// (Linux >= 5.1; FAILED_PRECONDITION on an older kernel).
+absl::Status SealReadOnlyForOthers(int fd);
 // Checks that a received fd is a memfd of at least `size` bytes carrying
 // F_SEAL_SHRINK (so the mapping cannot be truncated under us).
 absl::Status CheckSealedMemfd(int fd, size_t size);

@@ -50,6 +50,7 @@
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/doorbell.h"
 #include "common/dtype.h"
 #include "common/grpc_status.h"
@@ -227,7 +228,8 @@ class ClientImpl final : public Client {
   // or a bug, and we must not write outside the mapping.
   absl::Status Init(const std::vector<ClientParam>& params,
                     const v1::AttachResponse& response, UniqueFd control_fd,
-                    UniqueFd memory_fd);
+                    UniqueFd memory_fd, UniqueFd rank_control_fd,
+                    UniqueFd bell_fd);
 
   void* gradient(int param) const override {
     if (param < 0 || param >= num_params()) return nullptr;
@@ -339,9 +341,12 @@ class ClientImpl final : public Client {
   uint64_t session_id_ = 0;
   bool detached_ = false;
 
-  Mapping control_;
+  // The job block (read-only) and this rank's block (common/control_block.h).
+  ControlMapping control_;
   Mapping memory_;
   ControlHeader* header_ = nullptr;
+  RankHeader* me_ = nullptr;
+  UniqueFd bell_;
   std::atomic<uint64_t>* ready_row_ = nullptr;
   std::atomic<uint64_t>* done_seq_ = nullptr;
   char* broadcast_area_ = nullptr;
@@ -376,7 +381,8 @@ class ClientImpl final : public Client {
 
 absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
                               const v1::AttachResponse& response,
-                              UniqueFd control_fd, UniqueFd memory_fd) {
+                              UniqueFd control_fd, UniqueFd memory_fd,
+                              UniqueFd rank_control_fd, UniqueFd bell_fd) {
   auto bad = [](absl::string_view what) {
     return absl::InternalError(absl::StrCat(
         "gradd sent an inconsistent attach response (daemon and client "
@@ -384,17 +390,21 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
         what));
   };
   // The control block.
-  if (response.control_block_bytes() < layout_.total_bytes()) {
+  if (response.control_block_bytes() != layout_.job_bytes()) {
     return bad(absl::StrCat("control block of ", response.control_block_bytes(),
-                            " bytes, the layout needs ",
-                            layout_.total_bytes()));
+                            " bytes, the layout needs ", layout_.job_bytes()));
   }
+  RETURN_IF_ERROR(CheckSealedMemfd(control_fd.get(), layout_.job_bytes()));
   RETURN_IF_ERROR(
-      CheckSealedMemfd(control_fd.get(), response.control_block_bytes()));
-  ASSIGN_OR_RETURN(
-      control_, Mapping::Map(control_fd.get(), response.control_block_bytes()));
-  RETURN_IF_ERROR(layout_.Validate(control_.data(), control_.size()));
+      CheckSealedMemfd(rank_control_fd.get(), layout_.rank_block_bytes()));
+  const auto me = static_cast<uint32_t>(options_.local_rank);
+  ASSIGN_OR_RETURN(control_,
+                   ControlMapping::MapRank(layout_, control_fd.get(), me,
+                                           rank_control_fd.get()));
+  RETURN_IF_ERROR(layout_.Validate(control_.data(), layout_.job_bytes()));
   header_ = layout_.header(control_.data());
+  me_ = layout_.rank_header(control_.data(), me);
+  bell_ = std::move(bell_fd);
   ready_row_ = layout_.ready_row(control_.data(),
                                  static_cast<uint32_t>(options_.local_rank));
   done_seq_ = layout_.done_seq(control_.data());
@@ -468,8 +478,8 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     return BroadcastImpl(data, bytes, root);
   };
   join_ = std::make_unique<JoinClient>(layout_, control_.data(),
-                                       options_.local_rank, global_rank_, Who(),
-                                       std::move(hooks));
+                                       options_.local_rank, bell_.get(),
+                                       global_rank_, Who(), std::move(hooks));
   return absl::OkStatus();
 }
 
@@ -509,7 +519,8 @@ absl::Status ClientImpl::Wait(Pred ready, const std::string& what) {
   while (true) {
     const auto slice = std::min<std::chrono::nanoseconds>(
         kLivenessSlice, deadline - Clock::now());
-    if (WaitForDaemon(header_, ready, kSpin, slice)) return absl::OkStatus();
+    if (WaitForDaemon(header_, me_, ready, kSpin, slice))
+      return absl::OkStatus();
     if (header_->status.load(std::memory_order_acquire) != 0) {
       return Fail(ReadError(header_));
     }
@@ -570,7 +581,7 @@ absl::Status ClientImpl::MarkReady(int param) {
   // marker's gradient writes with it (they precede their fetch_sub).
   if (pending_[b].fetch_sub(1, std::memory_order_acq_rel) == 1) {
     ready_row_[b].store(it, std::memory_order_release);
-    RingDaemon(header_);
+    RingDaemon(header_, me_, bell_.get());
   }
   return absl::OkStatus();
 }
@@ -732,7 +743,7 @@ absl::Status ClientImpl::BroadcastImpl(void* data, size_t bytes, int root) {
   // Release: the daemon reading ready_seq == k sees root, bytes and the
   // root's data.
   slot->ready_seq.store(k, std::memory_order_release);
-  RingDaemon(header_);
+  RingDaemon(header_, me_, bell_.get());
   RETURN_IF_ERROR(Wait(
       [this, k] {
         return header_->bcast_done_seq.load(std::memory_order_acquire) >= k;
@@ -922,9 +933,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
 
   ASSIGN_OR_RETURN(
       ReceivedMessage fds_msg,
-      ReceiveWithFds(session.get(), sizeof(SessionFds), 2, kFdsTimeout));
+      ReceiveWithFds(session.get(), sizeof(SessionFds), 4, kFdsTimeout));
   SessionFds fds_header;
-  if (fds_msg.payload.size() != sizeof(fds_header) || fds_msg.fds.size() != 2) {
+  if (fds_msg.payload.size() != sizeof(fds_header) || fds_msg.fds.size() != 4) {
     return absl::InternalError(absl::StrCat(
         "gradd sent a malformed fd message (", fds_msg.payload.size(),
         " bytes, ", fds_msg.fds.size(), " fds)"));
@@ -950,8 +961,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
                         ? response.bucket_slots()
                         : static_cast<uint32_t>(response.buckets_size())));
   client->SetConnection(std::move(session), hello.session_id, channel);
-  RETURN_IF_ERROR(client->Init(params, response, std::move(fds_msg.fds[0]),
-                               std::move(fds_msg.fds[1])));
+  RETURN_IF_ERROR(client->Init(
+      params, response, std::move(fds_msg.fds[0]), std::move(fds_msg.fds[1]),
+      std::move(fds_msg.fds[2]), std::move(fds_msg.fds[3])));
   return std::unique_ptr<Client>(std::move(client));
 }
 

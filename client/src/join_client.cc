@@ -9,11 +9,12 @@
 namespace gradd {
 
 JoinClient::JoinClient(const ControlLayout& layout, void* control_base,
-                       int local_rank, int global_rank, std::string who,
-                       Hooks hooks)
+                       int local_rank, int bell_fd, int global_rank,
+                       std::string who, Hooks hooks)
     : layout_(layout),
       base_(control_base),
       local_rank_(local_rank),
+      bell_fd_(bell_fd),
       global_rank_(global_rank),
       who_(std::move(who)),
       hooks_(std::move(hooks)),
@@ -42,7 +43,7 @@ absl::Status JoinClient::Enter(const JoinOptions& options, uint64_t iteration) {
   open_.store(true, std::memory_order_release);
   // Release: the daemon reading the epoch sees begin and flags.
   slot_->epoch.store(++epoch_, std::memory_order_release);
-  RingDaemon(layout_.header(base_));
+  Ring();
   return absl::OkStatus();
 }
 
@@ -68,7 +69,7 @@ absl::Status JoinClient::Publish(uint64_t iteration) {
   // A bucket published before this store only makes the daemon wait for
   // it: a rank counts as active once active_seq says so.
   slot_->active_seq.store(iteration, std::memory_order_release);
-  RingDaemon(layout_.header(base_));
+  Ring();
   return absl::OkStatus();
 }
 
@@ -140,7 +141,7 @@ absl::StatusOr<JoinResult> JoinClient::Join(uint64_t iteration,
         who_, "); finish the iteration (WaitAll) first"));
   }
   slot_->joined_at.store(iteration, std::memory_order_release);
-  RingDaemon(layout_.header(base_));
+  Ring();
   const uint64_t epoch = epoch_;
   absl::Status s = hooks_.wait(
       [this, epoch] {
@@ -186,8 +187,14 @@ JoinClient::CatchUp JoinClient::Finish() {
   // Release: the daemon reading 0 here sees the rows above.
   slot_->joined_at.store(0, std::memory_order_release);
   open_.store(false, std::memory_order_release);
-  RingDaemon(layout_.header(base_));
+  Ring();
   return out;
+}
+
+void JoinClient::Ring() {
+  RingDaemon(layout_.header(base_),
+             layout_.rank_header(base_, static_cast<uint32_t>(local_rank_)),
+             bell_fd_);
 }
 
 }  // namespace gradd

@@ -49,8 +49,9 @@ class JoinClient {
     uint64_t bcast_seq = 0;
   };
 
+  // `bell_fd`: the write end of this rank's bell (not owned).
   JoinClient(const ControlLayout& layout, void* control_base, int local_rank,
-             int global_rank, std::string who, Hooks hooks);
+             int bell_fd, int global_rank, std::string who, Hooks hooks);
 
   bool in_join() const { return open_.load(std::memory_order_acquire); }
 
@@ -71,10 +72,12 @@ class JoinClient {
   // Declares this rank active in `iteration` (once; any thread).
   absl::Status Publish(uint64_t iteration);
   std::string ThrownMessage(int exhausted) const;
+  void Ring();
 
   const ControlLayout layout_;
   void* const base_;
   const int local_rank_;
+  const int bell_fd_;
   const int global_rank_;
   const std::string who_;
   const Hooks hooks_;

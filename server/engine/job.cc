@@ -29,12 +29,32 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   const int world = s.local_world_size;
 
   ASSIGN_OR_RETURN(job->control_fd_,
-                   CreateSealedMemfd(absl::StrCat("gradd-ctl-", s.job_id),
-                                     job->layout_.total_bytes()));
-  ASSIGN_OR_RETURN(job->control_, Mapping::Map(job->control_fd_.get(),
-                                               job->layout_.total_bytes()));
+                   CreateMemfdForSealing(absl::StrCat("gradd-ctl-", s.job_id),
+                                         job->layout_.job_bytes()));
+  std::vector<int> rank_control_fds;
+  std::vector<int> bell_fds;
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(
+        UniqueFd fd,
+        CreateSealedMemfd(absl::StrCat("gradd-ctl-", s.job_id, "-r", r),
+                          job->layout_.rank_block_bytes()));
+    rank_control_fds.push_back(fd.get());
+    job->rank_control_fds_.push_back(std::move(fd));
+    ASSIGN_OR_RETURN(BellPipe bell, CreateBell());
+    bell_fds.push_back(bell.read_end.get());
+    job->bells_.push_back(std::move(bell));
+  }
+  ASSIGN_OR_RETURN(job->control_, ControlMapping::Map(
+                                      job->layout_, job->control_fd_.get(),
+                                      /*job_writable=*/true, rank_control_fds));
+  // Only now that our mapping exists: from here on nobody else can map the
+  // job block writable, so trainers cannot touch done_seq, status or error.
+  RETURN_IF_ERROR(SealReadOnlyForOthers(job->control_fd_.get()));
   job->layout_.Initialize(job->control_.data());
   job->header_ = job->layout_.header(job->control_.data());
+  ASSIGN_OR_RETURN(job->doorbell_,
+                   DaemonDoorbell::Create(job->layout_, job->control_.data(),
+                                          std::move(bell_fds)));
 
   job->rank_bytes_ = std::max(kPage, RoundUp(job->bucket_region_bytes_, kPage) +
                                          RoundUp(s.broadcast_bytes, kPage));
@@ -90,27 +110,29 @@ void Job::Start() {
 
 void Job::Stop() {
   stop_.store(true, std::memory_order_release);
-  if (header_ != nullptr) {
-    header_->doorbell.fetch_add(1, std::memory_order_seq_cst);
-    FutexWakeAll(&header_->doorbell);
-  }
+  if (doorbell_ != nullptr) doorbell_->Ring();
   if (thread_.joinable()) thread_.join();
 }
 
 std::vector<int> Job::FdsFor(int rank) const {
-  return {control_fd_.get(), rank_fds_[rank].get()};
+  return {control_fd_.get(), rank_fds_[rank].get(),
+          rank_control_fds_[rank].get(), bells_[rank].write_end.get()};
 }
 
 void Job::ReleaseFds() {
   control_fd_.reset();
   rank_fds_.clear();
+  rank_control_fds_.clear();
+  // Without our copy, a rank's exit closes its bell's last write end, which
+  // the doorbell sees (POLLHUP) and stops polling.
+  for (BellPipe& bell : bells_) bell.write_end.reset();
 }
 
 v1::AttachResponse Job::ResponseFor(int rank) const {
   v1::AttachResponse resp;
   AppendBucketSpecs(plan_, resp.mutable_buckets());
   resp.set_rank_memory_bytes(rank_bytes_);
-  resp.set_control_block_bytes(layout_.total_bytes());
+  resp.set_control_block_bytes(layout_.job_bytes());
   resp.set_broadcast_offset(broadcast_offset());
   resp.set_broadcast_bytes(spec_.broadcast_bytes);
   resp.set_global_rank(spec_.global_rank_offset + rank);
@@ -126,7 +148,7 @@ void Job::RankGone(int rank, bool detached) {
   int expected = kLive;
   rank_state_[rank].compare_exchange_strong(
       expected, detached ? kDetached : kDisconnected);
-  RingDaemon(header_);  // the engine re-checks who is stuck
+  doorbell_->Ring();  // the engine re-checks who is stuck
 }
 
 int Job::live_ranks() const {
@@ -143,7 +165,7 @@ void Job::Heartbeat() {
 
 void Job::Fail(absl::StatusCode code, absl::string_view message) {
   FailJob(code, message);
-  RingDaemon(header_);
+  doorbell_->Ring();
 }
 
 absl::Status Job::status() const { return ReadError(header_); }
@@ -159,14 +181,15 @@ std::string Job::RankName(int rank) const {
 
 void Job::FailJob(absl::StatusCode code, absl::string_view message) {
   absl::MutexLock lock(&error_mu_);
-  PublishError(header_, code, std::string_view(message.data(), message.size()));
+  PublishError(layout_, control_.data(), code,
+               std::string_view(message.data(), message.size()));
 }
 
 void Job::Loop() {
   while (!stop_.load(std::memory_order_acquire)) {
-    // Read the doorbell before scanning: a publish that lands after the scan
-    // moves it past `seen`, so the wait below returns at once.
-    uint32_t seen = header_->doorbell.load(std::memory_order_acquire);
+    // Snapshot the ranks' doorbells before scanning: a publish that lands
+    // after the scan moves one past the snapshot, so the wait returns at once.
+    doorbell_->Snapshot();
     if (!failed_ && header_->status.load(std::memory_order_acquire) != 0) {
       failed_ = true;  // failed from outside (shutdown): stop reducing
     }
@@ -175,8 +198,8 @@ void Job::Loop() {
     }
     bool progress = !failed_ && Scan();
     if (progress) continue;
-    WaitDoorbell(header_, seen,
-                 failed_ ? std::chrono::nanoseconds(0) : spec_.spin, kMaxSleep);
+    doorbell_->Wait(failed_ ? std::chrono::nanoseconds(0) : spec_.spin,
+                    kMaxSleep);
   }
 }
 
@@ -277,7 +300,7 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
   }
   layout_.done_seq(control_.data())[bucket].store(iteration,
                                                   std::memory_order_release);
-  WakeClients(header_);
+  WakeClients(layout_, control_.data());
 }
 
 bool Job::ResolveCommHook() {
@@ -416,7 +439,7 @@ bool Job::ScanBroadcast() {
       return;
     }
     header_->bcast_done_seq.store(need, std::memory_order_release);
-    WakeClients(header_);
+    WakeClients(layout_, control_.data());
   });
   return true;
 }

@@ -57,6 +57,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/bucket_planner.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
+#include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
@@ -125,9 +127,11 @@ class Job {
   size_t broadcast_offset() const { return bucket_region_bytes_; }
   uint32_t bucket_slots() const { return layout_.num_buckets(); }
 
-  // The fds to send to local rank r: [control block, rank r's memory].
+  // The fds to send to local rank r: [job block (read-only for it), rank r's
+  // memory, rank r's control block, the write end of rank r's bell].
   std::vector<int> FdsFor(int rank) const;
-  // Closes the daemon's copies of the memfds once every rank has its own.
+  // Closes the daemon's copies of the memfds and bell write ends once every
+  // rank has its own.
   void ReleaseFds();
   // Attach reply (plan, sizes) for local rank r. Reads the plan: call it
   // before any rank can ask for a rebuild (the JobManager answers the
@@ -227,9 +231,14 @@ class Job {
   std::unique_ptr<BucketReducerInterface> reducer_;
   size_t rank_bytes_ = 0;
 
+  // The job block (sealed read-only for everyone but this mapping), every
+  // rank's control block and bell (common/control_block.h).
   UniqueFd control_fd_;
-  Mapping control_;
+  std::vector<UniqueFd> rank_control_fds_;
+  std::vector<BellPipe> bells_;
+  ControlMapping control_;
   ControlHeader* header_ = nullptr;
+  std::unique_ptr<DaemonDoorbell> doorbell_;
   std::vector<UniqueFd> rank_fds_;
   std::vector<Mapping> rank_maps_;
   // bucket_buffers_[b][r]: bucket b inside rank r's mapping.

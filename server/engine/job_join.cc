@@ -127,7 +127,7 @@ bool Job::StepJoin() {
                                round_status_ = std::move(s);
                                round_values_ = std::move(values);
                              }
-                             RingDaemon(header_);
+                             doorbell_->Ring();
                            });
   return true;
 }
@@ -138,7 +138,7 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
     board->max_active.store(outcome.max_active, std::memory_order_relaxed);
     board->decided_iteration.store(outcome.iteration,
                                    std::memory_order_release);
-    WakeClients(header_);
+    WakeClients(layout_, control_.data());
     const bool none_here =
         std::none_of(outcome.local_active.begin(), outcome.local_active.end(),
                      [](bool a) { return a; });
@@ -181,7 +181,7 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
   board->exhausted_rank.store(outcome.exhausted_rank,
                               std::memory_order_relaxed);
   board->done_epoch.store(join_.done_epoch(), std::memory_order_release);
-  WakeClients(header_);
+  WakeClients(layout_, control_.data());
 }
 
 bool Job::ScanJoinBuckets() {

@@ -22,7 +22,7 @@ void Job::MapBuckets() {
 
 void Job::ExpectRebuild(uint64_t iteration) {
   rebuild_after_.store(iteration, std::memory_order_release);
-  RingDaemon(header_);  // the engine checks nobody ran ahead
+  doorbell_->Ring();  // the engine checks nobody ran ahead
 }
 
 void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done) {
@@ -36,7 +36,7 @@ void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done) {
     switch_ = PendingSwitch{iteration, std::move(plan), std::move(done)};
     switch_pending_.store(true, std::memory_order_release);
   }
-  RingDaemon(header_);
+  doorbell_->Ring();
 }
 
 void Job::AbortSwitch(const absl::Status& status) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/shm.h"
 #include "gtest/gtest.h"
 
@@ -20,58 +21,86 @@ using std::chrono::nanoseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
 
-// A control block in a sealed memfd, as the daemon creates it.
+// A job's control state as the daemon creates it: the job block (sealed
+// read-only once mapped), the rank blocks and the bells, the daemon's
+// mapping and its doorbell; rank(r) maps what a trainer of rank r gets.
 struct Block {
   explicit Block(uint32_t world = 2, uint32_t buckets = 4)
       : layout(world, buckets) {
-    auto fd_or = CreateSealedMemfd("doorbell-test", layout.total_bytes());
-    EXPECT_TRUE(fd_or.ok());
-    fd = std::move(*fd_or);
-    auto map_or = Mapping::Map(fd.get(), layout.total_bytes());
-    EXPECT_TRUE(map_or.ok());
+    job_fd = *CreateMemfdForSealing("doorbell-test", layout.job_bytes());
+    std::vector<int> blocks, reads;
+    for (uint32_t r = 0; r < world; ++r) {
+      rank_fds.push_back(
+          *CreateSealedMemfd("doorbell-rank", layout.rank_block_bytes()));
+      blocks.push_back(rank_fds.back().get());
+      bells.push_back(*CreateBell());
+      reads.push_back(bells.back().read_end.get());
+    }
+    auto map_or = ControlMapping::Map(layout, job_fd.get(), true, blocks);
+    EXPECT_TRUE(map_or.ok()) << map_or.status();
     map = std::move(*map_or);
+    EXPECT_TRUE(SealReadOnlyForOthers(job_fd.get()).ok());
     layout.Initialize(map.data());
+    doorbell = *DaemonDoorbell::Create(layout, map.data(), reads);
   }
   ControlHeader* header() const { return layout.header(map.data()); }
+  RankHeader* rank_header(uint32_t r) const {
+    return layout.rank_header(map.data(), r);
+  }
+  // A trainer's mapping of rank r (job block read-only).
+  ControlMapping rank(uint32_t r) const {
+    auto m =
+        ControlMapping::MapRank(layout, job_fd.get(), r, rank_fds[r].get());
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::move(*m);
+  }
+  int bell(uint32_t r) const { return bells[r].write_end.get(); }
 
   ControlLayout layout;
-  UniqueFd fd;
-  Mapping map;
+  UniqueFd job_fd;
+  std::vector<UniqueFd> rank_fds;
+  std::vector<BellPipe> bells;
+  ControlMapping map;
+  std::unique_ptr<DaemonDoorbell> doorbell;
 };
 
 // The daemon side of a one-rank, one-bucket job: waits for the doorbell,
-// answers every ready_seq with the same done_seq. Returns how many it served.
-int ServeIterations(const ControlLayout& layout, void* base, int iterations,
-                    nanoseconds spin) {
-  ControlHeader* h = layout.header(base);
-  uint32_t seen = h->doorbell.load(std::memory_order_acquire);
+// answers every ready_seq with the same done_seq. Returns how many it served
+// (fewer when a wait ran into its 10 s bound: a lost wake-up).
+int ServeIterations(const ControlLayout& layout, void* base,
+                    DaemonDoorbell* bell, int iterations, nanoseconds spin) {
   uint64_t done = 0;
   while (done < static_cast<uint64_t>(iterations)) {
+    bell->Snapshot();
     uint64_t ready =
         layout.ready_row(base, 0)[0].load(std::memory_order_acquire);
     if (ready == done + 1) {
       layout.done_seq(base)[0].store(ready, std::memory_order_release);
       done = ready;
-      WakeClients(h);
+      WakeClients(layout, base);
       continue;
     }
-    uint32_t now = WaitDoorbell(h, seen, spin, seconds(10));
-    if (now == seen) return static_cast<int>(done);  // timed out: a lost wake
-    seen = now;
+    auto start = steady_clock::now();
+    bell->Wait(spin, seconds(10));
+    if (steady_clock::now() - start >= seconds(9)) {
+      return static_cast<int>(done);
+    }
   }
   return static_cast<int>(done);
 }
 
-// The client side: publish, ring, wait; false if any wait timed out.
-bool RunClient(const ControlLayout& layout, void* base, int iterations,
-               nanoseconds spin) {
+// The client side of rank 0: publish, ring, wait; false if any wait timed
+// out.
+bool RunClient(const ControlLayout& layout, void* base, int bell_fd,
+               int iterations, nanoseconds spin) {
   ControlHeader* h = layout.header(base);
+  RankHeader* me = layout.rank_header(base, 0);
   for (int i = 1; i <= iterations; ++i) {
     layout.ready_row(base, 0)[0].store(i, std::memory_order_release);
-    RingDaemon(h);
+    RingDaemon(h, me, bell_fd);
     auto* done = &layout.done_seq(base)[0];
     bool ok = WaitForDaemon(
-        h,
+        h, me,
         [&] {
           return done->load(std::memory_order_acquire) >=
                  static_cast<uint64_t>(i);
@@ -91,35 +120,40 @@ TEST_P(DoorbellSpinTest, CrossThreadPingPongLosesNoWakeups) {
   const nanoseconds spin = std::chrono::microseconds(GetParam());
   constexpr int kIterations = 3000;
   int served = 0;
+  ControlMapping client = block.rank(0);
   std::thread daemon([&] {
-    served = ServeIterations(block.layout, block.map.data(), kIterations, spin);
+    served = ServeIterations(block.layout, block.map.data(),
+                             block.doorbell.get(), kIterations, spin);
   });
-  EXPECT_TRUE(RunClient(block.layout, block.map.data(), kIterations, spin));
+  EXPECT_TRUE(
+      RunClient(block.layout, client.data(), block.bell(0), kIterations, spin));
   daemon.join();
   EXPECT_EQ(served, kIterations);
-  EXPECT_EQ(block.header()->sleepers.load(), 0u);
+  EXPECT_EQ(block.rank_header(0)->sleeping.load(), 0u);
   EXPECT_EQ(block.header()->daemon_sleeping.load(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Spin, DoorbellSpinTest, ::testing::Values(0, 50));
 
-TEST(DoorbellTest, CrossProcessWakeupsThroughSharedFutex) {
+TEST(DoorbellTest, CrossProcessWakeupsThroughReadOnlyMapping) {
   Block block;
   constexpr int kIterations = 2000;
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    // A second mapping at a different address, as a separate daemon process
-    // would have: the futex must be keyed by the file, not the address.
-    auto m = Mapping::Map(block.fd.get(), block.layout.total_bytes());
+    // The trainer: its own mapping at another address, the job block
+    // read-only; the futex on done_gen must be keyed by the file.
+    auto m = ControlMapping::MapRank(block.layout, block.job_fd.get(), 0,
+                                     block.rank_fds[0].get());
     if (!m.ok()) _exit(3);
-    int served =
-        ServeIterations(block.layout, m->data(), kIterations, nanoseconds(0));
-    _exit(served == kIterations ? 0 : 2);
+    bool ok = RunClient(block.layout, m->data(), block.bell(0), kIterations,
+                        nanoseconds(0));
+    _exit(ok ? 0 : 2);
   }
-  auto m = Mapping::Map(block.fd.get(), block.layout.total_bytes());
-  ASSERT_TRUE(m.ok());
-  EXPECT_TRUE(RunClient(block.layout, m->data(), kIterations, nanoseconds(0)));
+  int served =
+      ServeIterations(block.layout, block.map.data(), block.doorbell.get(),
+                      kIterations, nanoseconds(0));
+  EXPECT_EQ(served, kIterations);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
@@ -130,31 +164,33 @@ TEST(DoorbellTest, WaitForDaemonTimesOut) {
   Block block;
   auto start = steady_clock::now();
   bool ok = WaitForDaemon(
-      block.header(), [] { return false; }, std::chrono::microseconds(100),
-      milliseconds(60));
+      block.header(), block.rank_header(0), [] { return false; },
+      std::chrono::microseconds(100), milliseconds(60));
   auto waited = steady_clock::now() - start;
   EXPECT_FALSE(ok);
   EXPECT_GE(waited, milliseconds(55));
   EXPECT_LT(waited, seconds(3));
-  EXPECT_EQ(block.header()->sleepers.load(), 0u);
+  EXPECT_EQ(block.rank_header(0)->sleeping.load(), 0u);
 }
 
 TEST(DoorbellTest, WaitForDaemonReturnsTrueAtOnceWhenReady) {
   Block block;
   EXPECT_TRUE(WaitForDaemon(
-      block.header(), [] { return true; }, nanoseconds(0), nanoseconds(0)));
+      block.header(), block.rank_header(0), [] { return true; }, nanoseconds(0),
+      nanoseconds(0)));
 }
 
 TEST(DoorbellTest, WaitForDaemonReturnsPromptlyOnError) {
   Block block;
   std::thread daemon([&] {
     std::this_thread::sleep_for(milliseconds(30));
-    PublishError(block.header(), absl::StatusCode::kUnavailable,
+    PublishError(block.layout, block.map.data(), absl::StatusCode::kUnavailable,
                  "rank 1 of job j disconnected");
   });
   auto start = steady_clock::now();
   bool ok = WaitForDaemon(
-      block.header(), [] { return false; }, nanoseconds(0), seconds(30));
+      block.header(), block.rank_header(0), [] { return false; },
+      nanoseconds(0), seconds(30));
   auto waited = steady_clock::now() - start;
   daemon.join();
   EXPECT_FALSE(ok);
@@ -166,29 +202,45 @@ TEST(DoorbellTest, WaitForDaemonReturnsPromptlyOnError) {
   // Once failed, later waits return false immediately.
   start = steady_clock::now();
   EXPECT_FALSE(WaitForDaemon(
-      block.header(), [] { return false; }, milliseconds(1), seconds(30)));
+      block.header(), block.rank_header(0), [] { return false; },
+      milliseconds(1), seconds(30)));
   EXPECT_LT(steady_clock::now() - start, seconds(1));
 }
 
-TEST(DoorbellTest, WaitDoorbellTimesOutAndSeesRings) {
+TEST(DoorbellTest, DaemonWaitTimesOutAndSeesRings) {
   Block block;
-  ControlHeader* h = block.header();
+  ControlMapping client = block.rank(1);
+  DaemonDoorbell* bell = block.doorbell.get();
+  bell->Snapshot();
   auto start = steady_clock::now();
-  EXPECT_EQ(WaitDoorbell(h, 0, std::chrono::microseconds(10), milliseconds(40)),
-            0u);
+  bell->Wait(std::chrono::microseconds(10), milliseconds(40));
   EXPECT_GE(steady_clock::now() - start, milliseconds(35));
-  EXPECT_EQ(h->daemon_sleeping.load(), 0u);
+  EXPECT_EQ(block.header()->daemon_sleeping.load(), 0u);
 
-  std::thread client([&] {
+  std::thread rank([&] {
     std::this_thread::sleep_for(milliseconds(20));
-    RingDaemon(h);
+    RingDaemon(block.layout.header(client.data()),
+               block.layout.rank_header(client.data(), 1), block.bell(1));
   });
   start = steady_clock::now();
-  EXPECT_EQ(WaitDoorbell(h, 0, nanoseconds(0), seconds(30)), 1u);
+  bell->Wait(nanoseconds(0), seconds(30));
   EXPECT_LT(steady_clock::now() - start, seconds(5));
-  client.join();
-  // Already past `seen`: returns without waiting.
-  EXPECT_EQ(WaitDoorbell(h, 0, nanoseconds(0), seconds(30)), 1u);
+  rank.join();
+  // Already moved since the snapshot: returns without waiting.
+  start = steady_clock::now();
+  bell->Wait(nanoseconds(0), seconds(30));
+  EXPECT_LT(steady_clock::now() - start, seconds(5));
+
+  // A daemon thread's ring.
+  bell->Snapshot();
+  std::thread daemon_thread([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    bell->Ring();
+  });
+  start = steady_clock::now();
+  bell->Wait(nanoseconds(0), seconds(30));
+  EXPECT_LT(steady_clock::now() - start, seconds(5));
+  daemon_thread.join();
 }
 
 TEST(DoorbellTest, FutexWaitReturnsWhenValueDiffers) {

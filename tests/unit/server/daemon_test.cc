@@ -2,6 +2,7 @@
 // gRPC Attach over unix:, liveness through the socket closing, shutdown.
 #include "server/daemon.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/doorbell.h"
 #include "common/session.h"
 #include "common/shm.h"
@@ -133,7 +135,11 @@ TEST_F(DaemonTest, AttachIterateDisconnectAndShutDown) {
   ASSERT_TRUE(st1.ok()) << st1.error_message();
 
   // The fds arrived on the session sockets, tagged with the attach id.
-  std::vector<Mapping> ctl, mem;
+  ControlLayout layout(2, r0.bucket_slots());
+  std::vector<ControlMapping> ctl;
+  std::vector<Mapping> mem;
+  std::vector<UniqueFd> bells;
+  int r = 0;
   for (auto [fd, resp] : {std::pair{s0.get(), &r0}, std::pair{s1.get(), &r1}}) {
     absl::StatusOr<ReceivedMessage> msg =
         ReceiveWithFds(fd, 64, 4, std::chrono::milliseconds(5000));
@@ -142,28 +148,37 @@ TEST_F(DaemonTest, AttachIterateDisconnectAndShutDown) {
     ASSERT_EQ(msg->payload.size(), sizeof(fds));
     std::memcpy(&fds, msg->payload.data(), sizeof(fds));
     EXPECT_EQ(fds.attach_id, resp->attach_id());
-    ASSERT_EQ(msg->fds.size(), 2u);
+    // Job block, rank memory, rank block, bell.
+    ASSERT_EQ(msg->fds.size(), 4u);
+    EXPECT_EQ(resp->control_block_bytes(), layout.job_bytes());
     EXPECT_TRUE(
         CheckSealedMemfd(msg->fds[0].get(), resp->control_block_bytes()).ok());
     EXPECT_TRUE(
         CheckSealedMemfd(msg->fds[1].get(), resp->rank_memory_bytes()).ok());
-    ctl.push_back(
-        *Mapping::Map(msg->fds[0].get(), resp->control_block_bytes()));
+    EXPECT_TRUE(
+        CheckSealedMemfd(msg->fds[2].get(), layout.rank_block_bytes()).ok());
+    absl::StatusOr<ControlMapping> m = ControlMapping::MapRank(
+        layout, msg->fds[0].get(), r, msg->fds[2].get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    ctl.push_back(*std::move(m));
     mem.push_back(*Mapping::Map(msg->fds[1].get(), resp->rank_memory_bytes()));
+    bells.push_back(std::move(msg->fds[3]));
+    ++r;
   }
 
   // One iteration through the real daemon.
-  ControlLayout layout(2, r0.buckets_size());
   for (int r = 0; r < 2; ++r) {
     float* g = reinterpret_cast<float*>(static_cast<char*>(mem[r].data()) +
                                         r0.buckets(0).offset());
     for (int i = 0; i < 1000; ++i) g[i] = r == 0 ? i : 3 * i;
     layout.ready_row(ctl[r].data(), r)[0].store(1, std::memory_order_release);
-    RingDaemon(layout.header(ctl[r].data()));
+    RingDaemon(layout.header(ctl[r].data()),
+               layout.rank_header(ctl[r].data(), r), bells[r].get());
   }
   ControlHeader* h0 = layout.header(ctl[0].data());
+  RankHeader* me0 = layout.rank_header(ctl[0].data(), 0);
   ASSERT_TRUE(WaitForDaemon(
-      h0,
+      h0, me0,
       [&] {
         return layout.done_seq(ctl[0].data())[0].load(
                    std::memory_order_acquire) == 1;
@@ -175,10 +190,10 @@ TEST_F(DaemonTest, AttachIterateDisconnectAndShutDown) {
 
   // Rank 1 dies while rank 0 waits in iteration 2.
   layout.ready_row(ctl[0].data(), 0)[0].store(2, std::memory_order_release);
-  RingDaemon(h0);
+  RingDaemon(h0, me0, bells[0].get());
   s1.reset();
   EXPECT_FALSE(WaitForDaemon(
-      h0, [] { return false; }, std::chrono::microseconds(10),
+      h0, me0, [] { return false; }, std::chrono::microseconds(10),
       std::chrono::seconds(10)));
   absl::Status err = ReadError(h0);
   EXPECT_EQ(err.code(), absl::StatusCode::kAborted);
@@ -206,10 +221,14 @@ TEST_F(DaemonTest, AttachIterateDisconnectAndShutDown) {
   absl::StatusOr<ReceivedMessage> msg =
       ReceiveWithFds(s2.get(), 64, 4, std::chrono::milliseconds(5000));
   ASSERT_TRUE(msg.ok());
-  Mapping solo = *Mapping::Map(msg->fds[0].get(), r2.control_block_bytes());
+  // The job block only maps read-only.
+  void* solo = mmap(nullptr, r2.control_block_bytes(), PROT_READ, MAP_SHARED,
+                    msg->fds[0].get(), 0);
+  ASSERT_NE(solo, MAP_FAILED);
 
   daemon_->Shutdown();
-  absl::Status down = ReadError(static_cast<ControlHeader*>(solo.data()));
+  absl::Status down = ReadError(static_cast<ControlHeader*>(solo));
+  munmap(solo, r2.control_block_bytes());
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(down.message()),
               HasSubstr("gradd daemon shutting down"));

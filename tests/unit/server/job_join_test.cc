@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "common/bucket_planner.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gmock/gmock.h"
@@ -40,13 +41,16 @@ class JobJoinTest : public ::testing::Test {
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     layout_ = std::make_unique<ControlLayout>(2, 1);
+    std::vector<int> rank_blocks;
     for (int r = 0; r < 2; ++r) {
       std::vector<int> fds = job_->FdsFor(r);
-      if (r == 0) {
-        control_ = *Mapping::Map(fds[0], layout_->total_bytes());
-      }
+      rank_blocks.push_back(fds[2]);
+      bells_.push_back(fds[3]);
       memory_.push_back(*Mapping::Map(fds[1], job_->rank_memory_bytes()));
     }
+    // Both trainers in one process: the job block read-only, as they get it.
+    control_ = *ControlMapping::Map(*layout_, job_->FdsFor(0)[0],
+                                    /*job_writable=*/false, rank_blocks);
     job_->Start();
   }
 
@@ -54,23 +58,27 @@ class JobJoinTest : public ::testing::Test {
   JoinSlot* slot(int r) { return layout_->join_slot(base(), r); }
   JoinBoard* board() { return layout_->join_board(base()); }
   float* grad(int r) { return static_cast<float*>(memory_[r].data()); }
-  void Ring() { RingDaemon(layout_->header(base())); }
+  void Ring(int r) {
+    RingDaemon(layout_->header(base()), layout_->rank_header(base(), r),
+               bells_[r]);
+  }
 
   void Enter(int r, uint64_t begin) {
     slot(r)->flags.store(kJoinDivideByInitialWorldSize);
     slot(r)->begin.store(begin);
     slot(r)->epoch.store(1, std::memory_order_release);
-    Ring();
+    Ring(r);
   }
   // Rank r takes part in `it` with gradient value v.
   void Contribute(int r, uint64_t it, float v) {
     for (size_t j = 0; j < kNumel; ++j) grad(r)[j] = v;
     slot(r)->active_seq.store(it, std::memory_order_release);
     layout_->ready_row(base(), r)[0].store(it, std::memory_order_release);
-    Ring();
+    Ring(r);
   }
   bool WaitFor(const std::function<bool()>& ready) {
-    return WaitForDaemon(layout_->header(base()), ready,
+    return WaitForDaemon(layout_->header(base()),
+                         layout_->rank_header(base(), 0), ready,
                          std::chrono::microseconds(20), kWait);
   }
   bool WaitDone(uint64_t it) {
@@ -79,7 +87,8 @@ class JobJoinTest : public ::testing::Test {
 
   std::unique_ptr<Job> job_;
   std::unique_ptr<ControlLayout> layout_;
-  Mapping control_;
+  ControlMapping control_;
+  std::vector<int> bells_;
   std::vector<Mapping> memory_;
 };
 
@@ -96,7 +105,7 @@ TEST_F(JobJoinTest, JoinedRankContributesZerosAndIsNeverWritten) {
   // world size, and rank 1's memory keeps what it had.
   grad(1)[0] = 123.0f;
   slot(1)->joined_at.store(2, std::memory_order_release);
-  Ring();
+  Ring(1);
   Contribute(0, 2, 8.0f);
   ASSERT_TRUE(WaitDone(2)) << job_->status();
   EXPECT_EQ(grad(0)[3], 4.0f);
@@ -106,7 +115,7 @@ TEST_F(JobJoinTest, JoinedRankContributesZerosAndIsNeverWritten) {
   // Rank 0 runs out too: the join ends at iteration 3, rank 0 (the last to
   // join) is authoritative.
   slot(0)->joined_at.store(3, std::memory_order_release);
-  Ring();
+  Ring(0);
   ASSERT_TRUE(WaitFor([&] { return board()->done_epoch.load() >= 1; }))
       << job_->status();
   EXPECT_EQ(board()->next_iteration.load(), 3u);
@@ -132,7 +141,7 @@ TEST_F(JobJoinTest, RankLeavingDuringJoinFailsTheJob) {
   Enter(0, 1);
   Enter(1, 1);
   slot(0)->joined_at.store(1, std::memory_order_release);
-  Ring();
+  Ring(0);
   job_->RankGone(1, /*detached=*/false);
   ASSERT_TRUE(WaitFor([&] { return !job_->status().ok(); }));
   EXPECT_EQ(job_->status().code(), absl::StatusCode::kAborted);
@@ -144,7 +153,7 @@ TEST_F(JobJoinTest, EnteringAfterPublishingWithoutJoinFails) {
   Enter(0, 1);
   // Rank 1 never entered join mode but goes ahead with iteration 1.
   layout_->ready_row(base(), 1)[0].store(1, std::memory_order_release);
-  Ring();
+  Ring(1);
   ASSERT_TRUE(WaitFor([&] { return !job_->status().ok(); }));
   EXPECT_EQ(job_->status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(job_->status().message(),

@@ -59,7 +59,7 @@ class JobManagerFixture : public ::testing::Test {
       if (!resp.ok()) return {};
       FakeSessionRegistry::Sent sent = sessions_.TakeSent(session[r]);
       EXPECT_EQ(sent.attach_id, resp->attach_id());
-      EXPECT_EQ(sent.fds.size(), 2u);
+      EXPECT_EQ(sent.fds.size(), 4u);  // job block, memory, rank block, bell
       ranks.push_back(
           std::make_unique<TestRank>(r, session[r], *resp, std::move(sent)));
     }

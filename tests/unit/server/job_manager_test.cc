@@ -60,7 +60,7 @@ TEST_F(JobManagerTest, AttachReturnsTheSamePlanToEveryRank) {
     EXPECT_THAT(resp.buckets(0).param_indices(), ::testing::ElementsAre(1, 0));
     EXPECT_EQ(resp.buckets(0).size_bytes(), (16 * 8 + 16) * 4u);
     EXPECT_GE(resp.rank_memory_bytes(), resp.buckets(0).size_bytes());
-    EXPECT_EQ(resp.control_block_bytes(), ControlLayout(3, 1).total_bytes());
+    EXPECT_EQ(resp.control_block_bytes(), ControlLayout(3, 1).job_bytes());
     EXPECT_TRUE(
         r->layout().Validate(r->header(), resp.control_block_bytes()).ok());
   }

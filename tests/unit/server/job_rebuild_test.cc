@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gmock/gmock.h"
@@ -95,8 +96,15 @@ class JobRebuildTest : public ::testing::Test {
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
-    control_ = *Mapping::Map(job_->FdsFor(0)[0], layout_->total_bytes());
+    std::vector<int> rank_blocks;
+    for (int r = 0; r < 2; ++r) {
+      rank_blocks.push_back(job_->FdsFor(r)[2]);
+      bells_.push_back(job_->FdsFor(r)[3]);
+    }
+    control_ = *ControlMapping::Map(*layout_, job_->FdsFor(0)[0],
+                                    /*job_writable=*/false, rank_blocks);
     header_ = layout_->header(control_.data());
+    me_ = layout_->rank_header(control_.data(), 0);
     job_->Start();
   }
   void TearDown() override {
@@ -106,7 +114,8 @@ class JobRebuildTest : public ::testing::Test {
   void Publish(int rank, int bucket, uint64_t iteration) {
     layout_->ready_row(control_.data(), rank)[bucket].store(
         iteration, std::memory_order_release);
-    RingDaemon(header_);
+    RingDaemon(header_, layout_->rank_header(control_.data(), rank),
+               bells_[rank]);
   }
   uint64_t Done(int bucket) {
     return layout_->done_seq(control_.data())[bucket].load(
@@ -114,7 +123,7 @@ class JobRebuildTest : public ::testing::Test {
   }
   bool WaitError() {
     return WaitForDaemon(
-        header_,
+        header_, me_,
         [&] { return header_->status.load(std::memory_order_acquire) != 0; },
         std::chrono::microseconds(20), std::chrono::seconds(10));
   }
@@ -127,7 +136,7 @@ class JobRebuildTest : public ::testing::Test {
     ASSERT_TRUE(reducer_->WaitStarted(*next_start + buckets));
     for (int b = 0; b < buckets; ++b) reducer_->Complete((*next_start)++);
     ASSERT_TRUE(WaitForDaemon(
-        header_,
+        header_, me_,
         [&] {
           for (int b = 0; b < buckets; ++b) {
             if (Done(b) < it) return false;
@@ -141,8 +150,10 @@ class JobRebuildTest : public ::testing::Test {
   FakeReducer* reducer_ = nullptr;
   std::unique_ptr<Job> job_;
   std::unique_ptr<ControlLayout> layout_;
-  Mapping control_;
+  ControlMapping control_;
   ControlHeader* header_ = nullptr;
+  RankHeader* me_ = nullptr;
+  std::vector<int> bells_;
 };
 
 struct SwitchResult {

@@ -100,7 +100,7 @@ class RebuildTest : public JobManagerFixture {
     bool right = true;
     for (auto& rank : ranks) {
       const bool done = WaitForDaemon(
-          rank->header(),
+          rank->header(), rank->me(),
           [&] {
             for (int b = 0; b < buckets.size(); ++b) {
               if (rank->Done(b) < it) return false;

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/control_block.h"
+#include "common/control_mapping.h"
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
@@ -100,17 +101,21 @@ class TestRank {
         layout_(response_.world_size(), response_.bucket_slots() > 0
                                             ? response_.bucket_slots()
                                             : response_.buckets_size()) {
-    control_ =
-        *Mapping::Map(sent.fds.at(0).get(), response_.control_block_bytes());
+    control_ = *ControlMapping::MapRank(layout_, sent.fds.at(0).get(), rank_,
+                                        sent.fds.at(2).get());
     memory_ =
         *Mapping::Map(sent.fds.at(1).get(), response_.rank_memory_bytes());
     header_ = layout_.header(control_.data());
+    me_ = layout_.rank_header(control_.data(), rank_);
+    bell_ = std::move(sent.fds.at(3));
   }
 
   int rank() const { return rank_; }
   uint64_t session() const { return session_; }
   const v1::AttachResponse& response() const { return response_; }
   ControlHeader* header() const { return header_; }
+  RankHeader* me() const { return me_; }
+  void* control_base() const { return control_.data(); }
   const ControlLayout& layout() const { return layout_; }
   char* memory() const { return static_cast<char*>(memory_.data()); }
   char* bucket(int b) const { return memory() + response_.buckets(b).offset(); }
@@ -121,7 +126,7 @@ class TestRank {
   void Publish(int bucket, uint64_t iteration) {
     layout_.ready_row(control_.data(), rank_)[bucket].store(
         iteration, std::memory_order_release);
-    RingDaemon(header_);
+    RingDaemon(header_, me_, bell_.get());
   }
   uint64_t Done(int bucket) const {
     return layout_.done_seq(control_.data())[bucket].load(
@@ -131,7 +136,7 @@ class TestRank {
   bool WaitAllDone(uint64_t iteration, std::chrono::milliseconds timeout =
                                            std::chrono::seconds(20)) {
     return WaitForDaemon(
-        header_,
+        header_, me_,
         [&] {
           for (int b = 0; b < response_.buckets_size(); ++b) {
             if (Done(b) < iteration) return false;
@@ -145,12 +150,12 @@ class TestRank {
     slot->root.store(root, std::memory_order_relaxed);
     slot->bytes.store(bytes, std::memory_order_relaxed);
     slot->ready_seq.store(op, std::memory_order_release);
-    RingDaemon(header_);
+    RingDaemon(header_, me_, bell_.get());
   }
   bool WaitBroadcast(uint64_t op, std::chrono::milliseconds timeout =
                                       std::chrono::seconds(20)) {
     return WaitForDaemon(
-        header_,
+        header_, me_,
         [&] {
           return header_->bcast_done_seq.load(std::memory_order_acquire) >= op;
         },
@@ -163,9 +168,11 @@ class TestRank {
   uint64_t session_;
   v1::AttachResponse response_;
   ControlLayout layout_;
-  Mapping control_;
+  ControlMapping control_;
   Mapping memory_;
   ControlHeader* header_ = nullptr;
+  RankHeader* me_ = nullptr;
+  UniqueFd bell_;
 };
 
 }  // namespace gradd
