@@ -16,6 +16,7 @@
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/write_fault.h"
 
 namespace gradd {
 namespace {
@@ -98,7 +99,8 @@ TEST(ControlIsolationTest, TrainerMappingHoldsOnlyItsOwnRankBlock) {
   // Rank 0's block is not in rank 1's range: touching it faults.
   job.layout.ready_row(job.map.data(), 0)[0].store(9);
   auto* other = job.layout.ready_row(rank1.data(), 0);
-  EXPECT_EXIT(other[0].store(1), ::testing::KilledBySignal(SIGSEGV), "");
+  EXPECT_EXIT(other[0].store(1), ::gradd::testing::DiedOfWriteFault,
+              ::gradd::testing::kWriteFaultOutput);
   EXPECT_EQ(job.layout.ready_row(job.map.data(), 0)[0].load(), 9u);
   // A write-only bell: the rank cannot drain (or read) the daemon's end.
   char c;

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/job.h"
+#include "tests/unit/common/write_fault.h"
 
 namespace gradd {
 namespace {
@@ -93,17 +94,19 @@ TEST_F(RogueRankTest, FdsHoldNothingOfTheOtherRank) {
   EXPECT_EQ(static_cast<size_t>(st.st_size), layout_->rank_block_bytes());
   // Rank 0's ready row is not mapped in rank 1's range.
   auto* other = layout_->ready_row(base(1), 0);
-  EXPECT_EXIT(other[0].store(1), ::testing::KilledBySignal(SIGSEGV), "");
+  EXPECT_EXIT(other[0].store(1), ::gradd::testing::DiedOfWriteFault,
+              ::gradd::testing::kWriteFaultOutput);
 }
 
 TEST_F(RogueRankTest, CannotWriteDoneStatusOrError) {
   // The job block is mapped read-only: every store faults.
   EXPECT_EXIT(layout_->done_seq(base(1))[0].store(7),
-              ::testing::KilledBySignal(SIGSEGV), "");
-  EXPECT_EXIT(header(1)->status.store(13), ::testing::KilledBySignal(SIGSEGV),
-              "");
-  EXPECT_EXIT(header(1)->error[0] = 'x', ::testing::KilledBySignal(SIGSEGV),
-              "");
+              ::gradd::testing::DiedOfWriteFault,
+              ::gradd::testing::kWriteFaultOutput);
+  EXPECT_EXIT(header(1)->status.store(13), ::gradd::testing::DiedOfWriteFault,
+              ::gradd::testing::kWriteFaultOutput);
+  EXPECT_EXIT(header(1)->error[0] = 'x', ::gradd::testing::DiedOfWriteFault,
+              ::gradd::testing::kWriteFaultOutput);
   // ... and no writable mapping of it can be made.
   EXPECT_EQ(mmap(nullptr, layout_->job_bytes(), PROT_READ | PROT_WRITE,
                  MAP_SHARED, job_->FdsFor(1)[0], 0),
