@@ -6,10 +6,11 @@
 // AttachRequest.session_id. When Attach succeeds the daemon sends one
 // SessionFds message with SCM_RIGHTS [job block memfd (sealed against
 // writes), rank memory memfd, rank control block memfd, write end of the
-// rank's bell pipe] (common/control_block.h) before the RPC returns. The connection stays open for the life of the rank:
-// the daemon sees a trainer's death as the socket closing, so nothing is left
-// behind and nobody waits for a dead rank. The daemon checks the peer's uid
-// (SO_PEERCRED) against its own (or root).
+// rank's bell pipe] (common/control_block.h) before the RPC returns. The
+// connection stays open for the life of the rank: the daemon sees a trainer's
+// death as the socket closing, so nothing is left behind and nobody waits for a
+// dead rank. The daemon checks the peer's uid (SO_PEERCRED) against its own (or
+// root).
 #ifndef GRADD_COMMON_SESSION_H_
 #define GRADD_COMMON_SESSION_H_
 

@@ -10,7 +10,6 @@ GRADD_SOCKET, job from GRADD_JOB.
 """
 import copy
 import json
-import os
 import sys
 
 import torch
@@ -20,15 +19,9 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 import models
+from parity_util import init_gloo, rel_err
 
 CAP_MB = 0.01  # ~10 KB: several buckets for the MLP
-
-
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
 
 
 def bf16_reference_hook(process_group, bucket):
@@ -102,9 +95,7 @@ def register(hook, ref, ours, psgd):
 def main():
     hook, init_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     psgd = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    rank, world = init_gloo(init_file)
 
     # The same buckets on both sides (PowerSGD's state is per bucket): torch
     # reads its first-bucket cap from this module constant at construction.

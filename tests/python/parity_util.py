@@ -8,8 +8,15 @@ import torch.distributed as dist
 
 def rel_err(a, b):
     """Largest difference between tensors `a` and `b` relative to the
-    largest magnitude in `b` (the absolute difference when `b` is zero)."""
+    largest magnitude in `b` (the absolute difference when `b` is zero; 0
+    for empty tensors). Sparse tensors are compared densified."""
     a, b = a.detach().double(), b.detach().double()
+    if a.is_sparse:
+        a = a.to_dense()
+    if b.is_sparse:
+        b = b.to_dense()
+    if b.numel() == 0:
+        return 0.0
     scale = b.abs().max().item()
     diff = (a - b).abs().max().item()
     return diff / scale if scale > 0 else diff

@@ -27,18 +27,12 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.utils.checkpoint import checkpoint
 
 import gradd.torch
+from parity_util import rel_err
 
 TOL = 1e-5
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 CAP_MB = 0.001  # a few hundred floats: several buckets even for tiny models
-
-
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item() if b.numel() else 0.0
-    diff = (a - b).abs().max().item() if b.numel() else 0.0
-    return diff / scale if scale > 0 else diff
 
 
 class Checker:

@@ -9,7 +9,6 @@ GRADD_SOCKET / GRADD_JOB (and LOCAL_*/GROUP_RANK for several nodes).
 """
 import copy
 import json
-import os
 import sys
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
+from parity_util import init_gloo, rel_err
 
 VOCAB, DIM = 40, 6
 
@@ -33,17 +33,6 @@ class Model(nn.Module):
         return self.fc(torch.cat([self.emb(ids).mean(1), self.bag(ids)], 1))
 
 
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    if a.is_sparse:
-        a = a.to_dense()
-    if b.is_sparse:
-        b = b.to_dense()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
-
-
 def optimizers(model):
     sparse = [model.module.emb.weight, model.module.bag.weight]
     dense = list(model.module.fc.parameters())
@@ -53,10 +42,7 @@ def optimizers(model):
 
 def main():
     init_file, steps = sys.argv[1], int(sys.argv[2])
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+    rank, world = init_gloo(init_file)
     torch.manual_seed(500 + rank)  # different initial weights on every rank
     model = Model()
     ref = TorchDDP(copy.deepcopy(model))
