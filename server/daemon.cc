@@ -21,6 +21,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
+#include "server/logging.h"
 #include "server/rpc/unix_acceptor.h"
 
 namespace gradd {
@@ -132,7 +133,7 @@ void RaiseFdLimit() {
   const rlim_t old = lim.rlim_cur;
   lim.rlim_cur = lim.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    std::fprintf(stderr, "gradd: cannot raise the fd limit from %llu: %s\n",
+    spdlog::warn("cannot raise the fd limit from {}: {}",
                  static_cast<unsigned long long>(old), std::strerror(errno));
   }
 }

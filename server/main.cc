@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
 #include "server/daemon.h"
+#include "server/logging.h"
 
 ABSL_FLAG(std::string, config, "",
           "YAML config file (gradd.v1.DaemonConfig); built-in defaults if "
@@ -31,6 +32,8 @@ ABSL_FLAG(std::string, node_id, "", "This node's id; overrides node_id");
 ABSL_FLAG(std::string, expected_nodes, "",
           "Comma-separated node ids of the cluster; overrides "
           "rendezvous.expected_node_ids");
+ABSL_FLAG(std::string, log_level, "info",
+          "Least severe level logged: trace, debug, info, warning, error, off");
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
@@ -59,9 +62,14 @@ int main(int argc, char** argv) {
       "gradd [--config FILE] [--socket PATH] [--print-config] "
       "[--rendezvous-listen HOST:PORT] [--coordinator HOST:PORT] "
       "[--node-id ID] [--expected-nodes ID,ID,...] "
-      "[--rendezvous-port-file FILE]");
+      "[--rendezvous-port-file FILE] [--log-level LEVEL]");
   UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status logging = gradd::InitLogging(absl::GetFlag(FLAGS_log_level));
+      !logging.ok()) {
+    std::cerr << "gradd: --log-level: " << logging.message() << "\n";
+    return 2;
+  }
 
   // Block the stop signals before any thread exists so every thread inherits
   // the mask and only sigwait below receives them.
@@ -78,7 +86,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<gradd::v1::DaemonConfig> loaded =
         gradd::LoadConfigFile(path);
     if (!loaded.ok()) {
-      std::cerr << "gradd: " << loaded.status().message() << "\n";
+      spdlog::error("{}", loaded.status().message());
       return 2;
     }
     config = *std::move(loaded);
@@ -102,7 +110,7 @@ int main(int argc, char** argv) {
     config.mutable_rendezvous()->set_expected_node_ids(v);
   }
   if (absl::Status valid = gradd::ValidateConfig(config); !valid.ok()) {
-    std::cerr << "gradd: " << valid.message() << "\n";
+    spdlog::error("{}", valid.message());
     return 2;
   }
   if (absl::GetFlag(FLAGS_print_config)) {
@@ -113,17 +121,17 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<gradd::Daemon>> daemon =
       gradd::Daemon::Create(config);
   if (!daemon.ok()) {
-    std::cerr << "gradd: " << daemon.status().message() << "\n";
+    spdlog::error("{}", daemon.status().message());
     return 1;
   }
-  std::cerr << "gradd listening on unix:" << (*daemon)->socket_path()
-            << " (sessions on " << (*daemon)->session_path() << ", "
-            << config.reduce_threads() << " reduce threads, node id '"
-            << config.node_id() << "')" << std::endl;
+  spdlog::info(
+      "gradd listening on unix:{} (sessions on {}, {} reduce threads, node id "
+      "'{}')",
+      (*daemon)->socket_path(), (*daemon)->session_path(),
+      config.reduce_threads(), config.node_id());
   if (const int port = (*daemon)->rendezvous_port(); port != 0) {
-    std::cerr << "gradd rendezvous listening on "
-              << (*daemon)->rendezvous_address() << " (port " << port << ")"
-              << std::endl;
+    spdlog::info("gradd rendezvous listening on {} (port {})",
+                 (*daemon)->rendezvous_address(), port);
     if (const std::string file = absl::GetFlag(FLAGS_rendezvous_port_file);
         !file.empty()) {
       // Written whole under a temporary name, then renamed, so a reader
@@ -131,7 +139,7 @@ int main(int argc, char** argv) {
       const std::string tmp = file + ".tmp";
       std::ofstream(tmp) << port << "\n";
       if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-        std::cerr << "gradd: cannot write " << file << std::endl;
+        spdlog::error("cannot write {}", file);
       }
     }
   }
@@ -139,10 +147,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  std::cerr << "gradd: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ", shutting down" << std::endl;
+  spdlog::info("{}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*daemon)->Shutdown();
   daemon->reset();
-  std::cerr << "gradd: stopped" << std::endl;
+  spdlog::info("stopped");
   return 0;
 }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/session.h"
 #include "common/unix_socket.h"
+#include "server/logging.h"
 
 namespace gradd {
 namespace {
@@ -142,8 +143,8 @@ bool SessionListener::Accept() {
   socklen_t len = sizeof(cred);
   if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
       (cred.uid != geteuid() && cred.uid != 0)) {
-    std::fprintf(stderr, "gradd: refused session from uid %u pid %d on %s\n",
-                 cred.uid, cred.pid, path_.c_str());
+    spdlog::warn("refused session from uid {} pid {} on {}", cred.uid, cred.pid,
+                 path_);
     Refuse(fd.get(), absl::StatusCode::kPermissionDenied,
            absl::StrCat("this daemon runs as uid ", geteuid(),
                         " and serves only root and uid ", geteuid(),
@@ -166,8 +167,8 @@ bool SessionListener::Accept() {
                              "(max_sessions_per_uid)");
     }
     if (!refusal.empty()) {
-      std::fprintf(stderr, "gradd: refused session from uid %u pid %d: %s\n",
-                   cred.uid, cred.pid, refusal.c_str());
+      spdlog::warn("refused session from uid {} pid {}: {}", cred.uid, cred.pid,
+                   refusal);
       Refuse(raw_fd, absl::StatusCode::kResourceExhausted, refusal);
       return true;
     }
@@ -250,17 +251,14 @@ void SessionListener::Loop() {
     }
     if (poll(pfds.data(), pfds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
-      std::fprintf(stderr, "gradd: poll on session sockets failed: %s\n",
-                   std::strerror(errno));
+      spdlog::error("poll on session sockets failed: {}", std::strerror(errno));
       return;
     }
     if (pfds[0].revents != 0) continue;  // Stop(): re-check stopping_
     if (pfds[1].revents & POLLIN) {
       if (!Accept()) {
-        std::fprintf(stderr,
-                     "gradd: cannot accept sessions on %s (%s); retrying in "
-                     "%lld ms\n",
-                     path_.c_str(), std::strerror(errno),
+        spdlog::warn("cannot accept sessions on {} ({}); retrying in {} ms",
+                     path_, std::strerror(errno),
                      static_cast<long long>(kAcceptBackoff.count()));
         accept_paused_until_ = Clock::now() + kAcceptBackoff;
       }

@@ -7,6 +7,7 @@
 #include "common/doorbell.h"
 #include "common/status_macros.h"
 #include "server/engine/bucket_specs.h"
+#include "server/logging.h"
 
 namespace gradd {
 namespace {
@@ -181,6 +182,14 @@ std::string Job::RankName(int rank) const {
 
 void Job::FailJob(absl::StatusCode code, absl::string_view message) {
   absl::MutexLock lock(&error_mu_);
+  if (header_->status.load(std::memory_order_acquire) == 0) {
+    // The first failure is the job's reason; later ones only echo it. The
+    // end of a job whose ranks all left is logged by the job manager.
+    const bool ended = live_ranks() == 0;
+    spdlog::log(ended ? spdlog::level::debug : spdlog::level::err,
+                "job '{}' failed: {}: {}", spec_.job_id,
+                absl::StatusCodeToString(code), message);
+  }
   PublishError(layout_, control_.data(), code,
                std::string_view(message.data(), message.size()));
 }

@@ -18,6 +18,7 @@
 #include "server/config.h"
 #include "server/engine/hierarchical_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
+#include "server/logging.h"
 #include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
@@ -102,9 +103,24 @@ std::string AdvertiseHost(const v1::RendezvousConfig& config,
   return HostName();
 }
 
-void Log(const std::string& line) {
-  std::fprintf(stderr, "gradd: %s\n", line.c_str());
-  std::fflush(stderr);
+void Log(const std::string& line) { spdlog::info("{}", line); }
+
+// Wraps an Attach's answer so every outcome is logged once, with its reason.
+NodeHandlerInterface::AttachCallback LoggedAttach(
+    const v1::AttachRequest& request,
+    NodeHandlerInterface::AttachCallback done) {
+  return [job = request.job_id(), rank = request.local_rank(),
+          session = request.session_id(), done = std::move(done)](
+             absl::StatusOr<v1::AttachResponse> answer) mutable {
+    if (answer.ok()) {
+      spdlog::info("job '{}': local rank {} (session {}) attached", job, rank,
+                   session);
+    } else {
+      spdlog::warn("job '{}': attach of local rank {} (session {}) failed: {}",
+                   job, rank, session, answer.status().ToString());
+    }
+    std::move(done)(std::move(answer));
+  };
 }
 
 }  // namespace
@@ -280,6 +296,7 @@ void JobManager::PostOrAnswer(Callback done, absl::Status if_stopping,
 
 void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
                               AttachCallback done) {
+  done = LoggedAttach(request, std::move(done));
   PostOrAnswer(std::move(done),
                absl::UnavailableError("gradd daemon is stopping"),
                [this, request = std::move(request),
@@ -289,6 +306,16 @@ void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
 }
 
 void JobManager::HandleDetach(v1::DetachRequest request, DetachCallback done) {
+  done = [job = request.job_id(), rank = request.local_rank(),
+          done = std::move(done)](absl::Status status) mutable {
+    if (status.ok()) {
+      spdlog::info("job '{}': local rank {} detached", job, rank);
+    } else {
+      spdlog::warn("job '{}': detach of local rank {} refused: {}", job, rank,
+                   status.ToString());
+    }
+    std::move(done)(std::move(status));
+  };
   PostOrAnswer(std::move(done), absl::OkStatus(),
                [this, request = std::move(request)](DetachCallback done) {
                  DoDetach(request, std::move(done));
@@ -536,6 +563,7 @@ void JobManager::FailPending(const std::string& job_id,
                              const absl::Status& status) {
   auto it = pending_.find(job_id);
   if (it == pending_.end()) return;
+  spdlog::error("job '{}' failed to form: {}", job_id, status.ToString());
   PendingJob p = std::move(it->second);
   pending_.erase(it);
   for (auto& r : p.ranks) {
@@ -805,6 +833,17 @@ void JobManager::Activate(
   }
   (*job)->ReleaseFds();
   (*job)->Start();
+  {
+    const Job& j = **job;
+    size_t bytes = 0;
+    for (const Bucket& b : j.plan().buckets) bytes += b.size_bytes;
+    spdlog::info(
+        "job '{}' formed: {} local ranks, node {} of {}, world size {}, {} "
+        "parameters in {} buckets ({} bytes per rank)",
+        job_id, j.local_world_size(), j.spec().node_rank, j.spec().num_nodes,
+        j.spec().global_world_size(), j.spec().params.size(),
+        j.plan().buckets.size(), bytes);
+  }
 
   PendingJob ready = std::move(p);
   pending_.erase(job_id);
@@ -956,6 +995,8 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
     bound_.erase(session_id);
     return;
   }
+  spdlog::warn("job '{}': local rank {} closed its session without detaching",
+               job_id, rank);
   RankGone(job_id, rank, /*detached=*/false);
 }
 

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "server/engine/bucket_specs.h"
+#include "server/logging.h"
 #include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
@@ -382,12 +383,9 @@ void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
   }
   std::vector<size_t> sizes;
   for (const Bucket& b : plan->buckets) sizes.push_back(b.size_bytes);
-  std::fprintf(stderr,
-               "gradd: %s rebuilt its buckets after iteration %llu: %s\n",
-               JobName().c_str(), static_cast<unsigned long long>(iteration),
-               absl::StrCat(sizes.size(), " buckets of ",
-                            absl::StrJoin(sizes, ", "), " bytes")
-                   .c_str());
+  spdlog::info(
+      "{} rebuilt its buckets after iteration {}: {} buckets of {} bytes",
+      JobName(), iteration, sizes.size(), absl::StrJoin(sizes, ", "));
   const v1::RebuildBucketsResponse resp = RebuildResponse(*plan, iteration + 1);
   for (Callback& cb : callbacks) std::move(cb)(resp);
 }

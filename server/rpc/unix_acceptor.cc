@@ -15,6 +15,7 @@
 #include "common/unix_socket.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
+#include "server/logging.h"
 
 namespace gradd {
 
@@ -83,8 +84,7 @@ void UnixAcceptor::Loop() {
                         1);
     if (poll(pfds, 2, timeout_ms) < 0) {
       if (errno == EINTR) continue;
-      std::fprintf(stderr, "gradd: poll on %s failed: %s\n", path_.c_str(),
-                   std::strerror(errno));
+      spdlog::error("poll on {} failed: {}", path_, std::strerror(errno));
       paused_until = Clock::now() + kAcceptBackoff;
       continue;
     }
@@ -94,9 +94,8 @@ void UnixAcceptor::Loop() {
     if (!fd.valid()) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
           errno == ENOMEM) {
-        std::fprintf(stderr,
-                     "gradd: cannot accept on %s (%s); retrying in %lld ms\n",
-                     path_.c_str(), std::strerror(errno),
+        spdlog::warn("cannot accept on {} ({}); retrying in {} ms", path_,
+                     std::strerror(errno),
                      static_cast<long long>(kAcceptBackoff.count()));
         paused_until = Clock::now() + kAcceptBackoff;
       }
@@ -104,9 +103,9 @@ void UnixAcceptor::Loop() {
     }
     absl::StatusOr<PeerIdentity> cred = SocketPeer(fd.get());
     if (!cred.ok() || (cred->uid != geteuid() && cred->uid != 0)) {
-      std::fprintf(
-          stderr, "gradd: refused gRPC connection from uid %u pid %d on %s\n",
-          cred.ok() ? cred->uid : 0u, cred.ok() ? cred->pid : 0, path_.c_str());
+      spdlog::warn("refused gRPC connection from uid {} pid {} on {}",
+                   cred.ok() ? cred->uid : 0u, cred.ok() ? cred->pid : 0,
+                   path_);
       refused_.fetch_add(1);
       continue;  // closes it
     }

@@ -1,0 +1,66 @@
+// The daemon's log: spdlog (Debian's libspdlog-dev) behind a few helpers.
+//
+// Why spdlog: Debian 12's Abseil (20220623) predates absl/log, and glog
+// brings its own flag library and writes to files by default. spdlog has
+// run-time levels, fmt formatting and a journald sink, and is packaged.
+//
+// Where lines go (InitLogging):
+//   - under systemd (JOURNAL_STREAM names our stderr): to the journal with
+//     the level as its PRIORITY, so `journalctl -p warning -u gradd` works
+//     and journald adds the timestamps;
+//   - otherwise to stderr, one line each: "2026-12-01T11:30:00.123456Z I
+//     gradd: message" (UTC, microseconds, level letter).
+//
+// Only the daemon logs through this; the client library never touches the
+// host program's loggers.
+#ifndef GRADD_SERVER_LOGGING_H_
+#define GRADD_SERVER_LOGGING_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "spdlog/spdlog.h"
+
+namespace gradd {
+
+enum class LogDestination { kAuto, kStderr, kJournal };
+
+// Sets the daemon-wide logger. `level`: trace, debug, info, warning (warn),
+// error, off. INVALID_ARGUMENT naming the accepted levels otherwise. Safe to
+// call again (tests); before any call, lines go to stderr at info.
+absl::Status InitLogging(absl::string_view level,
+                         LogDestination destination = LogDestination::kAuto);
+
+// The level names InitLogging accepts, for --help.
+constexpr absl::string_view kLogLevels =
+    "trace, debug, info, warning, error, off";
+
+// True when stderr is connected to the journal (systemd's JOURNAL_STREAM
+// matches fd 2's device and inode).
+bool StderrIsJournal();
+
+}  // namespace gradd
+
+// Call sites include this header and use spdlog's functions directly:
+// spdlog::info("job '{}' ...", id). Debian's Abseil has its own string_view
+// (not std::string_view), so fmt learns it and absl::Status here.
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
+  template <typename Context>
+  auto format(absl::string_view s, Context& ctx) const {
+    return fmt::formatter<fmt::string_view>::format(
+        fmt::string_view(s.data(), s.size()), ctx);
+  }
+};
+template <>
+struct fmt::formatter<absl::Status> : fmt::formatter<fmt::string_view> {
+  template <typename Context>
+  auto format(const absl::Status& s, Context& ctx) const {
+    const std::string text = s.ToString();
+    return fmt::formatter<fmt::string_view>::format(
+        fmt::string_view(text.data(), text.size()), ctx);
+  }
+};
+
+#endif  // GRADD_SERVER_LOGGING_H_
