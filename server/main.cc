@@ -15,6 +15,7 @@
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/logging.h"
+#include "server/systemd_notify.h"
 
 ABSL_FLAG(std::string, config, "",
           "YAML config file (gradd.v1.DaemonConfig); built-in defaults if "
@@ -118,6 +119,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // A no-op unless systemd (Type=notify) started us.
+  std::unique_ptr<gradd::SystemdNotifier> notifier =
+      gradd::SystemdNotifier::FromEnvironment();
   absl::StatusOr<std::unique_ptr<gradd::Daemon>> daemon =
       gradd::Daemon::Create(config);
   if (!daemon.ok()) {
@@ -144,10 +148,21 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Create() returned: every socket is bound and served.
+  notifier->Ready(absl::StrCat("serving on unix:", (*daemon)->socket_path()));
+  if (notifier->WatchdogInterval() != absl::InfiniteDuration()) {
+    spdlog::info("systemd watchdog: pinging every {}",
+                 absl::FormatDuration(notifier->WatchdogInterval()));
+    (*daemon)->job_manager().SetWatchdog(
+        [n = notifier.get()] { n->Watchdog(); }, notifier->WatchdogInterval());
+  }
+
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  spdlog::info("{}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+  spdlog::info("{}, shutting down", sig_name);
+  notifier->Stopping(absl::StrCat(sig_name, ", shutting down"));
   (*daemon)->Shutdown();
   daemon->reset();
   spdlog::info("stopped");
