@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -16,6 +17,7 @@
 #include "server/daemon.h"
 #include "server/logging.h"
 #include "server/systemd_notify.h"
+#include "server/usage.h"
 
 ABSL_FLAG(std::string, config, "",
           "YAML config file (gradd.v1.DaemonConfig); built-in defaults if "
@@ -59,11 +61,19 @@ void UndashFlagNames(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "gradd [--config FILE] [--socket PATH] [--print-config] "
-      "[--rendezvous-listen HOST:PORT] [--coordinator HOST:PORT] "
-      "[--node-id ID] [--expected-nodes ID,ID,...] "
-      "[--rendezvous-port-file FILE] [--log-level LEVEL]");
+  constexpr char kUsage[] = "gradd [FLAGS]";
+  absl::SetProgramUsageMessage(kUsage);
+  if (std::optional<int> done = gradd::HandleHelpOrVersion(
+          argc, argv, kUsage,
+          "The per-node gradient aggregation daemon: trainers on this machine "
+          "attach through its Unix socket and their gradients are averaged "
+          "across every rank of their job, on this node and (through the "
+          "rendezvous coordinator) on others. Flags override the config "
+          "file's keys. SIGTERM/SIGINT stop it cleanly. Docs: "
+          "docs/operations.md.",
+          "server/main.cc", std::cout)) {
+    return *done;
+  }
   UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (absl::Status logging = gradd::InitLogging(absl::GetFlag(FLAGS_log_level));
