@@ -35,8 +35,9 @@ ABSL_FLAG(std::string, node_id, "", "This node's id; overrides node_id");
 ABSL_FLAG(std::string, expected_nodes, "",
           "Comma-separated node ids of the cluster; overrides "
           "rendezvous.expected_node_ids");
-ABSL_FLAG(std::string, log_level, "info",
-          "Least severe level logged: trace, debug, info, warning, error, off");
+ABSL_FLAG(std::string, log_level, "",
+          "Least severe level logged: trace, debug, info, warning, error, "
+          "off; overrides log_level (default info)");
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
@@ -76,7 +77,11 @@ int main(int argc, char** argv) {
   }
   UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  if (absl::Status logging = gradd::InitLogging(absl::GetFlag(FLAGS_log_level));
+  // The flag's level at once (config errors are logged too); the config's
+  // log_level once it is read, unless the flag chose.
+  const std::string level_flag = absl::GetFlag(FLAGS_log_level);
+  if (absl::Status logging =
+          gradd::InitLogging(level_flag.empty() ? "info" : level_flag);
       !logging.ok()) {
     std::cerr << "gradd: --log-level: " << logging.message() << "\n";
     return 2;
@@ -122,6 +127,12 @@ int main(int argc, char** argv) {
   }
   if (absl::Status valid = gradd::ValidateConfig(config); !valid.ok()) {
     spdlog::error("{}", valid.message());
+    return 2;
+  }
+  if (!level_flag.empty()) config.set_log_level(level_flag);
+  if (absl::Status logging = gradd::InitLogging(config.log_level());
+      !logging.ok()) {
+    spdlog::error("log_level: {}", logging.message());
     return 2;
   }
   if (absl::GetFlag(FLAGS_print_config)) {

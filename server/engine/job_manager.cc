@@ -775,8 +775,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     return;  // its ranks left meanwhile; dropping the backend tells peers
   }
   if (!result.ok()) {
-    Log(std::string(result.status().message()));
-    FailPending(job_id, result.status());
+    FailPending(job_id, result.status());  // logs it, with the job's id
     return;
   }
   const JobLayout& layout = result->formation.layout;
