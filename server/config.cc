@@ -18,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/hooks/comm_hook_factory.h"
+#include "server/logging.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gradd {
@@ -254,6 +255,7 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     c->set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
   }
   if (c->node_id().empty()) c->set_node_id(HostName());
+  if (c->log_level().empty()) c->set_log_level("info");
   v1::RendezvousConfig* rv = c->mutable_rendezvous();
   if (rv->join_timeout_ms() == 0)
     rv->set_join_timeout_ms(kDefaultJoinTimeoutMs);
@@ -297,6 +299,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   }
   RETURN_IF_ERROR(
       ValidateCommHookSpec(c.default_comm_hook(), "default_comm_hook"));
+  if (absl::Status level = ValidateLogLevel(c.log_level()); !level.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_level: ", level.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -30,6 +30,10 @@ absl::StatusOr<spdlog::level::level_enum> ParseLevel(absl::string_view name) {
 
 }  // namespace
 
+absl::Status ValidateLogLevel(absl::string_view level) {
+  return ParseLevel(level).status();
+}
+
 bool StderrIsJournal() {
   const char* stream = std::getenv("JOURNAL_STREAM");
   if (stream == nullptr) return false;

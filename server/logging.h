@@ -32,6 +32,9 @@ enum class LogDestination { kAuto, kStderr, kJournal };
 absl::Status InitLogging(absl::string_view level,
                          LogDestination destination = LogDestination::kAuto);
 
+// OK if InitLogging accepts `level`; INVALID_ARGUMENT naming the choices.
+absl::Status ValidateLogLevel(absl::string_view level);
+
 // The level names InitLogging accepts, for --help.
 constexpr absl::string_view kLogLevels =
     "trace, debug, info, warning, error, off";

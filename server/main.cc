@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -15,6 +16,8 @@
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/logging.h"
+#include "server/systemd_notify.h"
+#include "server/usage.h"
 
 ABSL_FLAG(std::string, config, "",
           "YAML config file (gradd.v1.DaemonConfig); built-in defaults if "
@@ -32,8 +35,9 @@ ABSL_FLAG(std::string, node_id, "", "This node's id; overrides node_id");
 ABSL_FLAG(std::string, expected_nodes, "",
           "Comma-separated node ids of the cluster; overrides "
           "rendezvous.expected_node_ids");
-ABSL_FLAG(std::string, log_level, "info",
-          "Least severe level logged: trace, debug, info, warning, error, off");
+ABSL_FLAG(std::string, log_level, "",
+          "Least severe level logged: trace, debug, info, warning, error, "
+          "off; overrides log_level (default info)");
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
@@ -58,14 +62,26 @@ void UndashFlagNames(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "gradd [--config FILE] [--socket PATH] [--print-config] "
-      "[--rendezvous-listen HOST:PORT] [--coordinator HOST:PORT] "
-      "[--node-id ID] [--expected-nodes ID,ID,...] "
-      "[--rendezvous-port-file FILE] [--log-level LEVEL]");
+  constexpr char kUsage[] = "gradd [FLAGS]";
+  absl::SetProgramUsageMessage(kUsage);
+  if (std::optional<int> done = gradd::HandleHelpOrVersion(
+          argc, argv, kUsage,
+          "The per-node gradient aggregation daemon: trainers on this machine "
+          "attach through its Unix socket and their gradients are averaged "
+          "across every rank of their job, on this node and (through the "
+          "rendezvous coordinator) on others. Flags override the config "
+          "file's keys. SIGTERM/SIGINT stop it cleanly. Docs: "
+          "docs/operations.md.",
+          "server/main.cc", std::cout)) {
+    return *done;
+  }
   UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  if (absl::Status logging = gradd::InitLogging(absl::GetFlag(FLAGS_log_level));
+  // The flag's level at once (config errors are logged too); the config's
+  // log_level once it is read, unless the flag chose.
+  const std::string level_flag = absl::GetFlag(FLAGS_log_level);
+  if (absl::Status logging =
+          gradd::InitLogging(level_flag.empty() ? "info" : level_flag);
       !logging.ok()) {
     std::cerr << "gradd: --log-level: " << logging.message() << "\n";
     return 2;
@@ -113,11 +129,20 @@ int main(int argc, char** argv) {
     spdlog::error("{}", valid.message());
     return 2;
   }
+  if (!level_flag.empty()) config.set_log_level(level_flag);
+  if (absl::Status logging = gradd::InitLogging(config.log_level());
+      !logging.ok()) {
+    spdlog::error("log_level: {}", logging.message());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_print_config)) {
     std::cout << gradd::ConfigToText(config) << "\n";
     return 0;
   }
 
+  // A no-op unless systemd (Type=notify) started us.
+  std::unique_ptr<gradd::SystemdNotifier> notifier =
+      gradd::SystemdNotifier::FromEnvironment();
   absl::StatusOr<std::unique_ptr<gradd::Daemon>> daemon =
       gradd::Daemon::Create(config);
   if (!daemon.ok()) {
@@ -144,10 +169,21 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Create() returned: every socket is bound and served.
+  notifier->Ready(absl::StrCat("serving on unix:", (*daemon)->socket_path()));
+  if (notifier->WatchdogInterval() != absl::InfiniteDuration()) {
+    spdlog::info("systemd watchdog: pinging every {}",
+                 absl::FormatDuration(notifier->WatchdogInterval()));
+    (*daemon)->job_manager().SetWatchdog(
+        [n = notifier.get()] { n->Watchdog(); }, notifier->WatchdogInterval());
+  }
+
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  spdlog::info("{}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+  spdlog::info("{}, shutting down", sig_name);
+  notifier->Stopping(absl::StrCat(sig_name, ", shutting down"));
   (*daemon)->Shutdown();
   daemon->reset();
   spdlog::info("stopped");

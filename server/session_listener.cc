@@ -177,6 +177,8 @@ bool SessionListener::Accept() {
     sessions_.emplace(hello.session_id, Session{std::move(fd), cred.uid,
                                                 cred.pid, false, Clock::now()});
   }
+  spdlog::debug("session {} opened by uid {} pid {}", hello.session_id,
+                cred.uid, cred.pid);
   if (send(raw_fd, &hello, sizeof(hello), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(hello))) {
     absl::MutexLock lock(&mu_);
@@ -196,6 +198,11 @@ std::vector<uint64_t> SessionListener::ExpireIdle(Clock::time_point now,
     if (session.claimed) continue;
     const Clock::time_point expiry = session.accepted + options_.idle_timeout;
     if (expiry <= now) {
+      spdlog::info(
+          "closed session {} of uid {} pid {}: no Attach within {} ms "
+          "(session_idle_timeout_ms)",
+          id, session.uid, session.pid,
+          static_cast<long long>(options_.idle_timeout.count()));
       Refuse(session.fd.get(), absl::StatusCode::kDeadlineExceeded,
              absl::StrCat("no Attach used this session within ",
                           options_.idle_timeout.count(),
@@ -279,6 +286,8 @@ void SessionListener::Loop() {
         absl::MutexLock lock(&mu_);
         auto it = sessions_.find(ids[i - 2]);
         if (it == sessions_.end()) continue;
+        spdlog::debug("session {} of uid {} pid {} closed", it->first,
+                      it->second.uid, it->second.pid);
         if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
         sessions_.erase(it);
       }

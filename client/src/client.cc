@@ -63,6 +63,12 @@
 #include "used_map_client.h"
 
 namespace gradd {
+
+// The public constants (client.h, gradd.h) are the internal DType values.
+static_assert(dtype::kFloat32 == static_cast<int32_t>(DType::kFloat32));
+static_assert(dtype::kFloat64 == static_cast<int32_t>(DType::kFloat64));
+static_assert(dtype::kFloat16 == static_cast<int32_t>(DType::kFloat16));
+static_assert(dtype::kBFloat16 == static_cast<int32_t>(DType::kBFloat16));
 namespace {
 
 using Clock = std::chrono::steady_clock;

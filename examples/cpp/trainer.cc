@@ -95,7 +95,8 @@ std::vector<gradd::ClientParam> MakeModel(int64_t total) {
   constexpr int64_t kWidth = 512;
   constexpr int kBlocks = 6;
   auto add = [&model](std::string name, std::vector<int64_t> shape) {
-    model.push_back({std::move(name), std::move(shape), /*float32=*/1});
+    model.push_back(
+        {std::move(name), std::move(shape), gradd::dtype::kFloat32});
   };
   auto rows = [](int64_t n) { return std::max<int64_t>(1, n / kWidth); };
   int64_t used = 0;

@@ -404,6 +404,13 @@ void JobManager::Stop() {
   bound_.clear();
 }
 
+void JobManager::SetWatchdog(absl::AnyInvocable<void()> ping,
+                             absl::Duration interval) {
+  Post([this, ping = std::move(ping), interval]() mutable {
+    watchdog_.Set(std::move(ping), interval);
+  });
+}
+
 int JobManager::NumJobs() {
   absl::Notification done;
   int n = 0;
@@ -421,6 +428,7 @@ int JobManager::NumJobs() {
 
 absl::Time JobManager::NextDeadline() const {
   absl::Time next = jobs_.empty() ? absl::InfiniteFuture() : next_heartbeat_;
+  next = std::min(next, watchdog_.next());
   for (const auto& [id, p] : pending_) {
     if (p.formation != 0) continue;  // the formation answers them
     for (const auto& r : p.ranks) {
@@ -446,6 +454,7 @@ void JobManager::Loop() {
     for (Task& t : batch) std::move(t)();
     ExpireAttaches(absl::Now());
     Beat(absl::Now());
+    watchdog_.Tick(absl::Now());
   }
 }
 
@@ -766,8 +775,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     return;  // its ranks left meanwhile; dropping the backend tells peers
   }
   if (!result.ok()) {
-    Log(std::string(result.status().message()));
-    FailPending(job_id, result.status());
+    FailPending(job_id, result.status());  // logs it, with the job's id
     return;
   }
   const JobLayout& layout = result->formation.layout;

@@ -50,6 +50,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
+#include "server/engine/loop_watchdog.h"
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
@@ -93,6 +94,12 @@ class JobManager final : public NodeHandlerInterface,
   // Stops the control thread and every job's engine, releasing their
   // memory. Idempotent.
   void Stop();
+
+  // Calls `ping` from the control thread every `interval` while it runs its
+  // loop (systemd's watchdog: a hung control thread stops the pings). An
+  // infinite interval turns it off. Any thread; takes effect once the
+  // control thread gets to it.
+  void SetWatchdog(absl::AnyInvocable<void()> ping, absl::Duration interval);
 
   // Pending + active jobs. Blocks briefly (runs on the control thread, after
   // everything posted before it).
@@ -183,6 +190,7 @@ class JobManager final : public NodeHandlerInterface,
 
   // Control thread only.
   absl::Time next_heartbeat_ = absl::InfinitePast();
+  LoopWatchdog watchdog_;
   bool shutting_down_ = false;
   std::string shutdown_message_;
   uint64_t next_attach_id_ = 1;

@@ -73,6 +73,8 @@ class GraddTest : public ::testing::Test {
 
   std::string dir_;
   std::string socket_;
+  // Extra gradd flags for StartDaemon (set before GraddTest::SetUp).
+  std::vector<std::string> daemon_flags_;
   Proc daemon_;
   std::vector<Proc> procs_;
 };

@@ -12,7 +12,7 @@
 //                                                           // all ranks attach
 //   for (...) {
 //     compute gradients into client->gradient(i), MarkReady(i) as each is done
-//     RETURN_IF_ERROR(client->WaitAll());
+//     if (absl::Status s = (*client)->WaitAll(); !s.ok()) return s;
 //   }
 //
 // Bucket rebuild (DDP's Reducer::rebuild_buckets): the client records the
@@ -44,13 +44,19 @@
 
 namespace gradd {
 
-enum class DType : int32_t;  // common/dtype.h; values as gradd.v1.DType
+// Element types of ClientParam::dtype: the same values as the C ABI's
+// GRADD_FLOAT32 ... (gradd.h) and the wire protocol's gradd.v1.DType.
+namespace dtype {
+inline constexpr int32_t kFloat32 = 1;
+inline constexpr int32_t kFloat64 = 2;
+inline constexpr int32_t kFloat16 = 3;
+inline constexpr int32_t kBFloat16 = 4;
+}  // namespace dtype
 
 struct ClientParam {
   std::string name;
   std::vector<int64_t> shape;
-  int32_t
-      dtype;  // gradd::DType value: 1 float32, 2 float64, 3 float16, 4 bfloat16
+  int32_t dtype = dtype::kFloat32;  // one of gradd::dtype::k*
 };
 
 // The job's communication hook, run by the daemon between the local reduce

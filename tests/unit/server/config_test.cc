@@ -123,6 +123,21 @@ TEST(ConfigTest, ValidationCatchesOutOfRangeValues) {
   EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("spin_us"));
 }
 
+TEST(ConfigTest, LogLevelDefaultsToInfoAndIsChecked) {
+  EXPECT_EQ(DefaultConfig().log_level(), "info");
+  absl::StatusOr<v1::DaemonConfig> c =
+      ParseConfigYaml("log_level: warning\n", "log.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->log_level(), "warning");
+  v1::DaemonConfig d = DefaultConfig();
+  d.set_log_level("warning");
+  EXPECT_TRUE(ValidateConfig(d).ok());
+  d.set_log_level("loud");
+  EXPECT_THAT(
+      Message(ValidateConfig(d)),
+      AllOf(HasSubstr("log_level"), HasSubstr("'loud'"), HasSubstr("warning")));
+}
+
 TEST(ConfigTest, DefaultCommHookIsParsedAndChecked) {
   absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(R"(
 default_comm_hook:
