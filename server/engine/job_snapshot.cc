@@ -96,7 +96,8 @@ JobSnapshot Job::Snapshot(bool detail) const {
   std::shared_ptr<const BucketPlan> plan;
   {
     absl::MutexLock lock(&snapshot_mu_);
-    plan = published_plan_;
+    plan = published_plan_ != nullptr ? published_plan_
+                                      : std::make_shared<const BucketPlan>();
     s.unused_iteration = unused_iteration_;
     s.ever_unused = ever_unused_;
     if (detail) s.unused_params = unused_params_;
@@ -124,8 +125,7 @@ JobSnapshot Job::Snapshot(bool detail) const {
     s.params = spec_.params;
     // spec_.plan is the plan the job formed with; plan_ replaces it in a
     // rebuild.
-    if (plan.get() != nullptr && plan->buckets.size() > 0 &&
-        PlanDiffers(spec_.plan, *plan)) {
+    if (!plan->buckets.empty() && PlanDiffers(spec_.plan, *plan)) {
       for (const Bucket& bucket : spec_.plan.buckets) {
         BucketSnapshot out;
         out.dtype = bucket.dtype;
