@@ -118,6 +118,59 @@ TEST_F(JobManagerSourceTest, RunningJobReportsIterationPlanAndUnusedParams) {
   ASSERT_TRUE(Detach(manager(), "run", 0, ranks[0]->session()).ok());
 }
 
+TEST_F(JobManagerSourceTest, RebuiltJobShowsItsReadyOrderAndBothPlans) {
+  // Four 64-byte parameters, caps of 128 bytes: two per bucket.
+  const double cap = 128.0 / (1 << 20);
+  std::vector<std::unique_ptr<TestRank>> ranks = AttachJob(
+      "rb", 2, {{"p0", {16}}, {"p1", {16}}, {"p2", {16}}, {"p3", {16}}}, cap,
+      cap);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& rank : ranks) {
+    for (int b = 0; b < rank->response().buckets_size(); ++b) {
+      rank->Publish(b, 1);
+    }
+  }
+  for (auto& rank : ranks) ASSERT_TRUE(rank->WaitAllDone(1));
+  std::vector<absl::Notification> answered(2);
+  std::vector<absl::Status> results(2);
+  for (int r = 0; r < 2; ++r) {
+    v1::RebuildBucketsRequest req;
+    req.set_job_id("rb");
+    req.set_local_rank(r);
+    req.set_session_id(ranks[r]->session());
+    req.set_iteration(1);
+    for (int32_t p : {0, 2, 1, 3}) req.add_ready_order(p);
+    manager().HandleRebuildBuckets(
+        req, Soon(),
+        [&answered, &results,
+         r](absl::StatusOr<v1::RebuildBucketsResponse> resp) {
+          results[r] = resp.status();
+          answered[r].Notify();
+        });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(answered[r].WaitForNotificationWithTimeout(absl::Seconds(20)));
+    ASSERT_TRUE(results[r].ok()) << results[r];
+  }
+  const std::string id = "rb";
+  absl::StatusOr<std::vector<JobSnapshot>> jobs =
+      source().Jobs(Soon(), /*detail=*/true, &id);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const JobSnapshot& j = (*jobs)[0];
+  EXPECT_TRUE(j.rebuilt);
+  EXPECT_EQ(j.rebuild_iteration, 1u);
+  EXPECT_THAT(j.rebuild_ready_order, ElementsAre(0, 2, 1, 3));
+  ASSERT_EQ(j.buckets.size(), 2u);
+  EXPECT_THAT(j.buckets[0].params, ElementsAre(0, 2));
+  EXPECT_THAT(j.buckets[1].params, ElementsAre(1, 3));
+  ASSERT_EQ(j.initial_buckets.size(), 2u);
+  EXPECT_THAT(j.initial_buckets[0].params, ElementsAre(3, 2));
+  EXPECT_EQ(j.iteration, 1u);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(Detach(manager(), "rb", r, ranks[r]->session()).ok());
+  }
+}
+
 // A registry whose Claim (called on the job manager's control thread
 // during an Attach) blocks until released: a wedged control loop.
 class WedgingRegistry final : public SessionRegistryInterface {
