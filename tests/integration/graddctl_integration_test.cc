@@ -3,6 +3,7 @@
 // stays attached at a known iteration while graddctl asks about it. Every
 // answer is checked in its human form and, where scripts would read it, in
 // its --json form (parsed by Debian's python3); exit codes as args.h.
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -180,6 +181,17 @@ TEST_F(GraddctlTest, ErrorsGiveExitCodesScriptsCanUse) {
   Exit by_env = Ctl({"health"}, /*socket=*/false);
   unsetenv("GRADD_SOCKET");
   EXPECT_EQ(by_env.code, 0) << by_env.output;
+
+  // A daemon that does not run at all (SIGSTOP): no answer within
+  // --timeout, exit 3, and graddctl's own wait is what bounds it.
+  ASSERT_EQ(kill(daemon_.pid, SIGSTOP), 0);
+  Exit frozen = Ctl({"health", "--timeout", "500ms"});
+  ASSERT_EQ(kill(daemon_.pid, SIGCONT), 0);
+  EXPECT_EQ(frozen.code, 3) << frozen.output;
+  EXPECT_THAT(frozen.output, HasSubstr("no answer from gradd"));
+  EXPECT_LT(frozen.elapsed, milliseconds(10000));
+  Exit thawed = Ctl({"health"});
+  EXPECT_EQ(thawed.code, 0) << thawed.output;
 
   ASSERT_EQ(StopDaemon(), 0);
   Exit stopped = Ctl({"status"});
