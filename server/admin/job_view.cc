@@ -127,7 +127,6 @@ v1::DdpLoggingData DdpLoggingDataOf(const JobSnapshot& job) {
   d.set_bucket_cap_bytes(job.planner.bucket_cap_bytes);
   d.set_gradd_first_bucket_cap_bytes(job.planner.first_bucket_cap_bytes);
   d.set_gradient_as_bucket_view(1);
-  d.set_find_unused_parameters(job.has_used_map ? 1 : 0);
   d.set_iteration(job.iteration);
   d.set_has_rebuilt_buckets(job.rebuilt ? 1 : 0);
   d.set_num_buckets_reduced(job.stats.buckets);
@@ -237,7 +236,7 @@ v1::JobDetail JobDetailOf(const JobSnapshot& job, const std::string& node_id) {
   d.set_rebuilt(job.rebuilt);
   d.set_rebuild_iteration(job.rebuild_iteration);
   for (int32_t p : job.rebuild_ready_order) d.add_rebuild_ready_order(p);
-  d.set_find_unused_parameters(job.has_used_map);
+  d.set_used_map(job.has_used_map);
   d.set_unused_iteration(job.unused_iteration);
   for (int32_t p : job.unused_params) {
     if (p >= 0 && static_cast<size_t>(p) < job.params.size()) {

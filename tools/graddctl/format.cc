@@ -266,10 +266,10 @@ std::string FormatJob(const v1::JobDetail& d) {
   } else {
     absl::StrAppend(&out, "rebuild: not rebuilt\n");
   }
-  if (!d.find_unused_parameters()) {
+  if (!d.used_map()) {
     absl::StrAppend(&out,
                     "unused parameters: not tracked "
-                    "(find_unused_parameters off)\n");
+                    "(the job has no used map)\n");
   } else if (d.unused_iteration() == 0) {
     absl::StrAppend(&out, "unused parameters: no iteration reduced yet\n");
   } else {

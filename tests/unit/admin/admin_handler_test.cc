@@ -184,7 +184,7 @@ TEST_F(AdminHandlerTest, GetJobGivesRanksPlanUnusedAndLoggingData) {
   EXPECT_EQ(d.parameters(1).bucket(), 0);
   EXPECT_EQ(d.parameters(3).bucket(), 1);
   EXPECT_EQ(d.totals().local_reduce_ns(), 1234u);
-  EXPECT_TRUE(d.find_unused_parameters());
+  EXPECT_TRUE(d.used_map());
   EXPECT_THAT(d.unused_parameters(), ElementsAre("b"));
   const v1::DdpLoggingData& ddp = d.ddp_logging_data();
   EXPECT_EQ(ddp.world_size(), 2);
@@ -193,11 +193,12 @@ TEST_F(AdminHandlerTest, GetJobGivesRanksPlanUnusedAndLoggingData) {
   EXPECT_EQ(ddp.total_parameter_size_bytes(), 64 + 16 + 4);
   EXPECT_EQ(ddp.bucket_sizes(), "80, 4");
   EXPECT_EQ(ddp.dtypes(), "float, c10::Half");
-  EXPECT_EQ(ddp.find_unused_parameters(), 1);
   EXPECT_EQ(ddp.unused_parameter_size(), 16);
   EXPECT_EQ(ddp.can_set_static_graph(), 0);
   EXPECT_EQ(ddp.iteration(), 5);
   EXPECT_EQ(ddp.has_rebuilt_buckets(), 0);
+  EXPECT_FALSE(ddp.has_rebuilt_bucket_sizes());  // torch: only once rebuilt
+  EXPECT_FALSE(ddp.has_rebuilt_per_bucket_param_indices());
   EXPECT_EQ(ddp.num_buckets_reduced(), 15);
 }
 

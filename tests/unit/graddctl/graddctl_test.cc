@@ -159,7 +159,7 @@ TEST(GraddctlFormatTest, JobDetailShowsEverySection) {
   b->add_params(1);
   b->add_params(0);
   b->set_done_iteration(7);
-  d.set_find_unused_parameters(true);
+  d.set_used_map(true);
   d.set_unused_iteration(7);
   d.add_unused_parameters("fc.bias");
   d.add_ready_order(0);
