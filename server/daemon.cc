@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/session.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
@@ -144,6 +145,7 @@ Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     const v1::DaemonConfig& config) {
+  const absl::Time start = absl::Now();
   RETURN_IF_ERROR(ValidateConfig(config));
   RaiseFdLimit();
   const std::string& path = config.socket_path();
@@ -188,8 +190,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
                                                           d->listener_.get());
   d->service_ =
       std::make_unique<NodeService>(d->manager_.get(), d->caller_check_.get());
+  // Admin and health read the engine through snapshots (admin/).
+  d->admin_source_ = std::make_unique<JobManagerAdminSource>(
+      d->manager_.get(), d->listener_.get());
+  AdminHandlerOptions admin_options;
+  admin_options.version = GRADD_VERSION;
+  admin_options.start_time = start;
+  admin_options.config = d->config_;
+  admin_options.pid = getpid();
+  d->admin_handler_ = std::make_unique<AdminHandler>(d->admin_source_.get(),
+                                                     std::move(admin_options));
+  d->admin_service_ = std::make_unique<AdminService>(d->admin_handler_.get());
+  d->health_service_ = std::make_unique<HealthService>(d->admin_handler_.get());
   grpc::ServerBuilder builder;
   builder.RegisterService(d->service_.get());
+  builder.RegisterService(d->admin_service_.get());
+  builder.RegisterService(d->health_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   d->server_ = builder.BuildAndStart();

@@ -1,5 +1,6 @@
 // The gradd daemon: wires the session listener, the job manager (engine) and
-// the gRPC Node service on the configured Unix socket.
+// the gRPC Node, Admin and grpc.health.v1 Health services on the configured
+// Unix socket.
 //
 // Owns the reduce thread pool, the listener, the job manager, the gRPC
 // server and both socket files, and, when rendezvous.listen_address is set,
@@ -21,8 +22,11 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "grpcpp/server.h"
+#include "server/admin/admin_handler.h"
+#include "server/admin/job_manager_source.h"
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
+#include "server/rpc/admin_service.h"
 #include "server/rpc/node_service.h"
 #include "server/rpc/unix_acceptor.h"
 #include "server/session_listener.h"
@@ -70,6 +74,10 @@ class Daemon {
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<CallerCheckInterface> caller_check_;
   std::unique_ptr<NodeService> service_;
+  std::unique_ptr<JobManagerAdminSource> admin_source_;
+  std::unique_ptr<AdminHandler> admin_handler_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<HealthService> health_service_;
   std::unique_ptr<grpc::Server> server_;
   // Declared after server_: destroyed (joined) before it.
   std::unique_ptr<UnixAcceptor> acceptor_;

@@ -94,6 +94,7 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       active_buffers_(spec_.plan.buckets.size()),
       hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook) {
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
+  used_map_param_ = FindUsedMapParam(spec_.params);
 }
 
 Job::~Job() {
@@ -295,7 +296,14 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.internal = bucket.internal;
   work.rank_buffers = buffers;
   work.divisor = divisor;
-  reducer_->Start(work, [this, b, iteration](absl::Status s) {
+  // The reduced used map is read before done_seq hands the bucket back.
+  const float* used_map = nullptr;
+  if (static_cast<int>(b) == used_map_bucket_ && !buffers->empty()) {
+    used_map = reinterpret_cast<const float*>(
+        static_cast<const char*>((*buffers)[0]) + used_map_offset_);
+  }
+  reducer_->Start(work, [this, b, iteration, used_map](absl::Status s) {
+    if (s.ok() && used_map != nullptr) RecordUsedMap(iteration, used_map);
     Complete(static_cast<int>(b), iteration, std::move(s));
   });
 }

@@ -62,6 +62,7 @@
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
+#include "server/engine/job_snapshot.h"
 #include "server/engine/join_state.h"
 #include "server/hooks/comm_hook_factory.h"
 
@@ -83,6 +84,8 @@ struct JobSpec {
   int num_nodes = 1;
   int global_rank_offset = 0;
   int world_size = 0;
+  // Multi-node: every node's id by node rank (for the admin API).
+  std::vector<std::string> node_ids;
   // Multi-node: the rendezvous coordinator and formation round the job
   // formed through (a bucket rebuild agrees through them).
   std::string coordinator;
@@ -178,6 +181,14 @@ class Job {
   // Cumulative per-phase times of the job's reducer. Any thread.
   ReducerStats reducer_stats() const { return reducer_->stats(); }
 
+  // The job as the admin API shows it (job_snapshot.cc): plan, done
+  // sequences, rank states, reducer totals, failure, the last used map.
+  // Parameters and buckets only with `detail`. Ranks' session ids and the
+  // job's state beyond running / failed are the JobManager's to fill in.
+  // Any thread: reads the control block's atomics and copies what the
+  // engine published under snapshot_mu_.
+  JobSnapshot Snapshot(bool detail) const;
+
  private:
   enum RankState : int { kLive = 0, kDetached = 1, kDisconnected = 2 };
 
@@ -220,8 +231,15 @@ class Job {
   bool TrySwitchPlan();
   // Completes a pending SwitchPlan with `status` (job failed / stopping).
   void AbortSwitch(const absl::Status& status);
-  // Points bucket_buffers_ at plan_'s buckets in every rank's memory.
+  // Points bucket_buffers_ at plan_'s buckets in every rank's memory and
+  // publishes plan_ for Snapshot (job_snapshot.cc: PublishPlan).
   void MapBuckets();
+  void PublishPlan();
+  // Engine or reducer thread, when the bucket holding the client's used map
+  // (find_unused_parameters) completed `iteration`: records which
+  // parameters no rank used. `map` is the reduced map (float32, one per
+  // model parameter) in a contributing rank's bucket, not yet handed back.
+  void RecordUsedMap(uint64_t iteration, const float* map);
 
   const JobSpec spec_;
   const ControlLayout layout_;
@@ -273,6 +291,20 @@ class Job {
   v1::CommHookSpec hook_spec_;  // once resolved
 
   CommHookSelection hooks_;
+
+  // The used map's parameter (-1: the job has none) and, engine thread
+  // only (set by MapBuckets), its bucket and byte offset in the plan.
+  int used_map_param_ = -1;
+  int used_map_bucket_ = -1;
+  size_t used_map_offset_ = 0;
+
+  // What Snapshot reads from other threads.
+  mutable absl::Mutex snapshot_mu_;
+  std::shared_ptr<const BucketPlan> published_plan_
+      ABSL_GUARDED_BY(snapshot_mu_);
+  uint64_t unused_iteration_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+  std::vector<int32_t> unused_params_ ABSL_GUARDED_BY(snapshot_mu_);
+  bool ever_unused_ ABSL_GUARDED_BY(snapshot_mu_) = false;
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

@@ -784,6 +784,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.num_nodes = layout.num_nodes;
   spec.global_rank_offset = layout.global_rank_offset;
   spec.world_size = layout.world_size;
+  spec.node_ids = layout.NodeIds();
   spec.coordinator = result->coordinator;
   spec.round_prefix = result->round_prefix;
   HierarchicalReducer::Options options;

@@ -50,6 +50,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
+#include "server/engine/job_snapshot.h"
 #include "server/engine/loop_watchdog.h"
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
@@ -105,6 +106,18 @@ class JobManager final : public NodeHandlerInterface,
   // everything posted before it).
   int NumJobs();
 
+  // The admin API's view (job_manager_snapshot.cc): every job (pending,
+  // forming, running), or only `*job_id`'s (NOT_FOUND naming it when there
+  // is none); parameters and plans only with `detail`. Copied on the
+  // control thread after everything posted before; DEADLINE_EXCEEDED when
+  // it does not answer by `deadline` (a wedged control loop), UNAVAILABLE
+  // once stopped. Any thread; blocks at most until `deadline`.
+  absl::StatusOr<std::vector<JobSnapshot>> Snapshot(
+      absl::Time deadline, bool detail, const std::string* job_id = nullptr);
+  // OK when the control thread runs a task posted now by `deadline`:
+  // what the health service reports. Errors as Snapshot.
+  absl::Status Ping(absl::Time deadline);
+
  private:
   struct PendingRank {
     v1::AttachRequest request;
@@ -140,6 +153,14 @@ class JobManager final : public NodeHandlerInterface,
   using Task = absl::AnyInvocable<void() &&>;
 
   void Post(Task task);
+  // Runs `fn` on the control thread and waits for its result until
+  // `deadline` (job_manager_snapshot.cc).
+  template <typename T>
+  absl::StatusOr<T> AskControlThread(absl::AnyInvocable<T() &&> fn,
+                                     absl::Time deadline);
+  JobSnapshot SnapshotOf(const std::string& id, const PendingJob& pending,
+                         bool detail) const;
+  JobSnapshot SnapshotOf(const ActiveJob& active, bool detail) const;
   // Queues `work(std::move(done))` for the control thread; when the manager
   // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
   // left unanswered. Any thread.

@@ -150,6 +150,17 @@ bool RebuildCoordinator::rebuilt() const {
   return rebuilt_;
 }
 
+RebuildCoordinator::Record RebuildCoordinator::record() const {
+  absl::MutexLock lock(&mu_);
+  Record r;
+  r.rebuilt = rebuilt_;
+  if (rebuilt_) {
+    r.iteration = rebuilt_after_;
+    r.ready_order = ready_order_;
+  }
+  return r;
+}
+
 void RebuildCoordinator::Add(v1::RebuildBucketsRequest request,
                              absl::Time deadline, Callback done) {
   const int rank = request.local_rank();
@@ -292,7 +303,14 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
     return plan;
   };
   ASSIGN_OR_RETURN(BucketPlan plan, plan_for(mine));
-  if (spec.num_nodes <= 1 || !options_.store_factory) return plan;
+  auto decided = [this](const v1::RebuildOrder& o) {
+    absl::MutexLock lock(&mu_);
+    ready_order_.assign(o.ready_order().begin(), o.ready_order().end());
+  };
+  if (spec.num_nodes <= 1 || !options_.store_factory) {
+    decided(mine);
+    return plan;
+  }
 
   // 3. Multi-node: node rank 0's choice wins.
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStoreInterface> store,
@@ -318,6 +336,7 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
             ASSIGN_OR_RETURN(BucketPlan p, plan_for(o));
             return PlanFingerprint(p);
           }));
+  decided(chosen);
   return plan_for(chosen);
 }
 
@@ -368,6 +387,7 @@ void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
     absl::MutexLock lock(&mu_);
     finished_ = true;
     rebuilt_ = plan.ok();
+    rebuilt_after_ = iteration;
     for (auto& r : ranks_) {
       if (r.has_value()) callbacks.push_back(std::move(r->done));
       r.reset();

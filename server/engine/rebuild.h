@@ -105,6 +105,15 @@ class RebuildCoordinator {
   void RankGone(int rank);
 
   bool rebuilt() const;
+  // What the admin API shows: whether the rebuild ran well, after which
+  // iteration, and the parameter ready order its plan came from (node rank
+  // 0's local rank 0). Any thread.
+  struct Record {
+    bool rebuilt = false;
+    uint64_t iteration = 0;
+    std::vector<int32_t> ready_order;
+  };
+  Record record() const;
 
  private:
   struct Waiting {
@@ -133,6 +142,8 @@ class RebuildCoordinator {
   // Whether the rebuild ran (well or not): it happens once.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool rebuilt_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t rebuilt_after_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int32_t> ready_order_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

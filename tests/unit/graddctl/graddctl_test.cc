@@ -1,0 +1,287 @@
+// graddctl's library: argument parsing, exit codes, tables and the Chrome
+// trace writer (its output parsed by Debian's python3 json module).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/graddctl/args.h"
+#include "tools/graddctl/format.h"
+#include "tools/graddctl/trace.h"
+
+namespace gradd::ctl {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+absl::StatusOr<Options> Parse(std::vector<std::string> args) {
+  return ParseArgs(args, "/default.sock");
+}
+
+TEST(GraddctlArgsTest, CommandsAndFlagsAnywhere) {
+  absl::StatusOr<Options> o = Parse({"status"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, Command::kStatus);
+  EXPECT_EQ(o->socket, "/default.sock");
+  EXPECT_FALSE(o->json);
+  EXPECT_EQ(o->timeout, absl::Seconds(5));
+
+  o = Parse({"job", "resnet", "--json", "--socket", "/s.sock"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, Command::kJob);
+  EXPECT_EQ(o->job_id, "resnet");
+  EXPECT_TRUE(o->json);
+  EXPECT_EQ(o->socket, "/s.sock");
+
+  o = Parse({"--timeout=500ms", "trace", "j", "--out", "t.json"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, Command::kTrace);
+  EXPECT_EQ(o->timeout, absl::Milliseconds(500));
+  EXPECT_EQ(o->out, "t.json");
+
+  o = Parse({"health", "--timeout", "1.5", "--service", "gradd.v1.Node"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->timeout, absl::Milliseconds(1500));
+  EXPECT_EQ(o->service, "gradd.v1.Node");
+
+  EXPECT_EQ(Parse({"--help"})->command, Command::kHelp);
+  EXPECT_EQ(Parse({"jobs"})->command, Command::kJobs);
+  EXPECT_EQ(Parse({"config"})->command, Command::kConfig);
+}
+
+TEST(GraddctlArgsTest, BadUsageNamesTheProblem) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{}, "no command"},
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"job"}, "needs a job id"},
+      {{"jobs", "extra"}, "unexpected argument 'extra'"},
+      {{"trace", "j"}, "needs --out"},
+      {{"status", "--out", "x"}, "only for trace"},
+      {{"status", "--service", "x"}, "only for health"},
+      {{"status", "--bogus"}, "unknown flag --bogus"},
+      {{"status", "--timeout"}, "needs a value"},
+      {{"status", "--timeout", "soon"}, "not a duration"},
+      {{"status", "--timeout", "0"}, "positive"},
+      {{"status", "--json=1"}, "takes no value"},
+      {{"status", "--socket="}, "needs a path"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Options> o = Parse(c.args);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument)
+        << testing::PrintToString(c.args);
+    EXPECT_THAT(o.status().message(), HasSubstr(c.message))
+        << testing::PrintToString(c.args);
+  }
+  EXPECT_EQ(ParseArgs({"status"}, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GraddctlArgsTest, ExitCodesSeparateErrorsFromUnreachable) {
+  EXPECT_EQ(ExitCodeFor(grpc::Status::OK), kExitOk);
+  EXPECT_EQ(ExitCodeFor(grpc::Status(grpc::StatusCode::NOT_FOUND, "")),
+            kExitError);
+  EXPECT_EQ(ExitCodeFor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "")),
+            kExitError);
+  EXPECT_EQ(ExitCodeFor(grpc::Status(grpc::StatusCode::UNAVAILABLE, "")),
+            kExitUnreachable);
+  EXPECT_EQ(ExitCodeFor(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "")),
+            kExitUnreachable);
+  EXPECT_THAT(Usage(), HasSubstr("exit codes"));
+}
+
+TEST(GraddctlFormatTest, TableAlignsColumns) {
+  EXPECT_EQ(Table({"A", "LONG"}, {{"xyz", "1"}, {"q"}}, 2),
+            "  A    LONG\n"
+            "  xyz  1\n"
+            "  q\n");
+}
+
+TEST(GraddctlFormatTest, HumanUnits) {
+  EXPECT_EQ(HumanBytes(512), "512 B");
+  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(HumanBytes(25ull << 20), "25.0 MiB");
+  EXPECT_EQ(HumanDuration(850), "850 ns");
+  EXPECT_EQ(HumanDuration(12300), "12.3 us");
+  EXPECT_EQ(HumanDuration(4560000), "4.56 ms");
+  EXPECT_EQ(HumanDuration(2500000000), "2.50 s");
+  EXPECT_EQ(HumanDuration(int64_t{3 * 3600 + 2 * 60 + 5} * 1000000000),
+            "3h02m05s");
+  EXPECT_EQ(HumanDuration(int64_t{27 * 3600} * 1000000000), "1d03h");
+}
+
+TEST(GraddctlFormatTest, JobsTableHasOneLinePerJob) {
+  v1::ListJobsResponse jobs;
+  EXPECT_EQ(FormatJobs(jobs), "no jobs\n");
+  v1::JobSummary* j = jobs.add_jobs();
+  j->set_job_id("resnet");
+  j->set_state(v1::JOB_STATE_RUNNING);
+  j->set_local_world_size(4);
+  j->set_live_local_ranks(3);
+  j->set_num_nodes(2);
+  j->set_world_size(8);
+  j->set_iteration(120);
+  j->set_num_buckets(5);
+  j->set_bucket_bytes(3 << 20);
+  const std::string out = FormatJobs(jobs);
+  EXPECT_THAT(out, HasSubstr("ID"));
+  EXPECT_THAT(out, HasSubstr("ITERATION"));
+  EXPECT_THAT(out, testing::ContainsRegex(
+                       "resnet +running +3/4 +2 +8 +120 +5 +3.0 MiB"));
+}
+
+TEST(GraddctlFormatTest, JobDetailShowsEverySection) {
+  v1::JobDetail d;
+  d.mutable_summary()->set_job_id("j");
+  d.mutable_summary()->set_state(v1::JOB_STATE_FAILED);
+  d.mutable_summary()->set_error("ABORTED: local rank 1 left");
+  v1::RankInfo* r = d.add_ranks();
+  r->set_local_rank(1);
+  r->set_global_rank(5);
+  r->set_state(v1::RANK_STATE_DISCONNECTED);
+  r->set_pid(321);
+  d.add_nodes()->set_node_id("node-b");
+  d.add_parameters()->set_name("fc.weight");
+  d.add_parameters()->set_name("fc.bias");
+  v1::BucketInfo* b = d.mutable_plan()->add_buckets();
+  b->set_dtype("float16");
+  b->set_size_bytes(2048);
+  b->add_params(1);
+  b->add_params(0);
+  b->set_done_iteration(7);
+  d.set_used_map(true);
+  d.set_unused_iteration(7);
+  d.add_unused_parameters("fc.bias");
+  d.add_ready_order(0);
+  d.set_rebuilt(true);
+  d.set_rebuild_iteration(1);
+  d.add_rebuild_ready_order(1);
+  d.add_rebuild_ready_order(0);
+  v1::BucketTiming* t = d.add_bucket_timings();
+  v1::PhaseTiming* p = t->add_phases();
+  p->set_phase("network");
+  p->set_count(2);
+  p->set_total_ns(4000);
+  v1::Stall* s = d.add_stalls();
+  s->set_bucket(0);
+  s->set_waited_seconds(31);
+  s->add_missing_nodes("node-c");
+  d.mutable_ddp_logging_data()->set_world_size(8);
+  d.mutable_ddp_logging_data()->set_can_set_static_graph(0);
+  d.set_note("timeline partial");
+  const std::string out = FormatJob(d);
+  for (const char* want :
+       {"job j: failed", "error: ABORTED: local rank 1 left", "disconnected",
+        "321", "node-b", "float16", "2.0 KiB", "fc.bias, fc.weight",
+        "unused parameters (iteration 7): fc.bias", "ready order: 0",
+        "rebuild: after iteration 1, from parameter ready order 1, 0",
+        "network", "2.0 us", "31.0 s", "node-c", "world_size",
+        "can_set_static_graph", "note: timeline partial"}) {
+    EXPECT_THAT(out, HasSubstr(want)) << out;
+  }
+  // Unset optional fields and unknown lists are left out.
+  EXPECT_THAT(out, Not(HasSubstr("unused_parameter_size")));
+  EXPECT_THAT(out, Not(HasSubstr("rebuilt_bucket_sizes")));
+}
+
+TEST(GraddctlFormatTest, JsonUsesProtoNamesAndKeepsDefaults) {
+  v1::GetStatusResponse s;
+  s.set_version("1.2.3");
+  const std::string json = ToJson(s);
+  EXPECT_THAT(json, HasSubstr("\"version\":\"1.2.3\""));
+  EXPECT_THAT(json, HasSubstr("\"running_jobs\":0"));
+  EXPECT_EQ(FormatHealth(grpc::health::v1::HealthCheckResponse::NOT_SERVING),
+            "NOT_SERVING\n");
+}
+
+TEST(GraddctlTraceTest, JsonStringEscapes) {
+  EXPECT_EQ(JsonString("a\"b\\c\n\x01\xc3"),
+            "\"a\\\"b\\\\c\\n\\u0001\\u00c3\"");
+}
+
+// Runs Debian's python3 on `trace` (json.load, then `check`, a Python
+// expression over `t` that must be true); "ok" or what went wrong.
+std::string CheckWithPython(const std::string& trace,
+                            const std::string& check) {
+  char dir[] = "/tmp/graddctl_trace_XXXXXX";
+  if (mkdtemp(dir) == nullptr) return "mkdtemp failed";
+  const std::string json = absl::StrCat(dir, "/trace.json");
+  const std::string script = absl::StrCat(dir, "/check.py");
+  std::ofstream(json) << trace;
+  std::ofstream(script) << "import json, sys\n"
+                        << "t = json.load(open(sys.argv[1]))\n"
+                        << "print('ok' if (" << check
+                        << ") else 'check failed')\n";
+  const std::string cmd =
+      absl::StrCat("/usr/bin/python3 ", script, " ", json, " 2>&1");
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r"); p != nullptr) {
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+    pclose(p);
+  }
+  unlink(json.c_str());
+  unlink(script.c_str());
+  rmdir(dir);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+TEST(GraddctlTraceTest, EventsBecomeCompleteEventsPerNodeAndRank) {
+  v1::GetTraceResponse trace;
+  trace.set_job_id("j\"1");
+  trace.set_node_id("node-a");
+  trace.set_node_rank(2);
+  trace.set_note("ring wrapped");
+  auto add = [&](int rank, const char* phase, int64_t start, int64_t dur) {
+    v1::TraceEvent* e = trace.add_events();
+    e->set_iteration(9);
+    e->set_bucket(3);
+    e->set_local_rank(rank);
+    e->set_phase(phase);
+    e->set_start_unix_ns(start);
+    e->set_duration_ns(dur);
+  };
+  add(1, "ready", 1700000000123456789, 1500);
+  add(-1, "network", 1700000000123460000, 250000);
+  const std::string json = ChromeTraceJson(trace);
+  EXPECT_EQ(
+      CheckWithPython(
+          json,
+          "[e for e in t['traceEvents'] if e['ph'] == 'X'] == ["
+          "{'ph':'X','name':'ready b3','cat':'ready','pid':2,'tid':2,"
+          "'ts':1700000000123456.789,'dur':1.5,"
+          "'args':{'iteration':9,'bucket':3,'local_rank':1}},"
+          "{'ph':'X','name':'network b3','cat':'network','pid':2,'tid':0,"
+          "'ts':1700000000123460.0,'dur':250.0,"
+          "'args':{'iteration':9,'bucket':3,'local_rank':-1}}]"
+          " and {(e['name'], e['tid'], e['args']['name']) for e in "
+          "t['traceEvents'] if e['ph'] == 'M'} == {('process_name', 0, "
+          "'gradd node-a'), ('thread_name', 0, 'node'), ('thread_name', 2, "
+          "'rank 1')} and t['otherData']['note'] == 'ring wrapped' and "
+          "t['otherData']['job_id'] == 'j\"1'"),
+      "ok")
+      << json;
+}
+
+TEST(GraddctlTraceTest, EmptyTimelineIsAValidTrace) {
+  v1::GetTraceResponse trace;
+  trace.set_job_id("j");
+  EXPECT_EQ(CheckWithPython(ChromeTraceJson(trace),
+                            "len([e for e in t['traceEvents'] if e['ph'] == "
+                            "'X']) == 0 and t['otherData']['events'] == 0"),
+            "ok");
+}
+
+}  // namespace
+}  // namespace gradd::ctl
