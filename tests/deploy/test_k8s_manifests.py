@@ -157,9 +157,14 @@ def test_daemonset_probes_ask_the_daemon(daemonset):
         assert probe is not None
         cmd = probe._exec.command
         assert Path(cmd[0]).name == "graddctl" and "health" in cmd, cmd
-        # A hung daemon fails within timeoutSeconds.
+        # A hung daemon fails within timeoutSeconds: graddctl's own bound
+        # ends first, so it exits with its code rather than being killed.
         assert probe.timeout_seconds and probe.timeout_seconds <= (
             probe.period_seconds or 10)
+        ctl_timeout = cmd[cmd.index("--timeout") + 1]
+        assert ctl_timeout.endswith("s") and not ctl_timeout.endswith("ms")
+        assert float(ctl_timeout[:-1]) < probe.timeout_seconds
+        assert cmd[cmd.index("--socket") + 1] == "/run/gradd/gradd.sock"
     # graddctl finds the daemon's socket through GRADD_SOCKET.
     assert env(c)["GRADD_SOCKET"].value == "/run/gradd/gradd.sock"
 
@@ -232,8 +237,9 @@ def test_probe_passes_for_a_serving_daemon_and_fails_for_a_hung_one(
         pytest.skip(f"gradd not built at {binary}")
     ctl = graddctl_binary()
     probe = gradd_container(daemonset).liveness_probe
-    cmd = [ctl] + probe._exec.command[1:]
     sock = str(tmp_path / "run" / "gradd.sock")
+    cmd = [ctl] + [sock if a == "/run/gradd/gradd.sock" else a
+                   for a in probe._exec.command[1:]]
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))
     notify.settimeout(10)
@@ -252,12 +258,15 @@ def test_probe_passes_for_a_serving_daemon_and_fails_for_a_hung_one(
         # or past timeoutSeconds -- both count as a failure).
         os.kill(daemon.pid, signal.SIGSTOP)
         try:
+            # graddctl's --timeout ends it inside kubelet's timeoutSeconds.
             r = subprocess.run(cmd, env=probe_env, capture_output=True,
                                timeout=probe.timeout_seconds)
-            assert r.returncode != 0
-        except subprocess.TimeoutExpired:
-            pass
-        os.kill(daemon.pid, signal.SIGCONT)
+            assert r.returncode != 0, r.stdout + r.stderr
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+        r = subprocess.run(cmd, env=probe_env, capture_output=True,
+                           timeout=probe.timeout_seconds)
+        assert r.returncode == 0, r.stdout + r.stderr
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0

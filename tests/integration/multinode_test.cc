@@ -27,6 +27,7 @@ namespace gradd::testing {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 using Clock = std::chrono::steady_clock;
@@ -287,6 +288,13 @@ TEST_F(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
                       HasSubstr("node-a"), HasSubstr("node-c")))
         << ps[i].name;
   }
+  // Each daemon's log says why the job never formed.
+  for (const char* node : {"node-a", "node-b", "node-c"}) {
+    EXPECT_THAT(ReadFile(Node(node).proc.log),
+                AllOf(HasSubstr("E gradd: job 'mismatch' failed to form: "),
+                      HasSubstr("layer5.bias")))
+        << node;
+  }
 }
 
 TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
@@ -310,6 +318,12 @@ TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
         << ps[i].name;
   }
   EXPECT_LT(took, std::chrono::seconds(15));
+  for (const char* node : {"node-a", "node-b"}) {
+    EXPECT_THAT(ReadFile(Node(node).proc.log),
+                AllOf(HasSubstr("E gradd: job 'lonely' failed to form: "),
+                      HasSubstr("missing: node-c")))
+        << node;
+  }
 
   // Node c turns up after all and the trainers try again: the three nodes
   // meet in a fresh formation round.
@@ -377,6 +391,12 @@ TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
     EXPECT_EQ(e.code, 3) << survivors[i].name << ":\n" << e.output;
     EXPECT_THAT(e.output, AllOf(HasSubstr("ERROR"), HasSubstr("node-c")))
         << survivors[i].name;
+  }
+  // The survivors' daemons log the job's failure naming the dead peer.
+  for (const char* node : {"node-a", "node-b"}) {
+    EXPECT_THAT(ReadFile(Node(node).proc.log),
+                ContainsRegex("E gradd: job 'doomed' failed: .*node-c"))
+        << node;
   }
   // Within the collective timeout (5 s) plus the failure probe and slack.
   EXPECT_LT(took, std::chrono::seconds(9));
