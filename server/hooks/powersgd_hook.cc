@@ -273,24 +273,30 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   const size_t count = layout.count;
   const size_t len = layout.padded;
 
-  // M_r = grad_r (zero-padded) + e_r; M = sum of the node's M_r.
-  m_rank_.resize(n);
-  m_sum_.assign(len, 0.0f);
+  // M_r = grad_r (zero-padded) + e_r; M = sum of the node's M_r. One
+  // parallel pass over the bucket; with error feedback M_r is kept in e_r's
+  // memory (e_r = M_r - result at the end), without it M_r is not needed.
   if (error_feedback_ && st.error.empty()) {
     st.error.assign(n, std::vector<float>(len, 0.0f));
   }
-  for (int r = 0; r < n; ++r) {
-    std::vector<float>& m = m_rank_[r];
-    m.assign(len, 0.0f);
-    const float* g = static_cast<const float*>(buffers[r]);
-    std::copy(g, g + count, m.begin());
-    if (error_feedback_) {
-      const std::vector<float>& e = st.error[r];
-      for (size_t i = 0; i < len; ++i) m[i] += e[i];
+  m_sum_.resize(len);
+  out_.resize(len);
+  Split(pool_, len, len, [&](size_t b, size_t e) {
+    std::fill(m_sum_.begin() + b, m_sum_.begin() + e, 0.0f);
+    std::fill(out_.begin() + b, out_.begin() + e, 0.0f);
+    const size_t g_end = std::min(e, count);
+    for (int r = 0; r < n; ++r) {
+      const float* g = static_cast<const float*>(buffers[r]);
+      float* sum = m_sum_.data();
+      if (error_feedback_) {
+        float* m = st.error[r].data();
+        for (size_t i = b; i < g_end; ++i) m[i] += g[i];
+        for (size_t i = b; i < e; ++i) sum[i] += m[i];
+      } else {
+        for (size_t i = b; i < g_end; ++i) sum[i] += g[i];
+      }
     }
-    for (size_t i = 0; i < len; ++i) m_sum_[i] += m[i];
-  }
-  out_.assign(len, 0.0f);
+  });
 
   // Uncompressed tensors: averaged as they are.
   size_t packed_size = 0;
@@ -372,17 +378,21 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   }
   st.has_memory = warm_start_;
 
-  if (error_feedback_) {
+  // e_r = M_r - result and the result into every local rank's bucket, in
+  // one parallel pass.
+  Split(pool_, len, len, [&](size_t b, size_t e) {
+    const float* o = out_.data();
     for (int r = 0; r < n; ++r) {
-      std::vector<float>& e = st.error[r];
-      const std::vector<float>& m = m_rank_[r];
-      for (size_t i = 0; i < len; ++i) e[i] = m[i] - out_[i];
+      if (error_feedback_) {
+        float* m = st.error[r].data();
+        for (size_t i = b; i < e; ++i) m[i] -= o[i];
+      }
+      if (b < count) {
+        std::copy(o + b, o + std::min(e, count),
+                  static_cast<float*>(buffers[r]) + b);
+      }
     }
-  }
-  for (int r = 0; r < n; ++r) {
-    std::copy(out_.begin(), out_.begin() + count,
-              static_cast<float*>(buffers[r]));
-  }
+  });
   return absl::OkStatus();
 }
 
