@@ -52,12 +52,30 @@ void Split(ThreadPool* pool, size_t n, size_t work,
   pool->ParallelFor(n, per, fn);
 }
 
+// The three products, each for a rank known at compile time (R > 0: the
+// accumulators live in registers and the loops over k unroll) or at run
+// time (R == 0). Every output element is accumulated in double in the same
+// order either way, so the results are bit-identical.
+template <size_t R>
+struct Rank {
+  static constexpr size_t kMax = R;
+  size_t operator()(size_t) const { return R; }
+};
+template <>
+struct Rank<0> {
+  // comm_hook_factory.cc refuses matrix_approximation_rank above 1024.
+  static constexpr size_t kMax = 1024;
+  size_t operator()(size_t rank) const { return rank; }
+};
+
 // p (rows x rank) = m (rows x cols) q (cols x rank), rows [begin, end).
-void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
-          size_t begin, size_t end) {
-  std::vector<double> acc(rank);
+template <size_t R>
+void MulQFor(const float* m, const float* q, float* p, size_t cols,
+             size_t rank_in, size_t begin, size_t end) {
+  const size_t rank = Rank<R>()(rank_in);
   for (size_t i = begin; i < end; ++i) {
-    std::fill(acc.begin(), acc.end(), 0.0);
+    double acc[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) acc[k] = 0.0;
     const float* row = m + i * cols;
     for (size_t j = 0; j < cols; ++j) {
       const double mij = row[j];
@@ -72,15 +90,19 @@ void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
 
 // q (cols x rank) = m^T (cols x rows) p (rows x rank), q's rows (m's
 // columns) [begin, end).
-void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
-                    size_t cols, size_t rank, size_t begin, size_t end) {
-  std::vector<double> acc((end - begin) * rank, 0.0);
+template <size_t R>
+void MulTransposedPFor(const float* m, const float* p, float* q, size_t rows,
+                       size_t cols, size_t rank_in, size_t begin, size_t end,
+                       std::vector<double>& acc) {
+  const size_t rank = Rank<R>()(rank_in);
+  acc.assign((end - begin) * rank, 0.0);
   for (size_t i = 0; i < rows; ++i) {
     const float* row = m + i * cols;
-    const float* pi = p + i * rank;
-    for (size_t j = begin; j < end; ++j) {
+    double pi[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
+    double* aj = acc.data();
+    for (size_t j = begin; j < end; ++j, aj += rank) {
       const double mij = row[j];
-      double* aj = acc.data() + (j - begin) * rank;
       for (size_t k = 0; k < rank; ++k) aj[k] += mij * pi[k];
     }
   }
@@ -90,17 +112,69 @@ void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
 }
 
 // out (rows x cols) = p (rows x rank) q^T (rank x cols), rows [begin, end).
-void Approximate(const float* p, const float* q, float* out, size_t cols,
-                 size_t rank, size_t begin, size_t end) {
+template <size_t R>
+void ApproximateFor(const float* p, const float* q, float* out, size_t cols,
+                    size_t rank_in, size_t begin, size_t end) {
+  const size_t rank = Rank<R>()(rank_in);
   for (size_t i = begin; i < end; ++i) {
-    const float* pi = p + i * rank;
+    double pi[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
     float* row = out + i * cols;
     for (size_t j = 0; j < cols; ++j) {
       const float* qj = q + j * rank;
       double s = 0;
-      for (size_t k = 0; k < rank; ++k) s += static_cast<double>(pi[k]) * qj[k];
+      for (size_t k = 0; k < rank; ++k) s += pi[k] * qj[k];
       row[j] = static_cast<float>(s);
     }
+  }
+}
+
+void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
+          size_t begin, size_t end) {
+  switch (rank) {
+    case 1:
+      return MulQFor<1>(m, q, p, cols, rank, begin, end);
+    case 2:
+      return MulQFor<2>(m, q, p, cols, rank, begin, end);
+    case 4:
+      return MulQFor<4>(m, q, p, cols, rank, begin, end);
+    case 8:
+      return MulQFor<8>(m, q, p, cols, rank, begin, end);
+    default:
+      return MulQFor<0>(m, q, p, cols, rank, begin, end);
+  }
+}
+
+void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
+                    size_t cols, size_t rank, size_t begin, size_t end) {
+  std::vector<double> acc;
+  switch (rank) {
+    case 1:
+      return MulTransposedPFor<1>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 2:
+      return MulTransposedPFor<2>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 4:
+      return MulTransposedPFor<4>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 8:
+      return MulTransposedPFor<8>(m, p, q, rows, cols, rank, begin, end, acc);
+    default:
+      return MulTransposedPFor<0>(m, p, q, rows, cols, rank, begin, end, acc);
+  }
+}
+
+void Approximate(const float* p, const float* q, float* out, size_t cols,
+                 size_t rank, size_t begin, size_t end) {
+  switch (rank) {
+    case 1:
+      return ApproximateFor<1>(p, q, out, cols, rank, begin, end);
+    case 2:
+      return ApproximateFor<2>(p, q, out, cols, rank, begin, end);
+    case 4:
+      return ApproximateFor<4>(p, q, out, cols, rank, begin, end);
+    case 8:
+      return ApproximateFor<8>(p, q, out, cols, rank, begin, end);
+    default:
+      return ApproximateFor<0>(p, q, out, cols, rank, begin, end);
   }
 }
 
