@@ -209,7 +209,7 @@ Daemon::~Daemon() { Shutdown(); }
 std::string Daemon::rendezvous_address() const {
   return config_.rendezvous().listen_address().empty()
              ? std::string()
-             : coordinator_->configured_address();
+             : coordinator_->serving_address();
 }
 
 int Daemon::rendezvous_port() const {

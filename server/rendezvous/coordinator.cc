@@ -81,6 +81,11 @@ int CoordinatorSelector::serving_port() const {
   return server_ != nullptr ? server_->port() : 0;
 }
 
+std::string CoordinatorSelector::serving_address() const {
+  absl::MutexLock lock(&mu_);
+  return server_ != nullptr ? server_->address() : std::string();
+}
+
 std::string CoordinatorSelector::configured_address() const {
   absl::MutexLock lock(&mu_);
   return configured_;

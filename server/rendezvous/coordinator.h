@@ -68,8 +68,10 @@ class CoordinatorSelector {
   // malformed. May block on name resolution.
   absl::StatusOr<std::string> Resolve(const std::string& requested);
 
-  // The port this daemon serves the store on, 0 while it serves none.
+  // The port this daemon serves the store on, 0 while it serves none, and
+  // its address ("127.0.0.1:<port>" for a wildcard host; "" while none).
   int serving_port() const;
+  std::string serving_address() const;
   // The configured coordinator (rule 1 or 2), "" when discovery is on demand.
   std::string configured_address() const;
 

@@ -67,6 +67,7 @@ TEST(CoordinatorTest, LocalHostWithoutPortIsServedOnDemandAtTheDefaultPort) {
   auto s = CoordinatorSelector::Create(OnDemand(port));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->serving_port(), 0);  // nothing until a job asks
+  EXPECT_EQ((*s)->serving_address(), "");
   absl::StatusOr<std::string> address = (*s)->Resolve("127.0.0.1");
   ASSERT_TRUE(address.ok()) << address.status();
   EXPECT_EQ(*address, absl::StrCat("127.0.0.1:", port));
@@ -125,6 +126,7 @@ TEST(CoordinatorTest, ConfiguredAddressesWin) {
   ASSERT_TRUE(served.ok()) << served.status();
   const int port = (*served)->serving_port();
   ASSERT_GT(port, 0);
+  EXPECT_EQ((*served)->serving_address(), absl::StrCat("127.0.0.1:", port));
   EXPECT_EQ(*(*served)->Resolve("elsewhere"), absl::StrCat("127.0.0.1:", port));
 }
 
