@@ -22,6 +22,16 @@ the default here, `thp`, keeps glibc and sets GLIBC_TUNABLES=
 glibc.malloc.hugetlb=1 (glibc >= 2.35) so large blocks get transparent huge
 pages, which needs nothing installed. `--malloc glibc` measures the plain
 default.
+
+Several nodes (scripts/netbench runs this across emulated nodes):
+--nodes N runs one gradd per node and --procs trainers on each (N x procs
+ranks, torchrun's environment: GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR,
+...). --node-exec "ip netns exec NS{node}" runs node k's daemon and workers
+under that prefix; --master-addr is node 0's address (torch's store and
+gradd's coordinator host: the daemon there serves the rendezvous on
+demand); --gloo-ifname sets GLOO_SOCKET_IFNAME for torch's workers;
+--comm-hook gives the gradd daemons a default_comm_hook (e.g. bf16_compress;
+torch DDP stays uncompressed, as DDP runs by default).
 Benchmarks are not tests: nothing here asserts.
 """
 import argparse
@@ -57,7 +67,7 @@ def worker(args):
     if args.mode == "torch_ddp":
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
                                 rank=rank, world_size=world)
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     elif args.mode == "gradd":
@@ -114,22 +124,31 @@ def thp_mode():
         return "unknown"
 
 
-def run_mode(mode, args, env_extra):
+def run_mode(mode, args, env_extra, sockets=None):
     procs = []
     port = free_port()
-    for rank in range(args.procs):
+    world = args.procs * args.nodes
+    for rank in range(world):
+        node, local = divmod(rank, args.procs)
         env = dict(os.environ, **env_extra)
         env.update(malloc_env(args.malloc))
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.procs),
-                   LOCAL_WORLD_SIZE=str(args.procs), MASTER_ADDR="127.0.0.1",
+        env.update(RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(args.procs), GROUP_RANK=str(node),
+                   GROUP_WORLD_SIZE=str(args.nodes), MASTER_ADDR=args.master_addr,
                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(args.threads),
                    OPENBLAS_NUM_THREADS=str(args.threads))
+        if sockets:
+            env["GRADD_SOCKET"] = sockets[node]
+        if args.gloo_ifname:
+            env["GLOO_SOCKET_IFNAME"] = args.gloo_ifname
         if mode == "no_comm":  # independent processes running at the same time
-            env.update(RANK="0", WORLD_SIZE="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
+            env.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_WORLD_SIZE="1")
+        cmd = node_prefix(args, node) + [
+               sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                "--port", str(port), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--threads", str(args.threads),
-               "--bucket-cap-mb", str(args.bucket_cap_mb), "--momentum", str(args.momentum)]
+               "--bucket-cap-mb", str(args.bucket_cap_mb), "--momentum", str(args.momentum),
+               "--master-addr", args.master_addr]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     results = []
     for p in procs:
@@ -145,6 +164,57 @@ def run_mode(mode, args, env_extra):
             raise SystemExit(f"{mode}: worker failed ({p.returncode}):\n{err.decode()[-3000:]}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
     return min(r["steps_per_s"] for r in results), results[0]["params"]
+
+
+def node_prefix(args, node):
+    """The command prefix node `node`'s processes run under ([] without)."""
+    return args.node_exec.replace("{node}", str(node)).split() if args.node_exec else []
+
+
+def start_daemons(args, tmp):
+    """One gradd per node; returns (processes, sockets, logs)."""
+    gradd = find_gradd(args.gradd)
+    config = None
+    if args.comm_hook:
+        config = os.path.join(tmp, "gradd.yaml")
+        with open(config, "w") as f:
+            f.write(f"default_comm_hook:\n  name: {args.comm_hook}\n")
+    rendezvous_port = free_port() if not args.node_exec else 29600
+    daemons, sockets, logs = [], [], []
+    for node in range(args.nodes):
+        sock = os.path.join(tmp, f"node{node}", "gradd.sock")
+        log = open(os.path.join(tmp, f"gradd{node}.log"), "wb")
+        cmd = node_prefix(args, node) + [gradd, "--socket", sock]
+        if config:
+            cmd += ["--config", config]
+        if args.nodes > 1:
+            cmd += ["--node-id", f"ddp-node{node}", "--rendezvous-port", str(rendezvous_port)]
+        daemons.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True))
+        sockets.append(sock)
+        logs.append(log)
+    deadline = time.monotonic() + 30
+    for d, sock, log in zip(daemons, sockets, logs):
+        while not (os.path.exists(sock) and os.path.exists(sock + ".session")):
+            if d.poll() is not None or time.monotonic() > deadline:
+                stop_daemons(daemons, logs)
+                raise SystemExit("gradd did not start; log: " + open(log.name).read()[-2000:])
+            time.sleep(0.05)
+    return daemons, sockets, logs
+
+
+def stop_daemons(daemons, logs):
+    for d in daemons:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+    for d in daemons:
+        try:
+            d.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+    for log in logs:
+        log.close()
 
 
 def find_gradd(arg):
@@ -172,6 +242,14 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    ap.add_argument("--nodes", type=int, default=1, help="gradd daemons (nodes), --procs each")
+    ap.add_argument("--node-exec", default="",
+                    help='command prefix of node {node}\'s processes, e.g. "ip netns exec ns{node}"')
+    ap.add_argument("--master-addr", default="127.0.0.1",
+                    help="node 0's address (torch store, gradd coordinator host)")
+    ap.add_argument("--gloo-ifname", default="", help="GLOO_SOCKET_IFNAME for torch's workers")
+    ap.add_argument("--comm-hook", default="",
+                    help="the gradd daemons' default_comm_hook (e.g. bf16_compress)")
     ap.add_argument("--malloc", choices=("thp", "glibc"), default="thp",
                     help="allocator setting for every mode (see the module docstring)")
     args = ap.parse_args()
@@ -179,39 +257,29 @@ def main():
         return worker(args)
 
     tmp = tempfile.mkdtemp(prefix="gradd-bench-")
-    sock = os.path.join(tmp, "gradd.sock")
-    log = open(os.path.join(tmp, "gradd.log"), "wb")
-    daemon = subprocess.Popen([find_gradd(args.gradd), "--socket", sock], stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    daemons, sockets, logs = ([], [], [])
     try:
-        deadline = time.monotonic() + 30
-        while not (os.path.exists(sock) and os.path.exists(sock + ".session")):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("gradd did not start; log: " + open(log.name).read()[-2000:])
-            time.sleep(0.05)
+        if "gradd" in args.modes.split(","):
+            daemons, sockets, logs = start_daemons(args, tmp)
         pythonpath = os.environ.get("PYTHONPATH", "")
         if not pythonpath:
             pythonpath = os.path.join(REPO, "build/client/python")
-        env = {"GRADD_SOCKET": sock, "GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
+        env = {"GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
         rates, params = {}, 0
         # Modes alternate over rounds and each keeps its best round, so a
         # burst of load from elsewhere does not decide the ratio.
         for rnd in range(args.rounds):
             for mode in args.modes.split(","):
                 env["GRADD_JOB"] = f"compare-ddp-{mode}-{rnd}"
-                rate, params = run_mode(mode, args, env)
+                rate, params = run_mode(mode, args, env, sockets)
                 rates[mode] = max(rates.get(mode, 0.0), rate)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        log.close()
+        stop_daemons(daemons, logs)
         shutil.rmtree(tmp, ignore_errors=True)
 
     summary = {
-        "params": params, "procs": args.procs, "batch": args.batch, "threads": args.threads,
+        "params": params, "procs": args.procs, "nodes": args.nodes,
+        "comm_hook": args.comm_hook or "allreduce", "batch": args.batch, "threads": args.threads,
         "steps": args.steps, "rounds": args.rounds, "steps_per_s": rates,
         "malloc": args.malloc, "thp": thp_mode(),
     }
@@ -223,7 +291,8 @@ def main():
         print(json.dumps(summary))
         return
     print(f"MLP 1024-4096-4096-1024 ({params / 1e6:.1f} M params), batch {args.batch}, "
-          f"{args.procs} processes x {args.threads} thread(s), {args.steps} steps after "
+          f"{args.nodes} node(s) x {args.procs} processes x {args.threads} thread(s), "
+          f"gradd hook {summary['comm_hook']}, {args.steps} steps after "
           f"{args.warmup} warm-up, best of {args.rounds} round(s)")
     print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()})")
     print(f"{'mode':<12}{'steps/s':>10}")

@@ -63,6 +63,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
@@ -93,6 +95,26 @@ ABSL_FLAG(std::string, socket, "",
 ABSL_FLAG(int, threads, 0,
           "Threads for the reference kernel (0 = number of cores).");
 ABSL_FLAG(int, timeout_s, 900, "Give up (and clean up) after this long.");
+// Emulated clusters (scripts/netbench): node n's daemon runs under a command
+// prefix, e.g. "ip netns exec gnb-n{node}"; the trainers stay here (their
+// daemon's socket is a file) and name the coordinator's host as torchrun's
+// MASTER_ADDR would, so the daemons discover it (docs/operations.md).
+ABSL_FLAG(std::string, node_exec, "",
+          "Command prefix for node {node}'s daemon (multi-node; with "
+          "--coordinator_host)");
+ABSL_FLAG(std::string, coordinator_host, "",
+          "Host the trainers name as the coordinator (MASTER_ADDR); the "
+          "daemons discover it on --rendezvous_port instead of the bench "
+          "wiring them up");
+ABSL_FLAG(int, rendezvous_port, 29600,
+          "The daemons' rendezvous port with --coordinator_host");
+ABSL_FLAG(int64_t, matrix_cols, 0,
+          "Register the gradient as a [size / 4 / cols, cols] matrix (a "
+          "Linear weight's shape, which PowerSGD compresses) instead of a "
+          "vector");
+ABSL_FLAG(double, tolerance, 1e-6,
+          "Relative error allowed in the checked average (raise it for lossy "
+          "comm hooks such as PowerSGD)");
 // Internal: how the bench runs its trainer processes.
 ABSL_FLAG(int, worker, -1, "(internal) run as trainer process of this rank");
 ABSL_FLAG(std::string, barrier, "", "(internal) per-iteration barrier file");
@@ -114,6 +136,9 @@ struct Settings {
   int iters = 100;
   int warmup = 10;
   bool json = false;
+  int64_t matrix_cols = 0;
+  double tolerance = 1e-6;
+  std::string coordinator_host;
 };
 
 // One timed iteration as one worker saw it.
@@ -145,6 +170,13 @@ absl::StatusOr<Settings> ReadSettings() {
   s.nodes = absl::GetFlag(FLAGS_nodes);
   s.iters = absl::GetFlag(FLAGS_iters);
   s.warmup = absl::GetFlag(FLAGS_warmup);
+  s.matrix_cols = absl::GetFlag(FLAGS_matrix_cols);
+  s.tolerance = absl::GetFlag(FLAGS_tolerance);
+  s.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
+  if (s.matrix_cols < 0 || !(s.tolerance >= 0)) {
+    return absl::InvalidArgumentError(
+        "--matrix_cols and --tolerance must not be negative");
+  }
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "table" && format != "json") {
     return absl::InvalidArgumentError(
@@ -184,9 +216,27 @@ float ExpectedAverage(int ranks, int iteration) {
   return static_cast<float>(static_cast<double>(sum) / ranks);
 }
 
+// --matrix_cols: the gradient is FillValue times this fixed rank-4 matrix
+// (singular values within a factor 2.5 of each other)
+// (small integers, so sums and averages stay exact in float32), which a
+// rank-4 PowerSGD recovers up to rounding; a constant matrix (rank 1) would
+// leave Gram-Schmidt orthogonalising rounding noise.
+float Pattern(size_t row, size_t col) {
+  float v = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    v +=
+        static_cast<float>(static_cast<int>((row * (k + 1) + k * k) % 11) - 5) *
+        static_cast<float>(static_cast<int>((col * (k + 3) + 2 * k) % 13) - 6);
+  }
+  return v;
+}
+
 absl::Status CheckValue(float got, float want, uint64_t size, int iteration,
-                        size_t index) {
-  if (std::fabs(got - want) <= 1e-6f * std::fabs(want)) return absl::OkStatus();
+                        size_t index, double tolerance) {
+  // Relative, with 1 as the smallest scale (the pattern has zeros).
+  if (std::fabs(got - want) <= tolerance * std::max(1.0f, std::fabs(want))) {
+    return absl::OkStatus();
+  }
   return absl::InternalError(absl::StrFormat(
       "wrong average: size %d iteration %d element %d = %g, expected %g", size,
       iteration, index, got, want));
@@ -214,14 +264,23 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     options.num_nodes = s.nodes;
     options.node_rank = rank / s.trainers;
     options.node_id = absl::StrCat("bench-node", rank / s.trainers);
+    options.coordinator = s.coordinator_host;
   }
   // One parameter is always one bucket; caps above its size keep it so
   // whatever the planner does with small parameters.
   const double mb = static_cast<double>(size) / (1 << 20) + 1;
   options.bucket_cap_mb = mb;
   options.first_bucket_cap_mb = mb;
-  const std::vector<ClientParam> params = {
-      {"grad", {static_cast<int64_t>(numel)}, 1 /* float32 */}};
+  std::vector<int64_t> shape = {static_cast<int64_t>(numel)};
+  if (s.matrix_cols > 0) {
+    if (numel % s.matrix_cols != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("size ", size, " is not a whole number of rows of ",
+                       s.matrix_cols, " float32 columns"));
+    }
+    shape = {static_cast<int64_t>(numel) / s.matrix_cols, s.matrix_cols};
+  }
+  const std::vector<ClientParam> params = {{"grad", shape, 1 /* float32 */}};
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                    Client::Attach(options, params));
   if (client->gradient_bytes(0) != numel * sizeof(float)) {
@@ -230,11 +289,23 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
                      " bytes, expected ", numel * sizeof(float)));
   }
   float* grad = static_cast<float*>(client->gradient(0));
+  std::vector<float> pattern;
+  if (s.matrix_cols > 0) {
+    pattern.resize(numel);
+    const size_t cols = static_cast<size_t>(s.matrix_cols);
+    for (size_t k = 0; k < numel; ++k) pattern[k] = Pattern(k / cols, k % cols);
+  }
+  auto scale = [&](size_t k) { return pattern.empty() ? 1.0f : pattern[k]; };
   std::vector<Stamp> stamps;
   stamps.reserve(s.iters);
   const int total = s.warmup + s.iters;
   for (int i = 0; i < total; ++i) {
-    std::fill(grad, grad + numel, FillValue(rank, i));
+    if (pattern.empty()) {
+      std::fill(grad, grad + numel, FillValue(rank, i));
+    } else {
+      const float v = FillValue(rank, i);
+      for (size_t k = 0; k < numel; ++k) grad[k] = v * pattern[k];
+    }
     RETURN_IF_ERROR(barrier.Arrive(kBarrierTimeout));
     const int64_t mark = NowNs();
     RETURN_IF_ERROR(client->MarkReady(0));
@@ -244,11 +315,13 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     const float want = ExpectedAverage(s.trainers * s.nodes, i);
     if (i + 1 < total) {
       for (size_t k : {size_t{0}, numel / 2, numel - 1}) {
-        RETURN_IF_ERROR(CheckValue(grad[k], want, size, i, k));
+        RETURN_IF_ERROR(
+            CheckValue(grad[k], want * scale(k), size, i, k, s.tolerance));
       }
     } else {
       for (size_t k = 0; k < numel; ++k) {
-        RETURN_IF_ERROR(CheckValue(grad[k], want, size, i, k));
+        RETURN_IF_ERROR(
+            CheckValue(grad[k], want * scale(k), size, i, k, s.tolerance));
       }
     }
   }
@@ -431,7 +504,20 @@ absl::StatusOr<Daemons> StartDaemons(const Topology& topo,
         !config.empty()) {
       argv.insert(argv.end(), {"--config", config});
     }
-    if (topo.nodes > 1) {
+    if (const std::string prefix = absl::GetFlag(FLAGS_node_exec);
+        !prefix.empty()) {
+      std::vector<std::string> wrapped = absl::StrSplit(
+          absl::StrReplaceAll(prefix, {{"{node}", absl::StrCat(n)}}), ' ',
+          absl::SkipEmpty());
+      argv.insert(argv.begin(), wrapped.begin(), wrapped.end());
+    }
+    if (topo.nodes > 1 && !absl::GetFlag(FLAGS_coordinator_host).empty()) {
+      // Discovery: the daemon on the coordinator host serves on demand.
+      argv.insert(
+          argv.end(),
+          {"--node-id", absl::StrCat("bench-node", n), "--rendezvous-port",
+           absl::StrCat(absl::GetFlag(FLAGS_rendezvous_port))});
+    } else if (topo.nodes > 1) {
       argv.insert(argv.end(), {"--node-id", absl::StrCat("bench-node", n)});
       if (n == 0) {
         argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",
@@ -444,7 +530,8 @@ absl::StatusOr<Daemons> StartDaemons(const Topology& topo,
     d.children.push_back(std::move(child));
     d.sockets.push_back(socket);
     d.logs.push_back(log);
-    if (topo.nodes > 1 && n == 0) {
+    if (topo.nodes > 1 && n == 0 &&
+        absl::GetFlag(FLAGS_coordinator_host).empty()) {
       // The coordinator's OS-chosen port, written (whole, by rename) once
       // it listens.
       ASSIGN_OR_RETURN(int port, WaitForPortFile(port_file, &d.children[0],
@@ -681,7 +768,10 @@ int CoordinatorMain(const Settings& s) {
         absl::StrCat("--barrier=", barrier_path),
         absl::StrCat("--gate=", gate_path),
         absl::StrCat("--out=", outs.back()),
-        absl::StrCat("--job_prefix=", job_prefix)};
+        absl::StrCat("--job_prefix=", job_prefix),
+        absl::StrCat("--matrix_cols=", s.matrix_cols),
+        absl::StrCat("--tolerance=", s.tolerance),
+        absl::StrCat("--coordinator_host=", s.coordinator_host)};
     absl::StatusOr<Child> child = Child::Spawn(argv, Child::Options{});
     if (!child.ok()) return fail(child.status());
     workers.push_back(std::move(*child));

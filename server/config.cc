@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
+#include "server/rendezvous/coordinator.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gradd {
@@ -262,6 +264,12 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (rv->collective_timeout_ms() == 0) {
     rv->set_collective_timeout_ms(kDefaultCollectiveTimeoutMs);
   }
+  if (rv->port() == 0) rv->set_port(kDefaultRendezvousPort);
+  if (rv->interface().empty()) {
+    if (const char* v = std::getenv("GRADD_SOCKET_IFNAME"); v != nullptr) {
+      rv->set_interface(v);
+    }
+  }
 }
 
 absl::Status ValidateConfig(const v1::DaemonConfig& c) {
@@ -296,6 +304,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_local_world_size = ", c.max_local_world_size(),
                      " is above 65536"));
+  }
+  if (c.rendezvous().port() > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.port = ", c.rendezvous().port(), " is above 65535"));
   }
   RETURN_IF_ERROR(
       ValidateCommHookSpec(c.default_comm_hook(), "default_comm_hook"));

@@ -23,6 +23,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
 #include "server/logging.h"
+#include "server/rendezvous/host_addresses.h"
 #include "server/rpc/unix_acceptor.h"
 
 namespace gradd {
@@ -155,21 +156,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
 
   std::unique_ptr<Daemon> d(new Daemon(config));
-  if (const std::string& listen = config.rendezvous().listen_address();
-      !listen.empty()) {
-    absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-        RendezvousServer::Start(listen);
-    if (!server.ok()) {
-      return absl::Status(server.status().code(),
-                          absl::StrCat("rendezvous.listen_address ", listen,
-                                       ": ", server.status().message()));
+  const v1::RendezvousConfig& rv = config.rendezvous();
+  CoordinatorSelector::Options coordinator;
+  coordinator.coordinator_address = rv.coordinator_address();
+  coordinator.listen_address = rv.listen_address();
+  coordinator.port = static_cast<int>(rv.port());
+  if (!rv.interface().empty()) {
+    // Checked now so a misspelt interface stops the daemon at start-up,
+    // not the first multi-node job.
+    absl::StatusOr<std::string> address = InterfaceAddress(rv.interface());
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rendezvous.interface: ", address.status().message()));
     }
-    d->rendezvous_ = *std::move(server);
-    if (config.rendezvous().coordinator_address().empty()) {
-      d->config_.mutable_rendezvous()->set_coordinator_address(
-          d->rendezvous_->address());
-    }
+    coordinator.bind_host = *address;
   }
+  ASSIGN_OR_RETURN(d->coordinator_,
+                   CoordinatorSelector::Create(std::move(coordinator)));
   d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
   SessionListener::Options session_options;
   session_options.max_sessions = config.max_sessions();
@@ -178,8 +181,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
       std::chrono::milliseconds(config.session_idle_timeout_ms());
   ASSIGN_OR_RETURN(d->listener_,
                    SessionListener::Create(session_path, session_options));
-  d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
-                                             d->pool_.get());
+  d->manager_ = std::make_unique<JobManager>(
+      d->config_, d->listener_.get(), d->pool_.get(), nullptr, d->coordinator_);
   d->listener_->Start(d->manager_.get());
 
   // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
@@ -220,11 +223,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
 Daemon::~Daemon() { Shutdown(); }
 
 std::string Daemon::rendezvous_address() const {
-  return rendezvous_ != nullptr ? rendezvous_->address() : std::string();
+  return config_.rendezvous().listen_address().empty()
+             ? std::string()
+             : coordinator_->serving_address();
 }
 
 int Daemon::rendezvous_port() const {
-  return rendezvous_ != nullptr ? rendezvous_->port() : 0;
+  return config_.rendezvous().listen_address().empty()
+             ? 0
+             : coordinator_->serving_port();
 }
 
 void Daemon::Shutdown(absl::Duration grace) {
@@ -241,7 +248,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     unlink(config_.socket_path().c_str());
   }
   // Last: other nodes' daemons may still be finishing their jobs' rounds.
-  if (rendezvous_) rendezvous_->Shutdown();
+  if (coordinator_) coordinator_->Shutdown();
 }
 
 }  // namespace gradd

@@ -3,13 +3,14 @@
 // Unix socket.
 //
 // Owns the reduce thread pool, the listener, the job manager, the gRPC
-// server and both socket files, and, when rendezvous.listen_address is set,
-// the rendezvous server other nodes' daemons form jobs through (it is then
-// also this daemon's coordinator unless one is configured). Create() does
-// everything that can fail (directory, stale sockets, binds) and reports it;
-// Shutdown() is the one orderly way down, called by main on SIGTERM/SIGINT (or
-// by the destructor). Thread affinity: Create/Shutdown from the owning thread;
-// the parts run their own threads.
+// server and both socket files, and the coordinator selector
+// (rendezvous/coordinator.h): the rendezvous server other nodes' daemons form
+// jobs through, served from start-up when rendezvous.listen_address is set,
+// else on demand when the trainers name this host as the coordinator. Create()
+// does everything that can fail (directory, stale sockets, binds) and reports
+// it; Shutdown() is the one orderly way down, called by main on SIGTERM/SIGINT
+// (or by the destructor). Thread affinity: Create/Shutdown from the owning
+// thread; the parts run their own threads.
 #ifndef GRADD_SERVER_DAEMON_H_
 #define GRADD_SERVER_DAEMON_H_
 
@@ -27,6 +28,7 @@
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "server/rpc/admin_service.h"
+#include "server/rendezvous/coordinator.h"
 #include "server/rpc/node_service.h"
 #include "server/rpc/unix_acceptor.h"
 #include "server/session_listener.h"
@@ -59,8 +61,9 @@ class Daemon {
   const std::string& socket_path() const { return config_.socket_path(); }
   const std::string& session_path() const { return listener_->path(); }
   JobManager& job_manager() { return *manager_; }
-  // The rendezvous server's address ("127.0.0.1:<port>" for a wildcard
-  // listen address) and port; empty / 0 when this daemon serves none.
+  // The address ("127.0.0.1:<port>" for a wildcard listen address) and
+  // port of the rendezvous server rendezvous.listen_address started;
+  // empty / 0 without one (on-demand serving is not reported here).
   std::string rendezvous_address() const;
   int rendezvous_port() const;
 
@@ -68,7 +71,8 @@ class Daemon {
   explicit Daemon(const v1::DaemonConfig& config);
 
   v1::DaemonConfig config_;
-  std::unique_ptr<RendezvousServer> rendezvous_;
+  // Shared with formation threads (coordinator discovery).
+  std::shared_ptr<CoordinatorSelector> coordinator_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<SessionListener> listener_;
   std::unique_ptr<JobManager> manager_;

@@ -35,6 +35,16 @@ ABSL_FLAG(std::string, node_id, "", "This node's id; overrides node_id");
 ABSL_FLAG(std::string, expected_nodes, "",
           "Comma-separated node ids of the cluster; overrides "
           "rendezvous.expected_node_ids");
+ABSL_FLAG(int, rendezvous_port, 0,
+          "Port of discovered coordinators (0: rendezvous.port, default "
+          "29600); overrides rendezvous.port");
+ABSL_FLAG(std::string, interface, "",
+          "Network interface carrying the daemons' traffic (like "
+          "GLOO_SOCKET_IFNAME); overrides rendezvous.interface and "
+          "$GRADD_SOCKET_IFNAME");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Address the other daemons reach this one on; overrides "
+          "rendezvous.advertise_host");
 ABSL_FLAG(std::string, log_level, "",
           "Least severe level logged: trace, debug, info, warning, error, "
           "off; overrides log_level (default info)");
@@ -124,6 +134,19 @@ int main(int argc, char** argv) {
   }
   if (const std::string v = absl::GetFlag(FLAGS_expected_nodes); !v.empty()) {
     config.mutable_rendezvous()->set_expected_node_ids(v);
+  }
+  if (const int v = absl::GetFlag(FLAGS_rendezvous_port); v != 0) {
+    if (v < 0 || v > 65535) {
+      spdlog::error("--rendezvous-port {} is not in 1..65535", v);
+      return 2;
+    }
+    config.mutable_rendezvous()->set_port(static_cast<uint32_t>(v));
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_interface); !v.empty()) {
+    config.mutable_rendezvous()->set_interface(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) {
+    config.mutable_rendezvous()->set_advertise_host(v);
   }
   if (absl::Status valid = gradd::ValidateConfig(config); !valid.ok()) {
     spdlog::error("{}", valid.message());

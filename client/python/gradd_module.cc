@@ -329,8 +329,11 @@ std::unique_ptr<PyClient> Attach(
     double connect_timeout, double attach_timeout, double wait_timeout,
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
     const std::string& coordinator, bool find_unused_parameters,
-    bool rebuild_buckets, const std::string& comm_hook) {
+    bool rebuild_buckets, const std::string& comm_hook, int world_size,
+    std::optional<int> rank) {
   ClientOptions options;
+  options.world_size = world_size;
+  options.rank = rank;
   options.comm_hook.name = comm_hook;
   options.socket_path = socket;
   options.job_id = job_id;
@@ -634,6 +637,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_nodes") = 0, py::arg("coordinator") = "",
         py::arg("find_unused_parameters") = false,
         py::arg("rebuild_buckets") = true, py::arg("comm_hook") = "",
+        py::arg("world_size") = 0, py::arg("rank") = py::none(),
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype) tuples. "
         "Blocks (GIL released) until every local rank has attached. "

@@ -48,8 +48,10 @@ void gradd_options_init(gradd_options* options) {
   std::memset(options, 0, sizeof(*options));
   const gradd::ClientOptions defaults;
   options->struct_size = sizeof(*options);
-  options->local_rank = 0;
-  options->local_world_size = 1;
+  options->local_rank = -1;
+  options->local_world_size = 0;
+  options->node_rank = -1;
+  options->rank = -1;
   options->connect_timeout_ms = defaults.connect_timeout.count();
   options->attach_timeout_ms = defaults.attach_timeout.count();
   options->wait_timeout_ms = defaults.wait_timeout.count();
@@ -103,6 +105,16 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
     }
     h.orthogonalization_epsilon = options->powersgd_orthogonalization_epsilon;
     h.random_seed = options->powersgd_random_seed;
+  }
+  if (GRADD_HAS_FIELD(options, rank)) {
+    if (options->num_nodes > 0) o.num_nodes = options->num_nodes;
+    if (options->node_rank >= 0) o.node_rank = options->node_rank;
+    if (options->node_id != nullptr) o.node_id = options->node_id;
+    if (options->coordinator != nullptr) {
+      o.coordinator = options->coordinator;
+    }
+    if (options->world_size > 0) o.world_size = options->world_size;
+    if (options->rank >= 0) o.rank = options->rank;
   }
 
   std::vector<gradd::ClientParam> list(num_params);

@@ -47,6 +47,7 @@
 #include "client/src/comm_hook_options.h"
 #include "client/src/daemon_peer.h"
 #include "client/src/join_client.h"
+#include "client/src/launcher_env.h"
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
 #include "common/control_block.h"
@@ -162,53 +163,6 @@ absl::StatusOr<UniqueFd> ConnectSession(const std::string& socket_path,
     return absl::PermissionDeniedError(what);
   }
   return absl::UnavailableError(what);
-}
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
-
-// The first of `names` set in the environment, parsed as an int: nullopt if
-// none is set; INVALID_ARGUMENT naming the variable if it is not a number.
-absl::StatusOr<std::optional<int>> EnvInt(
-    std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    const std::string v = Env(name);
-    if (v.empty()) continue;
-    int out = 0;
-    if (!absl::SimpleAtoi(v, &out)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable ", name, "='", v, "' is not an integer"));
-    }
-    return std::optional<int>(out);
-  }
-  return std::optional<int>();
-}
-
-// Multi-node settings not given in `options` come from the launcher's
-// environment: GRADD_NUM_NODES / NNODES, GRADD_NODE_RANK / NODE_RANK /
-// GROUP_RANK (torchrun), GRADD_NODE_ID, GRADD_COORDINATOR or
-// MASTER_ADDR:MASTER_PORT.
-absl::Status FillMultiNodeFromEnv(ClientOptions* o) {
-  if (o->num_nodes <= 0) {
-    ASSIGN_OR_RETURN(std::optional<int> n,
-                     EnvInt({"GRADD_NUM_NODES", "NNODES"}));
-    if (n.has_value()) o->num_nodes = *n;
-  }
-  // Launchers set NODE_RANK-style variables for single-node runs too; they
-  // only mean something to a job that spans nodes.
-  if (!o->node_rank.has_value() && o->num_nodes > 1) {
-    ASSIGN_OR_RETURN(o->node_rank,
-                     EnvInt({"GRADD_NODE_RANK", "NODE_RANK", "GROUP_RANK"}));
-  }
-  if (o->node_id.empty()) o->node_id = Env("GRADD_NODE_ID");
-  if (o->coordinator.empty()) o->coordinator = Env("GRADD_COORDINATOR");
-  if (o->coordinator.empty() && !Env("MASTER_ADDR").empty() &&
-      !Env("MASTER_PORT").empty()) {
-    o->coordinator = absl::StrCat(Env("MASTER_ADDR"), ":", Env("MASTER_PORT"));
-  }
-  return absl::OkStatus();
 }
 
 struct ParamSlot {
@@ -813,7 +767,7 @@ namespace internal {
 absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     const ClientOptions& given, const std::vector<ClientParam>& params) {
   ClientOptions options = given;
-  RETURN_IF_ERROR(FillMultiNodeFromEnv(&options));
+  RETURN_IF_ERROR(ApplyLauncherEnv(&options, ProcessEnv));
   if (const char* env = std::getenv("GRADD_HEARTBEAT_TIMEOUT_MS");
       env != nullptr && *env != '\0') {
     int64_t ms = 0;
@@ -970,6 +924,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   RETURN_IF_ERROR(client->Init(
       params, response, std::move(fds_msg.fds[0]), std::move(fds_msg.fds[1]),
       std::move(fds_msg.fds[2]), std::move(fds_msg.fds[3])));
+  // The client detaches when it goes out of scope with this error.
+  RETURN_IF_ERROR(
+      CheckFormedWorld(options, client->world_size(), client->global_rank()));
   return std::unique_ptr<Client>(std::move(client));
 }
 

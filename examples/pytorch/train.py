@@ -13,10 +13,11 @@ one process per rank with torchrun's environment variables:
       /usr/bin/python3 examples/pytorch/train.py --steps 100 &
     done; wait
 
-(torchrun --nproc_per_node=2 --master_port=29500 --redirects 3 --tee 3
+(torchrun --nproc_per_node=2 --master_port=29500 --redirects 1 --tee 1
 --log_dir /tmp/torchrun-logs examples/pytorch/train.py sets the same
 variables; Debian's torch 1.13 torchrun crashes on Python 3.11 before it
-starts the workers unless it is given --redirects/--tee.) The job id defaults to torch-MASTER_ADDR:MASTER_PORT,
+starts the workers unless it is given --redirects/--tee of 1 or 2: 0 and 3
+crash too. Across machines see docs/operations.md, "Multi-node jobs".) The job id defaults to torch-MASTER_ADDR:MASTER_PORT,
 so all ranks of one launch meet in the daemon; GRADD_JOB overrides it.
 
 Each rank trains a small MLP regression on its own shard of a synthetic data

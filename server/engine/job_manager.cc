@@ -19,6 +19,7 @@
 #include "server/engine/hierarchical_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
+#include "server/rendezvous/host_addresses.h"
 #include "server/rendezvous/rendezvous_client.h"
 
 namespace gradd {
@@ -87,20 +88,6 @@ std::string NodeSetup(const v1::AttachRequest& r) {
       "num_nodes ", NumNodes(r), ", node rank ",
       r.has_node_rank() ? absl::StrCat(r.node_rank()) : std::string("auto"),
       ", node id '", r.node_id(), "', coordinator '", r.coordinator(), "'");
-}
-
-// The host peers reach this node's Gloo transport on: the configured one;
-// loopback when the coordinator is on loopback (one machine, tests, bench);
-// else this machine's host name.
-std::string AdvertiseHost(const v1::RendezvousConfig& config,
-                          const std::string& coordinator) {
-  if (!config.advertise_host().empty()) return config.advertise_host();
-  if (absl::StartsWith(coordinator, "127.") ||
-      absl::StartsWith(coordinator, "localhost:") ||
-      absl::StartsWith(coordinator, "[::1]:")) {
-    return "127.0.0.1";
-  }
-  return HostName();
 }
 
 void Log(const std::string& line) { spdlog::info("{}", line); }
@@ -252,11 +239,21 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
 
 JobManager::JobManager(const v1::DaemonConfig& config,
                        SessionRegistryInterface* sessions, ThreadPool* pool,
-                       ReducerFactory reducer_factory)
+                       ReducerFactory reducer_factory,
+                       std::shared_ptr<CoordinatorSelector> coordinators)
     : config_(config),
       sessions_(sessions),
       pool_(pool),
-      reducer_factory_(std::move(reducer_factory)) {
+      reducer_factory_(std::move(reducer_factory)),
+      coordinators_(std::move(coordinators)) {
+  if (coordinators_ == nullptr) {
+    // No listen_address here: serving from start-up is the Daemon's
+    // business; on-demand serving and the configured address work alike.
+    CoordinatorSelector::Options options;
+    options.coordinator_address = config.rendezvous().coordinator_address();
+    options.port = static_cast<int>(config.rendezvous().port());
+    coordinators_ = *CoordinatorSelector::Create(std::move(options));
+  }
   if (reducer_factory_ == nullptr) {
     reducer_factory_ = [this](const JobSpec& spec)
         -> absl::StatusOr<std::unique_ptr<BucketReducerInterface>> {
@@ -688,19 +685,6 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   PendingJob& p = pending_.at(job_id);
   const v1::AttachRequest& request = p.ranks[0]->request;
   const v1::RendezvousConfig& rv = config_.rendezvous();
-  const std::string coordinator = !rv.coordinator_address().empty()
-                                      ? rv.coordinator_address()
-                                      : request.coordinator();
-  if (coordinator.empty()) {
-    FailPending(job_id,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "job '", job_id, "' spans ", request.num_nodes(),
-                    " nodes but no rendezvous coordinator is known: configure "
-                    "rendezvous.coordinator_address on the daemon or set "
-                    "GRADD_COORDINATOR (or MASTER_ADDR and MASTER_PORT) in "
-                    "the trainers' environment")));
-    return;
-  }
   absl::Time limit = absl::InfiniteFuture();
   for (const auto& r : p.ranks) limit = std::min(limit, r->deadline);
 
@@ -713,7 +697,6 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   options.local_world_size = p.world;
   options.params = spec.params;
   options.local_plan = spec.plan;
-  options.advertise_host = AdvertiseHost(rv, coordinator);
   options.join_timeout = std::min(absl::Milliseconds(rv.join_timeout_ms()),
                                   limit - absl::Now() - kFormationMargin);
   options.collective_timeout = absl::Milliseconds(rv.collective_timeout_ms());
@@ -730,14 +713,36 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   }
   const uint64_t formation = next_formation_++;
   p.formation = formation;
-  Log(absl::StrCat("job '", job_id, "': node '", options.node_id, "' joining ",
-                   options.num_nodes, " nodes through ", coordinator));
-
-  // The rendezvous blocks (up to the join timeout); it runs on a thread of
-  // its own and posts back through the mailbox, which outlives this object.
-  std::thread([mailbox = mailbox_, options = std::move(options), coordinator,
+  // The rendezvous blocks (up to the join timeout) and so may finding the
+  // coordinator (name resolution); both run on a thread of their own and
+  // post back through the mailbox, which outlives this object, as does the
+  // shared coordinator selector.
+  std::thread([mailbox = mailbox_, options = std::move(options),
+               requested = request.coordinator(), selector = coordinators_,
+               advertise = rv.advertise_host(), ifname = rv.interface(),
                spec = std::move(spec), job_id, formation]() mutable {
     absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
+      absl::StatusOr<std::string> found = selector->Resolve(requested);
+      if (!found.ok()) {
+        return absl::Status(
+            found.status().code(),
+            absl::StrCat("job '", job_id, "' spans ", options.num_nodes,
+                         " nodes but ", found.status().message()));
+      }
+      const std::string coordinator = *std::move(found);
+      absl::StatusOr<std::string> advertised =
+          AdvertiseAddress(advertise, ifname, coordinator);
+      if (!advertised.ok()) {
+        return absl::Status(advertised.status().code(),
+                            absl::StrCat("job '", job_id,
+                                         "': choosing the address the other "
+                                         "nodes reach this one on: ",
+                                         advertised.status().message()));
+      }
+      options.advertise_host = *std::move(advertised);
+      Log(absl::StrCat("job '", job_id, "': node '", options.node_id,
+                       "' joining ", options.num_nodes, " nodes through ",
+                       coordinator, " (Gloo on ", options.advertise_host, ")"));
       RendezvousClient::Options client_options;
       client_options.address = coordinator;
       client_options.connect_timeout = options.join_timeout;

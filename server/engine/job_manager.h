@@ -55,6 +55,7 @@
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
+#include "server/rendezvous/coordinator.h"
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
@@ -74,10 +75,13 @@ class JobManager final : public NodeHandlerInterface,
       std::unique_ptr<BucketReducerInterface>>(const JobSpec& spec)>;
 
   // `config` has defaults applied. `sessions` and `pool` (may be null:
-  // reduce on the engine thread only) must outlive this object. Starts the
-  // control thread.
+  // reduce on the engine thread only) must outlive this object.
+  // `coordinators` finds multi-node jobs' rendezvous coordinator (default:
+  // one made from config's rendezvous section, serving on demand only).
+  // Starts the control thread.
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
-             ThreadPool* pool, ReducerFactory reducer_factory = nullptr);
+             ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
+             std::shared_ptr<CoordinatorSelector> coordinators = nullptr);
   ~JobManager() override;  // Stop()s
 
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
@@ -203,6 +207,7 @@ class JobManager final : public NodeHandlerInterface,
   SessionRegistryInterface* const sessions_;
   ThreadPool* const pool_;
   ReducerFactory reducer_factory_;
+  std::shared_ptr<CoordinatorSelector> coordinators_;
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);

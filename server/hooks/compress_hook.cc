@@ -1,9 +1,23 @@
 #include "server/hooks/compress_hook.h"
 
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "common/reduce.h"
 #include "server/engine/bucket_reducer.h"
 
 namespace gradd {
+namespace {
+
+// Buckets of more than two chunks are pipelined (Compress16Hook::Pipelined).
+// 2 MiB of 16-bit values per chunk: large enough that a collective's fixed
+// cost is small next to its transfer, small enough that the first chunk is
+// on the wire after a fraction of the bucket has been compressed.
+constexpr size_t kPipelineChunk = size_t{1} << 20;
+
+}  // namespace
 
 absl::Status Compress16Hook::Run(const CommHookWork& work,
                                  CollectiveBackendInterface& net) {
@@ -46,20 +60,94 @@ absl::Status Compress16Hook::Run(const CommHookWork& work,
     acc = acc_.data();
   }
   void* const wire_out[1] = {wire};
-  SplitAcrossPool(pool_, DType::kFloat32, 0, count, [&](size_t b, size_t e) {
-    SumToAccumulator(work.dtype, buffers.data(), n, acc, b, e);
-    // Divided in float32 and rounded once to 16 bits.
-    ScatterFromAccumulator(wire_, acc, world, wire_out, 1, b, e);
-  });
-  if (absl::Status s = net.AllreduceSum(wire, count, wire_); !s.ok()) {
-    return s;
-  }
+  auto compress = [&](size_t begin, size_t end) {
+    SplitAcrossPool(
+        pool_, DType::kFloat32, begin, end, [&](size_t b, size_t e) {
+          SumToAccumulator(work.dtype, buffers.data(), n, acc, b, e);
+          // Divided in float32 and rounded once to 16 bits.
+          ScatterFromAccumulator(wire_, acc, world, wire_out, 1, b, e);
+        });
+  };
   const void* const wire_in[1] = {wire};
-  SplitAcrossPool(pool_, DType::kFloat32, 0, count, [&](size_t b, size_t e) {
-    SumToAccumulator(wire_, wire_in, 1, acc, b, e);  // 16 bits -> float32
-    ScatterFromAccumulator(work.dtype, acc, 1.0, buffers.data(), n, b, e);
+  auto decompress = [&](size_t begin, size_t end) {
+    SplitAcrossPool(
+        pool_, DType::kFloat32, begin, end, [&](size_t b, size_t e) {
+          // 16 bits -> float32 -> every local rank's bucket.
+          SumToAccumulator(wire_, wire_in, 1, acc, b, e);
+          ScatterFromAccumulator(work.dtype, acc, 1.0, buffers.data(), n, b, e);
+        });
+  };
+  if (count <= 2 * kPipelineChunk) {
+    compress(0, count);
+    if (absl::Status s = net.AllreduceSum(wire, count, wire_); !s.ok()) {
+      return s;
+    }
+    decompress(0, count);
+    return absl::OkStatus();
+  }
+  return Pipelined(count, compress, decompress, net);
+}
+
+// Chunk c + 1 is compressed (this thread, with the pool) while chunk c is
+// on the network (a thread of its own, which makes every call on the
+// backend, in chunk order: the same collectives on every node), and chunk c
+// is decompressed as soon as its allreduce is done. The values are those of
+// the unchunked path: every element is summed across the nodes in 16 bits
+// exactly once either way.
+absl::Status Compress16Hook::Pipelined(
+    size_t count, absl::FunctionRef<void(size_t, size_t)> compress,
+    absl::FunctionRef<void(size_t, size_t)> decompress,
+    CollectiveBackendInterface& net) {
+  const size_t chunks = (count + kPipelineChunk - 1) / kPipelineChunk;
+  auto begin_of = [&](size_t c) { return c * kPipelineChunk; };
+  auto end_of = [&](size_t c) {
+    return std::min(count, (c + 1) * kPipelineChunk);
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t compressed = 0;  // guarded by mu
+  size_t reduced = 0;     // guarded by mu
+  bool failed = false;    // guarded by mu
+  absl::Status net_status;
+  std::thread network([&] {
+    for (size_t c = 0; c < chunks; ++c) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return compressed > c; });
+      }
+      absl::Status s = net.AllreduceSum(wire_buf_.data() + begin_of(c),
+                                        end_of(c) - begin_of(c), wire_);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (s.ok()) {
+          reduced = c + 1;
+        } else {
+          net_status = std::move(s);
+          failed = true;
+        }
+      }
+      cv.notify_all();
+      if (failed) return;  // only this thread writes it
+    }
   });
-  return absl::OkStatus();
+  for (size_t c = 0; c < chunks; ++c) {
+    compress(begin_of(c), end_of(c));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      compressed = c + 1;
+    }
+    cv.notify_all();
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return reduced > c || failed; });
+      if (reduced <= c) break;
+    }
+    decompress(begin_of(c), end_of(c));
+  }
+  network.join();
+  return net_status;
 }
 
 }  // namespace gradd

@@ -9,6 +9,11 @@
 //   decompress the 16-bit result converted back into every local rank's
 //              bucket
 //
+// Large buckets go through the three stages in chunks, pipelined: the
+// network carries one chunk while the next is compressed and the previous
+// one decompressed, so the compression passes overlap the transfer instead
+// of adding to it.
+//
 // torch rounds each rank's gradient to 16 bits before dividing and sums the
 // ranks in 16 bits; gradd sums a node's ranks in float32 first, so its
 // result is never further from the exact average than torch's (within a
@@ -20,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "common/thread_pool.h"
 #include "server/hooks/comm_hook.h"
 
@@ -38,6 +44,11 @@ class Compress16Hook final : public CommHookInterface {
   }
 
  private:
+  absl::Status Pipelined(size_t count,
+                         absl::FunctionRef<void(size_t, size_t)> compress,
+                         absl::FunctionRef<void(size_t, size_t)> decompress,
+                         CollectiveBackendInterface& net);
+
   const DType wire_;
   const int world_size_;
   ThreadPool* const pool_;

@@ -52,12 +52,30 @@ void Split(ThreadPool* pool, size_t n, size_t work,
   pool->ParallelFor(n, per, fn);
 }
 
+// The three products, each for a rank known at compile time (R > 0: the
+// accumulators live in registers and the loops over k unroll) or at run
+// time (R == 0). Every output element is accumulated in double in the same
+// order either way, so the results are bit-identical.
+template <size_t R>
+struct Rank {
+  static constexpr size_t kMax = R;
+  size_t operator()(size_t) const { return R; }
+};
+template <>
+struct Rank<0> {
+  // comm_hook_factory.cc refuses matrix_approximation_rank above 1024.
+  static constexpr size_t kMax = 1024;
+  size_t operator()(size_t rank) const { return rank; }
+};
+
 // p (rows x rank) = m (rows x cols) q (cols x rank), rows [begin, end).
-void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
-          size_t begin, size_t end) {
-  std::vector<double> acc(rank);
+template <size_t R>
+void MulQFor(const float* m, const float* q, float* p, size_t cols,
+             size_t rank_in, size_t begin, size_t end) {
+  const size_t rank = Rank<R>()(rank_in);
   for (size_t i = begin; i < end; ++i) {
-    std::fill(acc.begin(), acc.end(), 0.0);
+    double acc[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) acc[k] = 0.0;
     const float* row = m + i * cols;
     for (size_t j = 0; j < cols; ++j) {
       const double mij = row[j];
@@ -72,15 +90,19 @@ void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
 
 // q (cols x rank) = m^T (cols x rows) p (rows x rank), q's rows (m's
 // columns) [begin, end).
-void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
-                    size_t cols, size_t rank, size_t begin, size_t end) {
-  std::vector<double> acc((end - begin) * rank, 0.0);
+template <size_t R>
+void MulTransposedPFor(const float* m, const float* p, float* q, size_t rows,
+                       size_t cols, size_t rank_in, size_t begin, size_t end,
+                       std::vector<double>& acc) {
+  const size_t rank = Rank<R>()(rank_in);
+  acc.assign((end - begin) * rank, 0.0);
   for (size_t i = 0; i < rows; ++i) {
     const float* row = m + i * cols;
-    const float* pi = p + i * rank;
-    for (size_t j = begin; j < end; ++j) {
+    double pi[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
+    double* aj = acc.data();
+    for (size_t j = begin; j < end; ++j, aj += rank) {
       const double mij = row[j];
-      double* aj = acc.data() + (j - begin) * rank;
       for (size_t k = 0; k < rank; ++k) aj[k] += mij * pi[k];
     }
   }
@@ -90,17 +112,69 @@ void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
 }
 
 // out (rows x cols) = p (rows x rank) q^T (rank x cols), rows [begin, end).
-void Approximate(const float* p, const float* q, float* out, size_t cols,
-                 size_t rank, size_t begin, size_t end) {
+template <size_t R>
+void ApproximateFor(const float* p, const float* q, float* out, size_t cols,
+                    size_t rank_in, size_t begin, size_t end) {
+  const size_t rank = Rank<R>()(rank_in);
   for (size_t i = begin; i < end; ++i) {
-    const float* pi = p + i * rank;
+    double pi[Rank<R>::kMax];
+    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
     float* row = out + i * cols;
     for (size_t j = 0; j < cols; ++j) {
       const float* qj = q + j * rank;
       double s = 0;
-      for (size_t k = 0; k < rank; ++k) s += static_cast<double>(pi[k]) * qj[k];
+      for (size_t k = 0; k < rank; ++k) s += pi[k] * qj[k];
       row[j] = static_cast<float>(s);
     }
+  }
+}
+
+void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
+          size_t begin, size_t end) {
+  switch (rank) {
+    case 1:
+      return MulQFor<1>(m, q, p, cols, rank, begin, end);
+    case 2:
+      return MulQFor<2>(m, q, p, cols, rank, begin, end);
+    case 4:
+      return MulQFor<4>(m, q, p, cols, rank, begin, end);
+    case 8:
+      return MulQFor<8>(m, q, p, cols, rank, begin, end);
+    default:
+      return MulQFor<0>(m, q, p, cols, rank, begin, end);
+  }
+}
+
+void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
+                    size_t cols, size_t rank, size_t begin, size_t end) {
+  std::vector<double> acc;
+  switch (rank) {
+    case 1:
+      return MulTransposedPFor<1>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 2:
+      return MulTransposedPFor<2>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 4:
+      return MulTransposedPFor<4>(m, p, q, rows, cols, rank, begin, end, acc);
+    case 8:
+      return MulTransposedPFor<8>(m, p, q, rows, cols, rank, begin, end, acc);
+    default:
+      return MulTransposedPFor<0>(m, p, q, rows, cols, rank, begin, end, acc);
+  }
+}
+
+void Approximate(const float* p, const float* q, float* out, size_t cols,
+                 size_t rank, size_t begin, size_t end) {
+  switch (rank) {
+    case 1:
+      return ApproximateFor<1>(p, q, out, cols, rank, begin, end);
+    case 2:
+      return ApproximateFor<2>(p, q, out, cols, rank, begin, end);
+    case 4:
+      return ApproximateFor<4>(p, q, out, cols, rank, begin, end);
+    case 8:
+      return ApproximateFor<8>(p, q, out, cols, rank, begin, end);
+    default:
+      return ApproximateFor<0>(p, q, out, cols, rank, begin, end);
   }
 }
 
@@ -273,24 +347,30 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   const size_t count = layout.count;
   const size_t len = layout.padded;
 
-  // M_r = grad_r (zero-padded) + e_r; M = sum of the node's M_r.
-  m_rank_.resize(n);
-  m_sum_.assign(len, 0.0f);
+  // M_r = grad_r (zero-padded) + e_r; M = sum of the node's M_r. One
+  // parallel pass over the bucket; with error feedback M_r is kept in e_r's
+  // memory (e_r = M_r - result at the end), without it M_r is not needed.
   if (error_feedback_ && st.error.empty()) {
     st.error.assign(n, std::vector<float>(len, 0.0f));
   }
-  for (int r = 0; r < n; ++r) {
-    std::vector<float>& m = m_rank_[r];
-    m.assign(len, 0.0f);
-    const float* g = static_cast<const float*>(buffers[r]);
-    std::copy(g, g + count, m.begin());
-    if (error_feedback_) {
-      const std::vector<float>& e = st.error[r];
-      for (size_t i = 0; i < len; ++i) m[i] += e[i];
+  m_sum_.resize(len);
+  out_.resize(len);
+  Split(pool_, len, len, [&](size_t b, size_t e) {
+    std::fill(m_sum_.begin() + b, m_sum_.begin() + e, 0.0f);
+    std::fill(out_.begin() + b, out_.begin() + e, 0.0f);
+    const size_t g_end = std::min(e, count);
+    for (int r = 0; r < n; ++r) {
+      const float* g = static_cast<const float*>(buffers[r]);
+      float* sum = m_sum_.data();
+      if (error_feedback_) {
+        float* m = st.error[r].data();
+        for (size_t i = b; i < g_end; ++i) m[i] += g[i];
+        for (size_t i = b; i < e; ++i) sum[i] += m[i];
+      } else {
+        for (size_t i = b; i < g_end; ++i) sum[i] += g[i];
+      }
     }
-    for (size_t i = 0; i < len; ++i) m_sum_[i] += m[i];
-  }
-  out_.assign(len, 0.0f);
+  });
 
   // Uncompressed tensors: averaged as they are.
   size_t packed_size = 0;
@@ -372,17 +452,21 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   }
   st.has_memory = warm_start_;
 
-  if (error_feedback_) {
+  // e_r = M_r - result and the result into every local rank's bucket, in
+  // one parallel pass.
+  Split(pool_, len, len, [&](size_t b, size_t e) {
+    const float* o = out_.data();
     for (int r = 0; r < n; ++r) {
-      std::vector<float>& e = st.error[r];
-      const std::vector<float>& m = m_rank_[r];
-      for (size_t i = 0; i < len; ++i) e[i] = m[i] - out_[i];
+      if (error_feedback_) {
+        float* m = st.error[r].data();
+        for (size_t i = b; i < e; ++i) m[i] -= o[i];
+      }
+      if (b < count) {
+        std::copy(o + b, o + std::min(e, count),
+                  static_cast<float*>(buffers[r]) + b);
+      }
     }
-  }
-  for (int r = 0; r < n; ++r) {
-    std::copy(out_.begin(), out_.begin() + count,
-              static_cast<float*>(buffers[r]));
-  }
+  });
   return absl::OkStatus();
 }
 

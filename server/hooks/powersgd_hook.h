@@ -128,7 +128,6 @@ class PowerSgdHook final : public CommHookInterface {
 
   // Scratch kept between calls: each local rank's M_r, the node's M and
   // the result, the uncompressed pack.
-  std::vector<std::vector<float>> m_rank_;
   std::vector<float> m_sum_;
   std::vector<float> out_;
   std::vector<float> packed_;

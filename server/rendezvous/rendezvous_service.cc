@@ -103,6 +103,11 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
       std::make_unique<RendezvousService>(store, options.max_blocking_wait);
 
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second daemon on this machine
+  // would then bind the same port and the kernel would split connections
+  // between two stores. Without it the second bind fails, which is how
+  // coordinator discovery (coordinator.h) learns that the port is served.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &bound_port);

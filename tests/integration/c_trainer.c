@@ -6,6 +6,11 @@
  *                                        float32 + float64 params, every
  *                                        average checked exactly (the
  *                                        values are exact in 16 bits too)
+ *   gradd_c_trainer torchrun JOB ITERATIONS [COMM_HOOK]
+ *                                        train, with everything else from
+ *                                        torchrun's environment (and
+ *                                        GRADD_SOCKET): local rank, local
+ *                                        world, nodes, node rank, world
  *   gradd_c_trainer unused SOCKET JOB RANK WORLD
  *                                        find_unused_parameters: "w" used
  *                                        by rank 0 only, "b" by nobody
@@ -38,14 +43,17 @@ static int NoDaemon(const char* socket) {
 }
 
 /* Options for local rank `rank` of `world` in `job`, with 20 s attach and
- * wait timeouts (bounded, and ample on a loaded machine). */
+ * wait timeouts (bounded, and ample on a loaded machine). rank < 0 leaves
+ * the socket, rank and world to the environment. */
 static void JobOptions(gradd_options* opts, const char* socket, const char* job,
                        int rank, int world) {
   gradd_options_init(opts);
-  opts->socket_path = socket;
   opts->job_id = job;
-  opts->local_rank = rank;
-  opts->local_world_size = world;
+  if (rank >= 0) {
+    opts->socket_path = socket;
+    opts->local_rank = rank;
+    opts->local_world_size = world;
+  }
   opts->attach_timeout_ms = 20000;
   opts->wait_timeout_ms = 20000;
 }
@@ -92,9 +100,25 @@ static int Train(const char* socket, const char* job, int rank, int world,
     printf("FAIL attach: %s\n", gradd_last_error());
     return 1;
   }
-  if (gradd_num_params(c) != 3 || gradd_world_size(c) != world ||
-      gradd_local_rank(c) != rank || gradd_gradient(c, 3) != NULL ||
-      gradd_gradient_bytes(c, 1) != 8000) {
+  if (rank < 0) {
+    /* From the environment: the job must be the one torchrun started. */
+    world = gradd_world_size(c);
+    if (world != atoi(getenv("WORLD_SIZE")) ||
+        gradd_rank(c) != atoi(getenv("RANK")) ||
+        gradd_local_rank(c) != atoi(getenv("LOCAL_RANK")) ||
+        gradd_local_world_size(c) != atoi(getenv("LOCAL_WORLD_SIZE"))) {
+      printf("FAIL: rank %d of %d (local %d of %d) is not torchrun's\n",
+             gradd_rank(c), world, gradd_local_rank(c),
+             gradd_local_world_size(c));
+      return 1;
+    }
+    rank = gradd_local_rank(c);
+  } else if (gradd_world_size(c) != world) {
+    printf("FAIL: world size %d, want %d\n", gradd_world_size(c), world);
+    return 1;
+  }
+  if (gradd_num_params(c) != 3 || gradd_local_rank(c) != rank ||
+      gradd_gradient(c, 3) != NULL || gradd_gradient_bytes(c, 1) != 8000) {
     printf("FAIL: getters disagree with the registration\n");
     return 1;
   }
@@ -158,8 +182,9 @@ static int Train(const char* socket, const char* job, int rank, int world,
     printf("FAIL: wait_all after detach did not fail\n");
     return 1;
   }
+  printf("PASS iterations=%d rank=%d world=%d\n", iterations, gradd_rank(c),
+         world);
   gradd_free(c);
-  printf("PASS iterations=%d\n", iterations);
   return 0;
 }
 
@@ -205,11 +230,16 @@ int main(int argc, char** argv) {
     return Train(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                  argc == 8 ? argv[7] : NULL);
   }
+  if ((argc == 4 || argc == 5) && strcmp(argv[1], "torchrun") == 0) {
+    return Train(NULL, argv[2], -1, 0, atoi(argv[3]),
+                 argc == 5 ? argv[4] : NULL);
+  }
   if (argc == 6 && strcmp(argv[1], "unused") == 0) {
     return Unused(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
   }
   fprintf(stderr,
           "usage: %s nodaemon SOCKET | train SOCKET JOB RANK WORLD N | "
+          "torchrun JOB N [HOOK] | "
           "unused SOCKET JOB RANK WORLD\n",
           argv[0]);
   return 2;

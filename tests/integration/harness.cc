@@ -113,6 +113,23 @@ std::optional<int> GraddTest::StopDaemon(milliseconds timeout) {
 
 Proc GraddTest::Spawn(const std::string& name,
                       const std::vector<std::string>& argv) {
+  return Spawn(name, argv, {});
+}
+
+Proc GraddTest::Spawn(const std::string& name,
+                      const std::vector<std::string>& argv,
+                      const std::vector<std::string>& env) {
+  std::vector<std::string> vars = env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string key = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const std::string& v : env) replaced |= v.rfind(key, 0) == 0;
+    if (!replaced) vars.push_back(entry);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
   Proc p;
   p.name = name;
   p.log = absl::StrCat(dir_, "/", name, ".log");
@@ -127,7 +144,7 @@ Proc GraddTest::Spawn(const std::string& name,
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   int rc =
-      posix_spawn(&p.pid, args[0], &actions, nullptr, args.data(), environ);
+      posix_spawn(&p.pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);

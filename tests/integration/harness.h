@@ -49,6 +49,10 @@ class GraddTest : public ::testing::Test {
 
   // Spawns argv[0] with argv, output to <dir>/<name>.log.
   Proc Spawn(const std::string& name, const std::vector<std::string>& argv);
+  // The same with "NAME=value" entries added to (or replacing those of)
+  // this process's environment.
+  Proc Spawn(const std::string& name, const std::vector<std::string>& argv,
+             const std::vector<std::string>& env);
   // Waits for `p` to end, at most `timeout` (then SIGKILLs it).
   Exit Wait(Proc& p, milliseconds timeout);
   // Waits for the first of `ps` to end (at most `timeout`); its index, or

@@ -46,8 +46,9 @@ constexpr int kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4;
 struct Flags {
   std::string socket;
   std::string job = "test";
-  int local_rank = 0;
-  int local_world_size = 1;
+  // -1 / 0: from the launcher's LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun).
+  int local_rank = -1;
+  int local_world_size = 0;
   int iterations = 10;
   uint64_t seed = 1;
   std::string model = "mixed";
@@ -333,7 +334,7 @@ std::string PlanText(const gradd::Client& c) {
 // Re-plans the buckets after iteration t, then checks that every gradient
 // still holds iteration t's average at its new place.
 int Trainer::Rebuild(uint64_t t) {
-  if (flags_.mode == "skip_rebuild" && flags_.local_rank == 1) return 0;
+  if (flags_.mode == "skip_rebuild" && client_->local_rank() == 1) return 0;
   std::string order;
   for (int32_t p : client_->ready_order()) {
     absl::StrAppend(&order, order.empty() ? "" : ",", p);

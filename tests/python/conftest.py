@@ -158,6 +158,73 @@ class TwoDaemons:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class TorchrunDaemons:
+    """Two real gradd daemons configured as a fresh install is, except for
+    a node id each and a free rendezvous port (29600 on real machines): no
+    coordinator address, no listen address. Trainers get torchrun's
+    environment only (plus GRADD_SOCKET, which on one machine stands for
+    "my node's daemon"); the daemon on MASTER_ADDR's host (here both are;
+    the first to bind wins) serves the rendezvous on demand."""
+
+    def __init__(self, binary):
+        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-tr-")
+        self.port = _free_port()
+        self.master_port = _free_port()
+        self.nodes = []
+        try:
+            for i in range(2):
+                self.nodes.append(Daemon(binary, ["--node-id", f"host{i}",
+                                                  "--rendezvous-port", str(self.port)]))
+        except Exception:
+            self.stop()
+            raise
+
+    def rank_env(self, rank, local_world_size):
+        """What `torchrun --nnodes 2 --nproc_per_node L` gives global rank
+        `rank` (RANK and WORLD_SIZE come from run_workers)."""
+        node = rank // local_world_size
+        return dict(
+            LOCAL_RANK=str(rank % local_world_size),
+            LOCAL_WORLD_SIZE=str(local_world_size),
+            GROUP_RANK=str(node),
+            GROUP_WORLD_SIZE="2",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(2 * local_world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.master_port),
+            GRADD_SOCKET=self.nodes[node].socket,
+        )
+
+    def logs(self):
+        return "\n".join(f"--- {n.log_path}\n{n.log()}" for n in self.nodes)
+
+    def alive(self):
+        return all(n.proc.poll() is None for n in self.nodes)
+
+    def stop(self):
+        for n in reversed(self.nodes):
+            n.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def torchrun_daemons(gradd_binary):
+    """Two daemons discovering their coordinator; see TorchrunDaemons."""
+    d = TorchrunDaemons(gradd_binary)
+    yield d
+    alive, logs = d.alive(), d.logs()
+    d.stop()
+    assert alive, f"a gradd daemon died during the tests:\n{logs}"
+
+
 @pytest.fixture(scope="session")
 def two_daemons(gradd_binary):
     """Two gradd daemons on loopback (multi-node jobs); see TwoDaemons."""

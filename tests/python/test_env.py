@@ -33,7 +33,8 @@ def capture(monkeypatch):
         return seen["client"]
 
     monkeypatch.setattr(gt._C, "attach", attach)
-    for var in ("GRADD_JOB", "GRADD_COORDINATOR", "NODE_RANK", "GROUP_RANK"):
+    for var in ("GRADD_JOB", "GRADD_COORDINATOR", "NODE_RANK", "GROUP_RANK",
+                "GROUP_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     return seen
 
@@ -49,7 +50,11 @@ def test_multi_node_environment(capture, monkeypatch):
     kw = capture["client"].kwargs
     assert kw["job_id"] == "torch-10.0.0.1:29400"
     assert (kw["local_rank"], kw["local_world_size"]) == (1, 2)
-    assert (kw["node_rank"], kw["num_nodes"], kw["coordinator"]) == (1, 2, "10.0.0.1:29400")
+    # The coordinator's host only: MASTER_PORT is torch's store (here even
+    # torchrun's rendezvous port); the daemons use their own port.
+    assert (kw["node_rank"], kw["num_nodes"], kw["coordinator"]) == (1, 2, "10.0.0.1")
+    # The launcher's world, which the client checks against the daemons'.
+    assert (kw["world_size"], kw["rank"]) == (4, 3)
     assert kw["bucket_cap_mb"] == 5.0 and kw["broadcast_bytes"] > 0
     assert capture["client"].specs == [("weight", (2, 3), "float32"), ("bias", (2,), "float32")]
     assert capture["client"].broadcasts == 1  # parameters from rank 0
@@ -67,7 +72,19 @@ def test_single_node_sends_no_node_info(capture, monkeypatch):
     kw = capture["client"].kwargs
     assert kw["job_id"] == "myjob"
     assert (kw["local_rank"], kw["local_world_size"]) == (1, 2)
-    assert (kw["node_rank"], kw["num_nodes"], kw["coordinator"]) == (None, 0, "")
+    # One node, said explicitly so the client library does not re-read it.
+    assert (kw["node_rank"], kw["num_nodes"], kw["coordinator"]) == (None, 1, "")
+    assert (kw["world_size"], kw["rank"]) == (2, 1)
+
+
+def test_group_world_size_must_agree(capture, monkeypatch):
+    env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+               GROUP_RANK="1", GROUP_WORLD_SIZE="3", MASTER_ADDR="h", MASTER_PORT="1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    capture.update(rank=3, world=4)
+    with pytest.raises(ValueError, match="GROUP_WORLD_SIZE 3.*WORLD_SIZE 4"):
+        gt.DistributedDataParallel(torch.nn.Linear(3, 2))
 
 
 def test_daemon_disagreeing_on_rank_is_an_error(capture, monkeypatch):

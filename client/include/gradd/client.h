@@ -87,8 +87,9 @@ struct ClientOptions {
   // with PERMISSION_DENIED before anything is sent to it.
   std::optional<uint32_t> daemon_uid;
   std::string job_id = "default";
-  int local_rank = 0;
-  int local_world_size = 1;
+  // -1 / 0: from the launcher's LOCAL_RANK / LOCAL_WORLD_SIZE, else 0 / 1.
+  int local_rank = -1;
+  int local_world_size = 0;
   // 0 = the daemon's defaults (25 MiB / 1 MiB).
   double bucket_cap_mb = 0;
   double first_bucket_cap_mb = 0;
@@ -105,11 +106,22 @@ struct ClientOptions {
   // wait for it is taken for stopped or wedged: UNAVAILABLE "daemon not
   // responding". $GRADD_HEARTBEAT_TIMEOUT_MS overrides the default.
   std::chrono::milliseconds heartbeat_timeout{5000};
-  // Multi-node (empty / unset: single node, or taken from the environment).
+  // Multi-node. Empty / unset / 0: from the launcher's environment
+  // (torchrun's GROUP_WORLD_SIZE, WORLD_SIZE / LOCAL_WORLD_SIZE, GROUP_RANK,
+  // MASTER_ADDR; gradd's GRADD_NUM_NODES, GRADD_NODE_RANK, GRADD_NODE_ID,
+  // GRADD_COORDINATOR; see client/src/launcher_env.h), else single node.
+  // `coordinator` names the coordinator's host ("host" or "host:port"); the
+  // daemons add their rendezvous port (29600) and the daemon on that host
+  // serves the rendezvous.
   std::string node_id;
   std::optional<int> node_rank;
   int num_nodes = 0;
   std::string coordinator;
+  // The world the launcher started (0 / unset: $WORLD_SIZE / $RANK, else not
+  // checked): Attach fails with FAILED_PRECONDITION naming both numbers when
+  // the daemons formed another world size or placed this rank elsewhere.
+  int world_size = 0;
+  std::optional<int> rank;
   // torch DDP's find_unused_parameters: every rank tells the others which
   // parameters it used in each iteration (the "locally used map", reduced by
   // the daemon like a gradient). The client registers one hidden float32

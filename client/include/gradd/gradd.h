@@ -68,10 +68,10 @@ typedef struct gradd_client gradd_client;
  * ones the caller knows about. Strings are copied by gradd_attach. */
 typedef struct gradd_options {
   size_t struct_size;
-  const char* socket_path; /* NULL or "": $GRADD_SOCKET, else the default */
-  const char* job_id;      /* NULL: "default" */
-  int32_t local_rank;
-  int32_t local_world_size;
+  const char* socket_path;    /* NULL or "": $GRADD_SOCKET, else the default */
+  const char* job_id;         /* NULL: "default" */
+  int32_t local_rank;         /* -1 (init): $LOCAL_RANK, else 0 */
+  int32_t local_world_size;   /* 0 (init): $LOCAL_WORLD_SIZE, else 1 */
   double bucket_cap_mb;       /* 0: the daemon's default (25) */
   double first_bucket_cap_mb; /* 0: the daemon's default (1) */
   size_t broadcast_bytes;     /* 0: no gradd_broadcast */
@@ -97,6 +97,20 @@ typedef struct gradd_options {
   int32_t powersgd_warm_start;
   double powersgd_orthogonalization_epsilon;
   uint64_t powersgd_random_seed;
+  /* Multi-node jobs. Unset (the init values) = from the launcher's
+   * environment like the C++ and Python clients: torchrun's
+   * GROUP_WORLD_SIZE (else WORLD_SIZE / LOCAL_WORLD_SIZE), GROUP_RANK,
+   * MASTER_ADDR, WORLD_SIZE, RANK; gradd's GRADD_NUM_NODES,
+   * GRADD_NODE_RANK, GRADD_NODE_ID, GRADD_COORDINATOR. */
+  int32_t num_nodes;       /* 0: environment, else 1 */
+  int32_t node_rank;       /* -1: environment, else in node id order */
+  const char* node_id;     /* NULL / "": $GRADD_NODE_ID, else the daemon's */
+  const char* coordinator; /* NULL / "": coordinator host from the env */
+  /* The world the launcher started; -1 / 0: $RANK / $WORLD_SIZE, else not
+   * checked. gradd_attach fails with GRADD_FAILED_PRECONDITION naming both
+   * numbers when the daemons formed another world. */
+  int32_t world_size;
+  int32_t rank;
 } gradd_options;
 
 typedef struct gradd_param {

@@ -23,7 +23,9 @@ of the bucket and ``.grad`` points there from then on.
 Environment (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK / NODE_RANK, MASTER_ADDR, MASTER_PORT; gradd's:
 GRADD_SOCKET, GRADD_JOB (job id; default ``torch-MASTER_ADDR:MASTER_PORT``),
-GRADD_COORDINATOR (multi-node rendezvous; default MASTER_ADDR:MASTER_PORT).
+GRADD_COORDINATOR (the rendezvous coordinator's host, default MASTER_ADDR;
+never MASTER_PORT: the daemons rendezvous on their own port, 29600 unless
+configured, and the daemon on that host serves it on demand).
 """
 from __future__ import annotations
 
@@ -243,6 +245,12 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 f"{self.local_world_size}"
             )
         self.num_nodes = self.world_size // self.local_world_size
+        groups = _env_int("GROUP_WORLD_SIZE")
+        if world_size is None and groups is not None and groups != self.num_nodes:
+            raise ValueError(
+                f"GROUP_WORLD_SIZE {groups} nodes x LOCAL_WORLD_SIZE {self.local_world_size} "
+                f"is not WORLD_SIZE {self.world_size}"
+            )
         master = None
         if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
             master = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
@@ -258,7 +266,14 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             job_id, os.environ.get("GRADD_JOB") or None, f"torch-{master}" if master else None, "default"
         )
         self.job_id = _jobs.derive_job_id(base_job, self.rank)
-        coordinator = _first(coordinator, os.environ.get("GRADD_COORDINATOR") or None, master, "")
+        # The coordinator's host only: MASTER_PORT is torch's store; the
+        # daemons rendezvous on their own port (rendezvous.port, 29600).
+        coordinator = _first(
+            coordinator,
+            os.environ.get("GRADD_COORDINATOR") or None,
+            os.environ.get("MASTER_ADDR") or None,
+            "",
+        )
 
         # -- attach and register -----------------------------------------
         self._param_names: List[str] = [n for n, _ in named]
@@ -283,8 +298,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             attach_timeout=attach_timeout,
             wait_timeout=wait_timeout,
             node_rank=self.node_rank if multi else None,
-            num_nodes=self.num_nodes if multi else 0,
+            num_nodes=self.num_nodes,
             coordinator=coordinator if multi else "",
+            world_size=self.world_size,
+            rank=self.rank,
             # Always: the used map also serves static_graph, which
             # _set_static_graph() may turn on after construction.
             find_unused_parameters=True,

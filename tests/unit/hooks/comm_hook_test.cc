@@ -118,6 +118,53 @@ TEST(Compress16HookTest, PutsSixteenBitValuesOnTheWire) {
   }
 }
 
+// Buckets of more than two chunks (1 Mi elements) are pipelined: one
+// allreduce per chunk, in order, and exactly the values of the whole-bucket
+// path; a peer that goes away fails the bucket instead of hanging it.
+TEST(Compress16HookTest, LargeBucketsArePipelinedInChunksWithTheSameValues) {
+  constexpr int kNodes = 2, kLocal = 2, kWorld = kNodes * kLocal;
+  constexpr size_t kCount = 5 * (size_t{1} << 20) + 321;
+  auto backends = FakeCollectiveBackend::CreateGroup(kNodes);
+  auto bufs = MakeBuffers(kNodes, kLocal, kCount);
+  std::vector<absl::Status> status(kNodes);
+  ThreadPool pool(2);
+  OnEachNode(kNodes, [&](int n) {
+    for (int r = 0; r < kLocal; ++r) {
+      for (size_t i = 0; i < kCount; ++i) {
+        bufs[n]->data[r][i] = Grad(n * kLocal + r, i);
+      }
+    }
+    Compress16Hook hook(DType::kBFloat16, kWorld, &pool);
+    status[n] = hook.Run(WorkOf(*bufs[n], 0, 1), *backends[n]);
+  });
+  auto round16 = [](float f) { return BFloat16ToFloat(FloatToBFloat16(f)); };
+  for (int n = 0; n < kNodes; ++n) {
+    ASSERT_TRUE(status[n].ok()) << status[n];
+    EXPECT_EQ(backends[n]->allreduce_calls(), 6);
+    EXPECT_EQ(backends[n]->allreduce_bytes(), kCount * 2);
+    for (size_t i = 0; i < kCount; i += 997) {
+      float want = 0;
+      for (int k = 0; k < kNodes; ++k) {
+        const float node_sum = Grad(k * kLocal, i) + Grad(k * kLocal + 1, i);
+        want = round16(want + round16(node_sum / kWorld));
+      }
+      for (int r = 0; r < kLocal; ++r) {
+        ASSERT_EQ(bufs[n]->data[r][i], want) << "node " << n << " i " << i;
+      }
+    }
+  }
+}
+
+TEST(Compress16HookTest, APeerLeavingMidPipelineFailsTheBucket) {
+  constexpr size_t kCount = 5 * (size_t{1} << 20);
+  auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10));
+  auto bufs = MakeBuffers(1, 1, kCount);
+  backends[1]->Leave();
+  Compress16Hook hook(DType::kFloat16, 2, nullptr);
+  absl::Status s = hook.Run(WorkOf(*bufs[0], 0, 1), *backends[0]);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
 // The reducer hands hooked buckets to the hook on its network thread, in
 // plan order: what goes on the wire is the hook's 16-bit buffer.
 TEST(Compress16HookTest, HierarchicalReducerRunsTheHook) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -35,6 +36,21 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
   EXPECT_FALSE(c->socket_path().empty());
   EXPECT_EQ(c->rendezvous().join_timeout_ms(), 60000u);
   EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
+  // Neither torchrun's rendezvous port (29400) nor torch's store (29500).
+  EXPECT_EQ(c->rendezvous().port(), 29600u);
+}
+
+TEST(ConfigTest, InterfaceDefaultsToGraddSocketIfname) {
+  ASSERT_EQ(setenv("GRADD_SOCKET_IFNAME", "eth7", 1), 0);
+  v1::DaemonConfig from_env = DefaultConfig();
+  absl::StatusOr<v1::DaemonConfig> configured =
+      ParseConfigYaml("rendezvous:\n  interface: eth1\n", "i.yaml");
+  ASSERT_TRUE(configured.ok());
+  ApplyConfigDefaults(&*configured);
+  unsetenv("GRADD_SOCKET_IFNAME");
+  EXPECT_EQ(from_env.rendezvous().interface(), "eth7");
+  EXPECT_EQ(configured->rendezvous().interface(), "eth1");
+  EXPECT_EQ(DefaultConfig().rendezvous().interface(), "");
 }
 
 TEST(ConfigTest, ParsesEveryKindOfField) {
@@ -121,6 +137,9 @@ TEST(ConfigTest, ValidationCatchesOutOfRangeValues) {
   c = DefaultConfig();
   c.set_spin_us(5000000);
   EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("spin_us"));
+  c = DefaultConfig();
+  c.mutable_rendezvous()->set_port(70000);
+  EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("rendezvous.port = 70000"));
 }
 
 TEST(ConfigTest, LogLevelDefaultsToInfoAndIsChecked) {

@@ -1,0 +1,104 @@
+#include "server/rendezvous/coordinator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/rendezvous/host_addresses.h"
+#include "spdlog/spdlog.h"
+
+namespace gradd {
+
+CoordinatorSelector::CoordinatorSelector(Options options)
+    : options_(std::move(options)) {}
+
+CoordinatorSelector::~CoordinatorSelector() { Shutdown(); }
+
+absl::StatusOr<std::shared_ptr<CoordinatorSelector>>
+CoordinatorSelector::Create(Options options) {
+  if (!options.is_local) options.is_local = IsLocalHost;
+  std::shared_ptr<CoordinatorSelector> s(
+      new CoordinatorSelector(std::move(options)));
+  absl::MutexLock lock(&s->mu_);
+  s->configured_ = s->options_.coordinator_address;
+  if (const std::string& listen = s->options_.listen_address; !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+        RendezvousServer::Start(listen);
+    if (!server.ok()) {
+      return absl::Status(server.status().code(),
+                          absl::StrCat("rendezvous.listen_address ", listen,
+                                       ": ", server.status().message()));
+    }
+    s->server_ = *std::move(server);
+    if (s->configured_.empty()) s->configured_ = s->server_->address();
+  }
+  return s;
+}
+
+absl::StatusOr<std::string> CoordinatorSelector::Resolve(
+    const std::string& requested) {
+  if (std::string configured = configured_address(); !configured.empty()) {
+    return configured;
+  }
+  if (requested.empty()) {
+    return absl::InvalidArgumentError(
+        "no rendezvous coordinator is known: the trainers' environment names "
+        "none (MASTER_ADDR, or GRADD_COORDINATOR) and the daemon has no "
+        "rendezvous.coordinator_address");
+  }
+  absl::StatusOr<HostPort> parsed = ParseHostPort(requested);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous coordinator from the trainers: ",
+                     parsed.status().message()));
+  }
+  const int port = parsed->port.value_or(options_.port);
+  if (port == options_.port && options_.is_local(parsed->host)) {
+    EnsureServing(port);
+  }
+  return JoinHostPort(parsed->host, port);
+}
+
+void CoordinatorSelector::EnsureServing(int port) {
+  absl::MutexLock lock(&mu_);
+  if (server_ != nullptr || shut_down_) return;
+  const std::string listen = JoinHostPort(options_.bind_host, port);
+  absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+      RendezvousServer::Start(listen);
+  if (!server.ok()) {
+    spdlog::info(
+        "rendezvous: not serving on {} ({}); another daemon on this machine "
+        "is taken to serve it",
+        listen, server.status().ToString());
+    return;
+  }
+  server_ = *std::move(server);
+  spdlog::info("rendezvous: serving the coordinator store on {} (on demand)",
+               listen);
+}
+
+int CoordinatorSelector::serving_port() const {
+  absl::MutexLock lock(&mu_);
+  return server_ != nullptr ? server_->port() : 0;
+}
+
+std::string CoordinatorSelector::serving_address() const {
+  absl::MutexLock lock(&mu_);
+  return server_ != nullptr ? server_->address() : std::string();
+}
+
+std::string CoordinatorSelector::configured_address() const {
+  absl::MutexLock lock(&mu_);
+  return configured_;
+}
+
+void CoordinatorSelector::Shutdown() {
+  std::unique_ptr<RendezvousServer> server;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    server = std::move(server_);
+  }
+  if (server != nullptr) server->Shutdown();
+}
+
+}  // namespace gradd

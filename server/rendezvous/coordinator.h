@@ -1,0 +1,96 @@
+// Coordinator discovery: which daemon serves a multi-node job's rendezvous
+// store, and where the others find it, with no per-node configuration.
+//
+// The rule, in order (the first that applies wins):
+//   1. rendezvous.coordinator_address configured: always that.
+//   2. rendezvous.listen_address configured: this daemon serves the store
+//      from start-up and is every job's coordinator unless 1. says otherwise
+//      (the old explicit set-up; the daemon's own address is then 1.).
+//   3. The trainers name the coordinator's host: GRADD_COORDINATOR, else
+//      MASTER_ADDR, never MASTER_PORT (that is torch's store, and
+//      torchrun's own rendezvous uses 29400). Without a port the daemons use
+//      rendezvous.port (default kDefaultRendezvousPort, 29600). When that host
+//      is this one, this daemon starts serving the store on that port on
+//      demand, so under torchrun the daemon on MASTER_ADDR's machine (node
+//      rank 0's) becomes the coordinator by itself; the others connect to it,
+//      retrying until the join timeout while it comes up.
+//
+// On a machine running several daemons (tests, one-host emulations) the
+// first to bind the port serves; the others find it taken and connect to
+// it. The server is started without SO_REUSEPORT, so two daemons can never
+// split one store between them.
+//
+// Thread-safety: every method may be called from any thread; the server,
+// once started, lives until Shutdown() or destruction. Shared (shared_ptr)
+// with the formation threads, which may outlive the JobManager.
+#ifndef GRADD_SERVER_RENDEZVOUS_COORDINATOR_H_
+#define GRADD_SERVER_RENDEZVOUS_COORDINATOR_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/rendezvous/rendezvous_service.h"
+
+namespace gradd {
+
+inline constexpr int kDefaultRendezvousPort = 29600;
+
+class CoordinatorSelector {
+ public:
+  struct Options {
+    std::string coordinator_address;  // rule 1
+    std::string listen_address;       // rule 2
+    int port = kDefaultRendezvousPort;
+    // Host the on-demand server binds to: "0.0.0.0" (all interfaces), or
+    // the address of the configured interface.
+    std::string bind_host = "0.0.0.0";
+    // Decides whether a host names this machine (IsLocalHost; tests fake it).
+    std::function<bool(const std::string&)> is_local;
+  };
+
+  // Starts the rule-2 server when listen_address is set (UNAVAILABLE /
+  // INVALID_ARGUMENT as RendezvousServer::Start, naming the key).
+  static absl::StatusOr<std::shared_ptr<CoordinatorSelector>> Create(
+      Options options);
+
+  ~CoordinatorSelector();
+  CoordinatorSelector(const CoordinatorSelector&) = delete;
+  CoordinatorSelector& operator=(const CoordinatorSelector&) = delete;
+
+  // The host:port of the coordinator for a job whose trainers sent
+  // `requested` ("host", "host:port" or ""), starting this daemon's server
+  // first when rule 3 makes it the coordinator. INVALID_ARGUMENT when no
+  // rule gives an address (the message says what to set) or `requested` is
+  // malformed. May block on name resolution.
+  absl::StatusOr<std::string> Resolve(const std::string& requested);
+
+  // The port this daemon serves the store on, 0 while it serves none, and
+  // its address ("127.0.0.1:<port>" for a wildcard host; "" while none).
+  int serving_port() const;
+  std::string serving_address() const;
+  // The configured coordinator (rule 1 or 2), "" when discovery is on demand.
+  std::string configured_address() const;
+
+  void Shutdown();
+
+ private:
+  explicit CoordinatorSelector(Options options);
+  // Starts the on-demand server on `port` unless one runs. A port another
+  // process already holds is not an error: that process (another daemon on
+  // this machine) serves the store.
+  void EnsureServing(int port);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::string configured_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RendezvousServer> server_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_RENDEZVOUS_COORDINATOR_H_
