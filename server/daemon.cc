@@ -153,10 +153,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
 
   std::unique_ptr<Daemon> d(new Daemon(config));
+  d->metrics_ = std::make_unique<DaemonMetrics>();
+  if (const std::string& listen = config.metrics().listen_address();
+      !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+        MetricsEndpoint::Create(listen, d->metrics_->registry());
+    if (!endpoint.ok()) {
+      return absl::Status(endpoint.status().code(),
+                          absl::StrCat("metrics.listen_address: ",
+                                       endpoint.status().message()));
+    }
+    d->metrics_endpoint_ = *std::move(endpoint);
+  }
   if (const std::string& listen = config.rendezvous().listen_address();
       !listen.empty()) {
+    RendezvousServer::Options options;
+    options.listen_address = listen;
+    options.on_request = [metrics =
+                              d->metrics_.get()](absl::string_view method) {
+      metrics->OnRendezvousRequest(method);
+    };
     absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-        RendezvousServer::Start(listen);
+        RendezvousServer::Start(options);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("rendezvous.listen_address ", listen,
@@ -176,8 +194,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
       std::chrono::milliseconds(config.session_idle_timeout_ms());
   ASSIGN_OR_RETURN(d->listener_,
                    SessionListener::Create(session_path, session_options));
-  d->manager_ = std::make_unique<JobManager>(d->config_, d->listener_.get(),
-                                             d->pool_.get());
+  d->manager_ = std::make_unique<JobManager>(
+      d->config_, d->listener_.get(), d->pool_.get(),
+      /*reducer_factory=*/nullptr, d->metrics_.get());
   d->listener_->Start(d->manager_.get());
 
   // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
@@ -209,6 +228,10 @@ std::string Daemon::rendezvous_address() const {
 
 int Daemon::rendezvous_port() const {
   return rendezvous_ != nullptr ? rendezvous_->port() : 0;
+}
+
+int Daemon::metrics_port() const {
+  return metrics_endpoint_ != nullptr ? metrics_endpoint_->port() : 0;
 }
 
 void Daemon::Shutdown(absl::Duration grace) {

@@ -1,5 +1,6 @@
 // The gradd daemon: wires the session listener, the job manager (engine) and
-// the gRPC Node service on the configured Unix socket.
+// the gRPC Node service on the configured Unix socket, and the Prometheus
+// /metrics endpoint (metrics.listen_address) over the engine's events.
 //
 // Owns the reduce thread pool, the listener, the job manager, the gRPC
 // server and both socket files, and, when rendezvous.listen_address is set,
@@ -22,6 +23,8 @@
 #include "gradd/v1/config.pb.h"
 #include "grpcpp/server.h"
 #include "server/engine/job_manager.h"
+#include "server/metrics/daemon_metrics.h"
+#include "server/metrics/metrics_endpoint.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "server/rpc/node_service.h"
 #include "server/rpc/unix_acceptor.h"
@@ -59,11 +62,17 @@ class Daemon {
   // listen address) and port; empty / 0 when this daemon serves none.
   std::string rendezvous_address() const;
   int rendezvous_port() const;
+  // The /metrics endpoint's port (0: metrics.listen_address is empty).
+  int metrics_port() const;
+  DaemonMetrics& metrics() { return *metrics_; }
 
  private:
   explicit Daemon(const v1::DaemonConfig& config);
 
   v1::DaemonConfig config_;
+  // Before everything that reports to it; the endpoint only reads it.
+  std::unique_ptr<DaemonMetrics> metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<RendezvousServer> rendezvous_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<SessionListener> listener_;

@@ -37,9 +37,25 @@ ABSL_FLAG(std::string, log_level, "info",
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port (port 0: OS-chosen) of the Prometheus /metrics "
+          "endpoint; overrides metrics.listen_address");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the /metrics endpoint's port to this file once it listens");
 
 namespace {
 char kPrintConfig[] = "--print_config";
+
+// Written whole under a temporary name, then renamed, so a reader never sees
+// a partial number.
+void WritePortFile(const std::string& file, int port) {
+  if (file.empty()) return;
+  const std::string tmp = file + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    spdlog::error("cannot write {}", file);
+  }
+}
 
 // absl flag names are identifiers; accept the dashed spellings too.
 void UndashFlagNames(int argc, char** argv) {
@@ -62,7 +78,8 @@ int main(int argc, char** argv) {
       "gradd [--config FILE] [--socket PATH] [--print-config] "
       "[--rendezvous-listen HOST:PORT] [--coordinator HOST:PORT] "
       "[--node-id ID] [--expected-nodes ID,ID,...] "
-      "[--rendezvous-port-file FILE] [--log-level LEVEL]");
+      "[--rendezvous-port-file FILE] [--metrics-listen HOST:PORT] "
+      "[--metrics-port-file FILE] [--log-level LEVEL]");
   UndashFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (absl::Status logging = gradd::InitLogging(absl::GetFlag(FLAGS_log_level));
@@ -106,6 +123,9 @@ int main(int argc, char** argv) {
   if (const std::string v = absl::GetFlag(FLAGS_node_id); !v.empty()) {
     config.set_node_id(v);
   }
+  if (const std::string v = absl::GetFlag(FLAGS_metrics_listen); !v.empty()) {
+    config.mutable_metrics()->set_listen_address(v);
+  }
   if (const std::string v = absl::GetFlag(FLAGS_expected_nodes); !v.empty()) {
     config.mutable_rendezvous()->set_expected_node_ids(v);
   }
@@ -132,16 +152,12 @@ int main(int argc, char** argv) {
   if (const int port = (*daemon)->rendezvous_port(); port != 0) {
     spdlog::info("gradd rendezvous listening on {} (port {})",
                  (*daemon)->rendezvous_address(), port);
-    if (const std::string file = absl::GetFlag(FLAGS_rendezvous_port_file);
-        !file.empty()) {
-      // Written whole under a temporary name, then renamed, so a reader
-      // never sees a partial number.
-      const std::string tmp = file + ".tmp";
-      std::ofstream(tmp) << port << "\n";
-      if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-        spdlog::error("cannot write {}", file);
-      }
-    }
+    WritePortFile(absl::GetFlag(FLAGS_rendezvous_port_file), port);
+  }
+  if (const int port = (*daemon)->metrics_port(); port != 0) {
+    spdlog::info("gradd metrics on http://{}/metrics (port {})",
+                 config.metrics().listen_address(), port);
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), port);
   }
 
   int sig = 0;

@@ -50,6 +50,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
+#include "server/engine/job_events.h"
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
@@ -74,8 +75,11 @@ class JobManager final : public NodeHandlerInterface,
   // `config` has defaults applied. `sessions` and `pool` (may be null:
   // reduce on the engine thread only) must outlive this object. Starts the
   // control thread.
+  // `events` (may be null) gets the engine's events (job_events.h) and
+  // must outlive this object.
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
-             ThreadPool* pool, ReducerFactory reducer_factory = nullptr);
+             ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
+             EngineEventSinkInterface* events = nullptr);
   ~JobManager() override;  // Stop()s
 
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
@@ -97,6 +101,15 @@ class JobManager final : public NodeHandlerInterface,
   // Pending + active jobs. Blocks briefly (runs on the control thread, after
   // everything posted before it).
   int NumJobs();
+
+  // An active job's recent bucket events (engine/timeline.h) and its
+  // buckets stalled now (engine/stall_inspector.h); empty for a job still
+  // waiting for its ranks. NOT_FOUND naming the job when this daemon has no
+  // such job; UNAVAILABLE when stopping. Any thread; runs on the control
+  // thread like NumJobs.
+  absl::StatusOr<std::vector<TimelineEvent>> Timeline(
+      const std::string& job_id);
+  absl::StatusOr<std::vector<StallReport>> Stalls(const std::string& job_id);
 
  private:
   struct PendingRank {
@@ -133,6 +146,11 @@ class JobManager final : public NodeHandlerInterface,
   using Task = absl::AnyInvocable<void() &&>;
 
   void Post(Task task);
+  // Runs `fn(job)` on the control thread for job `job_id` (null while it
+  // is pending) and returns its result; errors as Timeline's.
+  template <typename T>
+  absl::StatusOr<T> QueryJob(const std::string& job_id,
+                             absl::AnyInvocable<T(const Job*)> fn);
   // Queues `work(std::move(done))` for the control thread; when the manager
   // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
   // left unanswered. Any thread.
@@ -175,6 +193,7 @@ class JobManager final : public NodeHandlerInterface,
   SessionRegistryInterface* const sessions_;
   ThreadPool* const pool_;
   ReducerFactory reducer_factory_;
+  EngineEventSinkInterface* const events_;
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);

@@ -18,6 +18,7 @@ void Job::MapBuckets() {
                                    plan_.buckets[b].offset);
     }
   }
+  ResetBucketTracking();
 }
 
 void Job::ExpectRebuild(uint64_t iteration) {
