@@ -16,7 +16,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
     // ":port" (every interface) is spelled with the IPv4 wildcard for
     // civetweb.
     endpoint->exposer_ = std::make_unique<prometheus::Exposer>(
-        address.rfind(':', 0) == 0 ? "0.0.0.0" + address : address);
+        address.rfind(':', 0) == 0 ? absl::StrCat("0.0.0.0", address)
+                                   : address);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve /metrics on ", address, ": ", e.what()));
