@@ -11,8 +11,9 @@ import time
 import urllib.parse
 import urllib.request
 import json
+import sys
 
-from conftest import Daemon
+from conftest import HERE, Daemon
 
 
 def wait_for(what, fn, timeout=30, interval=0.05):
@@ -159,3 +160,30 @@ class Prometheus:
         if not self._log.closed:
             self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Trainer:
+    """metrics_worker.py run: a job of two local ranks that stays attached
+    until finish()."""
+
+    def __init__(self, daemon, job_id, iterations):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "metrics_worker.py"), "run", daemon.socket,
+             job_id, str(iterations)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        line = self.proc.stdout.readline().decode().strip()  # bounded: wait_timeout
+        if line != "READY":
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"trainer did not get ready ({line!r}):\n{err.decode()}\n"
+                                 f"{daemon.log()}")
+
+    def finish(self):
+        out, err = self.proc.communicate(input=b"go\n", timeout=60)
+        assert self.proc.returncode == 0 and b"DONE" in out, err.decode()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()

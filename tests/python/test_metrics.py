@@ -1,14 +1,12 @@
 """The daemon's Prometheus /metrics endpoint (docs/operations.md, "Metrics"),
 scraped by a real Prometheus while a real trainer process runs a job."""
-import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from conftest import HERE
-from metrics_util import MetricsDaemon, Prometheus, metric_families, value, wait_for
+from metrics_util import (MetricsDaemon, Prometheus, Trainer, metric_families, value,
+                          wait_for)
 
 # What docs/operations.md promises; every one must be in a scrape.
 EXPORTED = {
@@ -43,35 +41,8 @@ def metrics_daemon(gradd_binary):
     assert alive, f"gradd died during the test:\n{log}"
 
 
-class Trainer:
-    """metrics_worker.py run: a job of two local ranks that stays attached
-    until finish()."""
-
-    def __init__(self, daemon, job_id):
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "metrics_worker.py"), "run", daemon.socket,
-             job_id, str(ITERATIONS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True)
-        line = self.proc.stdout.readline().decode().strip()  # bounded: wait_timeout
-        if line != "READY":
-            self.proc.kill()
-            out, err = self.proc.communicate()
-            raise AssertionError(f"trainer did not get ready ({line!r}):\n{err.decode()}\n"
-                                 f"{daemon.log()}")
-
-    def finish(self):
-        out, err = self.proc.communicate(input=b"go\n", timeout=60)
-        assert self.proc.returncode == 0 and b"DONE" in out, err.decode()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
 def test_scrape_has_every_documented_metric_and_passes_promtool(metrics_daemon, job_id):
-    trainer = Trainer(metrics_daemon, job_id)
+    trainer = Trainer(metrics_daemon, job_id, ITERATIONS)
     try:
         text = metrics_daemon.scrape()
         families = metric_families(text)
@@ -98,7 +69,8 @@ def test_scrape_has_every_documented_metric_and_passes_promtool(metrics_daemon, 
                                    capture_output=True, timeout=60)
             assert check.returncode == 0, (check.stdout + check.stderr).decode()
     finally:
-        trainer.finish() if trainer.proc.poll() is None else None
+        if trainer.proc.poll() is None:
+            trainer.finish()
     # The job's series go away with it; the daemon-wide ones stay.
     text = wait_for("the job's series to go",
                     lambda: (lambda t: t if job_id not in t else None)(metrics_daemon.scrape()))
@@ -120,7 +92,7 @@ def test_failed_attach_is_counted_by_code(metrics_daemon, job_id):
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="Prometheus is not installed (Debian package 'prometheus')")
 def test_real_prometheus_scrapes_a_running_job(metrics_daemon, job_id):
-    trainer = Trainer(metrics_daemon, job_id)
+    trainer = Trainer(metrics_daemon, job_id, ITERATIONS)
     prom = None
     try:
         prom = Prometheus([f"127.0.0.1:{metrics_daemon.metrics_port}"])
