@@ -428,7 +428,10 @@ void Job::CheckStalls() {
       waits.push_back(std::move(w));
       continue;
     }
-    if (first_ready_iter_[b] != d + 1 || now - first_ready_ns_[b] < threshold) {
+    // In a join epoch the ranks that joined hand nothing over by design
+    // (and the join scan does not note hand-overs).
+    if (join_.active() || first_ready_iter_[b] != d + 1 ||
+        now - first_ready_ns_[b] < threshold) {
       continue;
     }
     BucketWait w;

@@ -16,6 +16,15 @@ import sys
 from conftest import HERE, Daemon
 
 
+def read_port(path):
+    """The port a daemon wrote to `path`, or 0 while it has not."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def wait_for(what, fn, timeout=30, interval=0.05):
     """Polls fn() until it returns something truthy; fails naming `what`."""
     deadline = time.monotonic() + timeout
@@ -32,23 +41,16 @@ class MetricsDaemon(Daemon):
     """A gradd with /metrics on 127.0.0.1:<OS-chosen port> (self.metrics_port)
     and the given YAML config."""
 
-    def __init__(self, binary, config_text=""):
+    def __init__(self, binary, config_text="", extra_args=()):
         self.conf_dir = tempfile.mkdtemp(prefix="gradd-metrics-")
         config = os.path.join(self.conf_dir, "gradd.yaml")
         with open(config, "w") as f:
             f.write(config_text)
         port_file = os.path.join(self.conf_dir, "metrics.port")
         super().__init__(binary, ["--config", config, "--metrics-listen", "127.0.0.1:0",
-                                  "--metrics-port-file", port_file])
+                                  "--metrics-port-file", port_file, *extra_args])
 
-        def port():
-            try:
-                with open(port_file) as f:
-                    return int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                return 0
-
-        self.metrics_port = wait_for("the metrics port file", port)
+        self.metrics_port = wait_for("the metrics port file", lambda: read_port(port_file))
 
     def scrape(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",

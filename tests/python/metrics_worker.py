@@ -4,7 +4,9 @@ job as threads (gradd._C releases the GIL while it blocks).
   metrics_worker.py run SOCKET JOB ITERATIONS
       runs ITERATIONS iterations, prints READY, keeps the job attached until
       a line arrives on stdin, then detaches and prints DONE.
-  metrics_worker.py stall SOCKET JOB
+  metrics_worker.py stall SOCKET JOB [NODE_RANK NUM_NODES COORDINATOR WITHHOLD]
+      (multi-node: this process is node NODE_RANK's two ranks; WITHHOLD 0:
+      both ranks hand everything over and wait)
       one full iteration, then local rank 1 hands over every bucket but the
       one holding parameter "b" and is stuck until rank 0's wait_all has
       ended; prints, as JSON, what each rank raised (rank 1: nothing).
@@ -20,10 +22,11 @@ import gradd
 PARAMS = [("a", (1000,), "float32"), ("b", (1000,), "float32"), ("c", (1000,), "float32")]
 
 
-def attach(socket, job, rank):
+def attach(socket, job, rank, **nodes):
     # 4000-byte parameters over 3 KiB bucket caps: one bucket per parameter.
     return gradd.attach(PARAMS, socket=socket, job_id=job, local_rank=rank, local_world_size=2,
-                        bucket_cap_mb=0.003, first_bucket_cap_mb=0.003, wait_timeout=60.0)
+                        bucket_cap_mb=0.003, first_bucket_cap_mb=0.003, wait_timeout=60.0,
+                        **nodes)
 
 
 def iteration(c, rank, skip=()):
@@ -78,11 +81,16 @@ def main():
         return
     if mode == "stall":
         released = threading.Event()
+        nodes, withhold = {}, True
+        if len(sys.argv) > 4:
+            nodes = dict(node_rank=int(sys.argv[4]), num_nodes=int(sys.argv[5]),
+                         coordinator=sys.argv[6])
+            withhold = sys.argv[7] == "1"
 
         def stall(rank):
-            c = attach(socket, job, rank)
+            c = attach(socket, job, rank, **nodes)
             iteration(c, rank)
-            if rank == 0:
+            if rank == 0 or not withhold:
                 try:
                     iteration(c, rank)
                 finally:

@@ -5,13 +5,15 @@ past stall_shutdown_ms fails the job with that report at every waiting
 trainer."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from conftest import HERE
-from metrics_util import MetricsDaemon, value, wait_for
+from metrics_util import MetricsDaemon, read_port, value, wait_for
 
 
 @pytest.fixture
@@ -59,3 +61,62 @@ def test_withheld_bucket_is_reported_counted_and_fails_the_job(stall_daemon, job
     text = stall_daemon.scrape()
     assert value(text, "gradd_stalls_total") == 1
     assert value(text, "gradd_job_failures_total", code="DEADLINE_EXCEEDED") == 1
+
+
+def _worker(daemon, job_id, *nodes):
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "metrics_worker.py"), "stall", daemon.socket, job_id,
+         *nodes], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _log_line(daemon, needle):
+    return wait_for(f"{needle!r} in {daemon.log_path}",
+                    lambda: next((l for l in daemon.log().splitlines() if needle in l), None),
+                    timeout=60)
+
+
+def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_id):
+    """Node b's local rank 1 withholds a bucket: node b names the rank, node a
+    (whose ranks handed everything over) names node b as the one the
+    inter-node allreduce waits for; node b's stall_shutdown fails the job."""
+    tmp = tempfile.mkdtemp(prefix="gradd-stall-2n-")
+    port_file = os.path.join(tmp, "coordinator.port")
+    a = b = None
+    procs = []
+    try:
+        a = MetricsDaemon(gradd_binary, "stall_warning_ms: 300\n",
+                          ["--node-id", "node-a", "--rendezvous-listen", "127.0.0.1:0",
+                           "--rendezvous-port-file", port_file])
+        coordinator = f"127.0.0.1:{wait_for('the coordinator port', lambda: read_port(port_file))}"
+        b = MetricsDaemon(gradd_binary, "stall_warning_ms: 300\nstall_shutdown_ms: 3000\n",
+                          ["--node-id", "node-b", "--coordinator", coordinator])
+        procs = [_worker(a, job_id, "0", "2", coordinator, "0"),
+                 _worker(b, job_id, "1", "2", coordinator, "1")]
+        on_b = _log_line(b, "stall: job")
+        on_a = _log_line(a, "stall: job")
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        logs = "".join(d.log() for d in (a, b) if d is not None)
+        for d in (a, b):
+            if d is not None:
+                d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert "local rank 1 has not handed it over" in on_b and "'b'" in on_b, on_b
+    assert "of iteration 2" in on_b, on_b
+    assert "in the inter-node allreduce" in on_a and "'node-b' (node rank 1)" in on_a, on_a
+    assert "of iteration 2" in on_a, on_a
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err.decode() + logs
+    errors_a = json.loads(outs[0][0].decode().strip().splitlines()[-1])
+    errors_b = json.loads(outs[1][0].decode().strip().splitlines()[-1])
+    # Node b's waiting rank gets the report; node a's ranks fail too, as the
+    # job is gone on node b, and are told which node went away.
+    assert errors_b[0] is not None and "local rank 1 has not handed it over" in errors_b[0], \
+        f"{errors_b}\n{logs}"
+    assert errors_b[1] is None, errors_b[1]
+    for e in errors_a:
+        assert e is not None and "node-b" in e, f"{errors_a}\n{logs}"
