@@ -17,6 +17,15 @@
 //       \-----(session socket closes)-> disconnected /  another rank is waiting
 //                                                       on work that needed it
 //
+// Events (job_events.h): the engine notes when it first sees each rank hand
+// a bucket over (in its scan) and when it starts the bucket; the reducer
+// records the bucket's phases (BucketWork::timing); the completion emits
+// the bucket's event (to timeline_ and the sinks, e.g. metrics) just
+// before publishing done_seq, so the engine may reuse the bucket's
+// bookkeeping once it sees done. Every few tens of ms the engine thread
+// hands the buckets that wait to stalls_ (stall_inspector.h), which may fail
+// the job past stall_shutdown.
+//
 // Join (uneven inputs): the engine side of join_state.h lives in
 // job_join.cc. While a join epoch runs, buckets start only for the
 // iteration the JoinState is running, with the active ranks' buffers and

@@ -33,9 +33,9 @@ def test_withheld_bucket_is_reported_counted_and_fails_the_job(stall_daemon, job
     try:
         # While the ranks wait: the warning is logged and counted (the log
         # line comes first, so the counter is up once it is there).
-        log = wait_for("the stall warning in the daemon's log",
-                       lambda: (lambda t: t if "stall: job" in t else None)(stall_daemon.log()),
-                       timeout=60)
+        # (Matched on iteration 2: on a loaded machine a rank may also be
+        # slow enough in iteration 1 to be reported.)
+        warning = _log_line(stall_daemon, "stall: job", "of iteration 2")
         assert value(stall_daemon.scrape(), "gradd_stalls_total") >= 1
         out, err = proc.communicate(timeout=60)
     finally:
@@ -44,9 +44,7 @@ def test_withheld_bucket_is_reported_counted_and_fails_the_job(stall_daemon, job
             proc.communicate()
     assert proc.returncode == 0, err.decode()
     errors = json.loads(out.decode().strip().splitlines()[-1])
-    warning = next(line for line in log.splitlines() if "stall: job" in line)
-    for needle in (f"job '{job_id}'", "of iteration 2", "local rank 1 has not handed it over",
-                   "'b'"):
+    for needle in (f"job '{job_id}'", "local rank 1 has not handed it over", "'b'"):
         assert needle in warning, warning
     # Only the bucket holding "b" is missing: the others were handed over.
     assert "'a'" not in warning and "'c'" not in warning, warning
@@ -59,7 +57,7 @@ def test_withheld_bucket_is_reported_counted_and_fails_the_job(stall_daemon, job
     assert "stall_shutdown_ms (3000)" in e, e
     assert errors[1] is None, errors[1]
     text = stall_daemon.scrape()
-    assert value(text, "gradd_stalls_total") == 1
+    assert value(text, "gradd_stalls_total") >= 1
     assert value(text, "gradd_job_failures_total", code="DEADLINE_EXCEEDED") == 1
 
 
@@ -69,10 +67,13 @@ def _worker(daemon, job_id, *nodes):
          *nodes], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _log_line(daemon, needle):
-    return wait_for(f"{needle!r} in {daemon.log_path}",
-                    lambda: next((l for l in daemon.log().splitlines() if needle in l), None),
-                    timeout=60)
+def _log_line(daemon, *needles):
+    """The first line of the daemon's log holding every needle (bounded wait)."""
+    return wait_for(
+        f"a line with {needles} in {daemon.log_path}",
+        lambda: next((l for l in daemon.log().splitlines() if all(n in l for n in needles)),
+                     None),
+        timeout=60)
 
 
 def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_id):
@@ -92,8 +93,8 @@ def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_
                           ["--node-id", "node-b", "--coordinator", coordinator])
         procs = [_worker(a, job_id, "0", "2", coordinator, "0"),
                  _worker(b, job_id, "1", "2", coordinator, "1")]
-        on_b = _log_line(b, "stall: job")
-        on_a = _log_line(a, "stall: job")
+        on_b = _log_line(b, "stall: job", "of iteration 2")
+        on_a = _log_line(a, "stall: job", "of iteration 2")
         outs = [p.communicate(timeout=90) for p in procs]
     finally:
         for p in procs:
@@ -106,9 +107,7 @@ def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_
                 d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     assert "local rank 1 has not handed it over" in on_b and "'b'" in on_b, on_b
-    assert "of iteration 2" in on_b, on_b
     assert "in the inter-node allreduce" in on_a and "'node-b' (node rank 1)" in on_a, on_a
-    assert "of iteration 2" in on_a, on_a
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err.decode() + logs
     errors_a = json.loads(outs[0][0].decode().strip().splitlines()[-1])
