@@ -96,6 +96,12 @@ def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_
         on_b = _log_line(b, "stall: job", "of iteration 2")
         on_a = _log_line(a, "stall: job", "of iteration 2")
         outs = [p.communicate(timeout=90) for p in procs]
+        # The coordinator counted the formation's rendezvous requests, and
+        # node a's buckets went through the inter-node allreduce.
+        text_a = a.scrape()
+        assert value(text_a, "gradd_rendezvous_requests_total", method="Set") > 0
+        assert value(text_a, "gradd_phase_seconds_count", phase="network") >= 3
+        assert value(b.scrape(), "gradd_rendezvous_requests_total", method="Set") == 0
     finally:
         for p in procs:
             if p.poll() is None:
