@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -46,6 +47,9 @@ constexpr uint32_t kDefaultMaxSessions = 1024;
 constexpr uint32_t kDefaultMaxSessionsPerUid = 256;
 constexpr uint32_t kDefaultSessionIdleTimeoutMs = 30000;
 constexpr uint32_t kDefaultHeartbeatIntervalMs = 250;
+constexpr uint32_t kDefaultStallWarningMs = 10000;
+constexpr uint32_t kDefaultTimelineEvents = 16384;
+constexpr uint32_t kMaxTimelineEvents = 1 << 24;
 
 // sockaddr_un.sun_path holds 108 bytes including the NUL.
 constexpr size_t kMaxSocketPathBytes = 107 - sizeof(".session") + 1;
@@ -256,6 +260,12 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (c->heartbeat_interval_ms() == 0) {
     c->set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
   }
+  if (!c->has_stall_warning_ms()) {
+    c->set_stall_warning_ms(kDefaultStallWarningMs);
+  }
+  if (c->timeline_events() == 0) {
+    c->set_timeline_events(kDefaultTimelineEvents);
+  }
   if (c->node_id().empty()) c->set_node_id(HostName());
   if (c->log_level().empty()) c->set_log_level("info");
   v1::RendezvousConfig* rv = c->mutable_rendezvous();
@@ -314,6 +324,66 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (absl::Status level = ValidateLogLevel(c.log_level()); !level.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("log_level: ", level.message()));
+  }
+  if (const std::string& a = c.metrics().listen_address(); !a.empty()) {
+    absl::Status address = ValidateListenAddress(a);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.listen_address '", a, "': ", address.message()));
+    }
+  }
+  if (c.stall_shutdown_ms() != 0 && c.stall_warning_ms() != 0 &&
+      c.stall_shutdown_ms() < c.stall_warning_ms()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stall_shutdown_ms = ", c.stall_shutdown_ms(),
+                     " is below stall_warning_ms = ", c.stall_warning_ms(),
+                     ": a stall is reported before it fails the job (set "
+                     "stall_warning_ms lower, or 0 to only fail)"));
+  }
+  if (c.timeline_events() > kMaxTimelineEvents) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeline_events = ", c.timeline_events(), " is above ",
+                     kMaxTimelineEvents));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateListenAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "expected host:port (e.g. 0.0.0.0:9464 or [::1]:9464)");
+  }
+  absl::string_view host = address.substr(0, colon);
+  const absl::string_view port = address.substr(colon + 1);
+  uint32_t p = 0;
+  if (port.empty() || !absl::SimpleAtoi(port, &p) || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "port '", port, "' is not a number in 0..65535 (0: OS-chosen)"));
+  }
+  if (absl::StartsWith(host, "[")) {
+    if (!absl::EndsWith(host, "]") || host.size() < 3) {
+      return absl::InvalidArgumentError(
+          "an IPv6 host must be written in brackets, e.g. [::1]:9464");
+    }
+    host = host.substr(1, host.size() - 2);
+    if (host.find_first_not_of("0123456789abcdefABCDEF:.") !=
+        absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", host, "' is not an IPv6 address"));
+    }
+    return absl::OkStatus();
+  }
+  if (host.empty()) return absl::OkStatus();  // ":port": every interface
+  if (host.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "an IPv6 host must be written in brackets, e.g. [::1]:9464");
+  }
+  for (const char ch : host) {
+    if (!absl::ascii_isalnum(ch) && ch != '.' && ch != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", host, "' is not a host name or IPv4 address"));
+    }
   }
   return absl::OkStatus();
 }

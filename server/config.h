@@ -34,6 +34,12 @@ void ApplyConfigDefaults(v1::DaemonConfig* config);
 // Range checks on a config with defaults applied.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
 
+// A TCP listen address, host:port: a host name, IPv4 address or bracketed
+// IPv6 address (none: every interface), and a port in 0..65535 (0:
+// OS-chosen). INVALID_ARGUMENT
+// saying what is wrong.
+absl::Status ValidateListenAddress(absl::string_view address);
+
 // This machine's host name ("localhost" if it has none): the default node_id
 // and the address other daemons reach this one on when nothing is
 // configured.

@@ -156,11 +156,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
 
   std::unique_ptr<Daemon> d(new Daemon(config));
+  d->metrics_ = std::make_unique<DaemonMetrics>();
+  if (const std::string& listen = config.metrics().listen_address();
+      !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+        MetricsEndpoint::Create(listen, d->metrics_->registry());
+    if (!endpoint.ok()) {
+      return absl::Status(endpoint.status().code(),
+                          absl::StrCat("metrics.listen_address: ",
+                                       endpoint.status().message()));
+    }
+    d->metrics_endpoint_ = *std::move(endpoint);
+  }
   const v1::RendezvousConfig& rv = config.rendezvous();
   CoordinatorSelector::Options coordinator;
   coordinator.coordinator_address = rv.coordinator_address();
   coordinator.listen_address = rv.listen_address();
   coordinator.port = static_cast<int>(rv.port());
+  coordinator.on_request = [metrics =
+                                d->metrics_.get()](absl::string_view method) {
+    metrics->OnRendezvousRequest(method);
+  };
   if (!rv.interface().empty()) {
     // Checked now so a misspelt interface stops the daemon at start-up,
     // not the first multi-node job.
@@ -182,7 +198,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   ASSIGN_OR_RETURN(d->listener_,
                    SessionListener::Create(session_path, session_options));
   d->manager_ = std::make_unique<JobManager>(
-      d->config_, d->listener_.get(), d->pool_.get(), nullptr, d->coordinator_);
+      d->config_, d->listener_.get(), d->pool_.get(),
+      /*reducer_factory=*/nullptr, d->coordinator_, d->metrics_.get());
   d->listener_->Start(d->manager_.get());
 
   // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer
@@ -232,6 +249,10 @@ int Daemon::rendezvous_port() const {
   return config_.rendezvous().listen_address().empty()
              ? 0
              : coordinator_->serving_port();
+}
+
+int Daemon::metrics_port() const {
+  return metrics_endpoint_ != nullptr ? metrics_endpoint_->port() : 0;
 }
 
 void Daemon::Shutdown(absl::Duration grace) {

@@ -1,6 +1,7 @@
 // The gradd daemon: wires the session listener, the job manager (engine) and
 // the gRPC Node, Admin and grpc.health.v1 Health services on the configured
-// Unix socket.
+// Unix socket, and the Prometheus /metrics endpoint (metrics.listen_address)
+// over the engine's events.
 //
 // Owns the reduce thread pool, the listener, the job manager, the gRPC
 // server and both socket files, and the coordinator selector
@@ -26,6 +27,8 @@
 #include "server/admin/admin_handler.h"
 #include "server/admin/job_manager_source.h"
 #include "server/engine/job_manager.h"
+#include "server/metrics/daemon_metrics.h"
+#include "server/metrics/metrics_endpoint.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "server/rpc/admin_service.h"
 #include "server/rendezvous/coordinator.h"
@@ -66,11 +69,17 @@ class Daemon {
   // empty / 0 without one (on-demand serving is not reported here).
   std::string rendezvous_address() const;
   int rendezvous_port() const;
+  // The /metrics endpoint's port (0: metrics.listen_address is empty).
+  int metrics_port() const;
+  DaemonMetrics& metrics() { return *metrics_; }
 
  private:
   explicit Daemon(const v1::DaemonConfig& config);
 
   v1::DaemonConfig config_;
+  // Before everything that reports to it; the endpoint only reads it.
+  std::unique_ptr<DaemonMetrics> metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   // Shared with formation threads (coordinator discovery).
   std::shared_ptr<CoordinatorSelector> coordinator_;
   std::unique_ptr<ThreadPool> pool_;

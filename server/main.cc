@@ -51,9 +51,25 @@ ABSL_FLAG(std::string, log_level, "",
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port (port 0: OS-chosen) of the Prometheus /metrics "
+          "endpoint; overrides metrics.listen_address");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the /metrics endpoint's port to this file once it listens");
 
 namespace {
 char kPrintConfig[] = "--print_config";
+
+// Written whole under a temporary name, then renamed, so a reader never sees
+// a partial number.
+void WritePortFile(const std::string& file, int port) {
+  if (file.empty()) return;
+  const std::string tmp = file + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    spdlog::error("cannot write {}", file);
+  }
+}
 
 // absl flag names are identifiers; accept the dashed spellings too.
 void UndashFlagNames(int argc, char** argv) {
@@ -132,6 +148,9 @@ int main(int argc, char** argv) {
   if (const std::string v = absl::GetFlag(FLAGS_node_id); !v.empty()) {
     config.set_node_id(v);
   }
+  if (const std::string v = absl::GetFlag(FLAGS_metrics_listen); !v.empty()) {
+    config.mutable_metrics()->set_listen_address(v);
+  }
   if (const std::string v = absl::GetFlag(FLAGS_expected_nodes); !v.empty()) {
     config.mutable_rendezvous()->set_expected_node_ids(v);
   }
@@ -180,16 +199,12 @@ int main(int argc, char** argv) {
   if (const int port = (*daemon)->rendezvous_port(); port != 0) {
     spdlog::info("gradd rendezvous listening on {} (port {})",
                  (*daemon)->rendezvous_address(), port);
-    if (const std::string file = absl::GetFlag(FLAGS_rendezvous_port_file);
-        !file.empty()) {
-      // Written whole under a temporary name, then renamed, so a reader
-      // never sees a partial number.
-      const std::string tmp = file + ".tmp";
-      std::ofstream(tmp) << port << "\n";
-      if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-        spdlog::error("cannot write {}", file);
-      }
-    }
+    WritePortFile(absl::GetFlag(FLAGS_rendezvous_port_file), port);
+  }
+  if (const int port = (*daemon)->metrics_port(); port != 0) {
+    spdlog::info("gradd metrics on http://{}/metrics (port {})",
+                 config.metrics().listen_address(), port);
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), port);
   }
 
   // Create() returned: every socket is bound and served.

@@ -30,7 +30,7 @@ void SplitAcrossPool(ThreadPool* pool, DType dtype, size_t begin, size_t end,
 }
 
 void FusedReducer::Start(const BucketWork& work, Completion done) {
-  const auto start = std::chrono::steady_clock::now();
+  const int64_t start = EngineNowNs();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   absl::Status status;
@@ -49,10 +49,9 @@ void FusedReducer::Start(const BucketWork& work, Completion done) {
                                    work.divisor > 0 ? work.divisor : divisor_);
                     });
   }
-  reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - start)
-                           .count(),
-                       std::memory_order_relaxed);
+  const int64_t ns = EngineNowNs() - start;
+  if (work.timing != nullptr) work.timing->local_reduce.Add(start, ns);
+  reduce_ns_.fetch_add(ns, std::memory_order_relaxed);
   buckets_.fetch_add(1, std::memory_order_relaxed);
   std::move(done)(std::move(status));
 }

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
+#include "server/engine/job_events.h"
 #include "server/hooks/comm_hook.h"
 
 namespace gradd {
@@ -60,6 +61,10 @@ struct BucketWork {
   // What the sum is divided by; 0: the reducer's own (the world size).
   // Join mode sets it per iteration (initial world size or active ranks).
   double divisor = 0;
+  // Where the reducer records when each phase of this bucket ran (may be
+  // null); the engine reads it in the completion, and does not touch it
+  // before.
+  BucketTiming* timing = nullptr;
 };
 
 // One daemon-mediated broadcast (common/control_block.h): `bytes` bytes from

@@ -27,6 +27,15 @@ uint64_t NanosSince(Clock::time_point start) {
           .count());
 }
 
+// The time since `start` (engine clock), also added to the bucket's
+// `phase` when the engine asked for its timing.
+uint64_t Record(BucketTiming* timing, PhaseSpan BucketTiming::*phase,
+                int64_t start) {
+  const int64_t ns = EngineNowNs() - start;
+  if (timing != nullptr) (timing->*phase).Add(start, ns);
+  return static_cast<uint64_t>(ns);
+}
+
 }  // namespace
 
 HierarchicalReducer::HierarchicalReducer(
@@ -205,14 +214,16 @@ void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
 
 void HierarchicalReducer::SumLocally(const BucketWork& work, void* acc,
                                      size_t begin, size_t end) {
-  const Clock::time_point start = Clock::now();
+  const int64_t start = EngineNowNs();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   SplitAcrossPool(options_.pool, work.dtype, begin, end,
                   [&](size_t b, size_t e) {
                     SumToAccumulator(work.dtype, buffers.data(), n, acc, b, e);
                   });
-  local_reduce_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+  local_reduce_ns_.fetch_add(
+      Record(work.timing, &BucketTiming::local_reduce, start),
+      std::memory_order_relaxed);
 }
 
 void HierarchicalReducer::Enqueue(Item item) {
@@ -360,7 +371,7 @@ void HierarchicalReducer::RunChunk(Item& item) {
   char* acc = static_cast<char*>(item.bucket->acc);
   if (item.hooked) {
     if (broken_.ok()) {
-      const Clock::time_point start = Clock::now();
+      const int64_t start = EngineNowNs();
       CommHookWork hook_work;
       hook_work.bucket = work.bucket;
       hook_work.iteration = work.iteration;
@@ -368,7 +379,8 @@ void HierarchicalReducer::RunChunk(Item& item) {
       hook_work.count = work.count;
       hook_work.rank_buffers = work.rank_buffers;
       absl::Status s = hook_->Run(hook_work, *backend_);
-      network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      network_ns_.fetch_add(Record(work.timing, &BucketTiming::network, start),
+                            std::memory_order_relaxed);
       if (!s.ok()) broken_ = std::move(s);
     }
     FinishChunk(item, broken_);
@@ -376,7 +388,7 @@ void HierarchicalReducer::RunChunk(Item& item) {
   }
   if (item.fused) {
     if (broken_.ok()) {
-      const Clock::time_point start = Clock::now();
+      const int64_t start = EngineNowNs();
       LocalAverage average;
       average.dtype = work.dtype;
       average.buffers = *work.rank_buffers;
@@ -384,25 +396,27 @@ void HierarchicalReducer::RunChunk(Item& item) {
       average.count = work.count;
       average.divisor = work.divisor > 0 ? work.divisor : options_.world_size;
       absl::Status s = backend_->AllreduceAverage(average);
-      network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+      network_ns_.fetch_add(Record(work.timing, &BucketTiming::network, start),
+                            std::memory_order_relaxed);
       if (!s.ok()) broken_ = std::move(s);
     }
     FinishChunk(item, broken_);
     return;
   }
   if (broken_.ok()) {
-    const Clock::time_point start = Clock::now();
+    const int64_t start = EngineNowNs();
     absl::Status s =
         backend_->AllreduceSum(acc + item.begin * DTypeSize(acc_type),
                                item.end - item.begin, acc_type);
-    network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    network_ns_.fetch_add(Record(work.timing, &BucketTiming::network, start),
+                          std::memory_order_relaxed);
     if (!s.ok()) broken_ = std::move(s);
   }
   if (!broken_.ok()) {
     FinishChunk(item, broken_);
     return;
   }
-  const Clock::time_point start = Clock::now();
+  const int64_t start = EngineNowNs();
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   const double divisor = work.divisor > 0 ? work.divisor : options_.world_size;
@@ -411,7 +425,9 @@ void HierarchicalReducer::RunChunk(Item& item) {
                     ScatterFromAccumulator(work.dtype, acc, divisor,
                                            buffers.data(), n, begin, end);
                   });
-  write_back_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+  write_back_ns_.fetch_add(
+      Record(work.timing, &BucketTiming::write_back, start),
+      std::memory_order_relaxed);
   FinishChunk(item, absl::OkStatus());
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/doorbell.h"
@@ -16,6 +18,28 @@ constexpr size_t kPage = 4096;
 // Upper bound on one engine sleep: liveness and stop are re-checked at least
 // this often even if no doorbell rings (they also ring it themselves).
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+// How often the engine looks for stalled buckets (when stalls are on).
+constexpr int64_t kStallCheckNs = 50'000'000;
+// Per-rank hand-over times are tracked up to this many bucket x rank
+// entries (8 bytes each).
+constexpr size_t kMaxTrackedReadies = size_t{1} << 20;
+
+StallInspector::Options StallOptions(const JobSpec& spec) {
+  StallInspector::Options o;
+  o.job_id = spec.job_id;
+  o.warning = spec.stall_warning;
+  o.shutdown = spec.stall_shutdown;
+  for (size_t k = 0; k < spec.node_ids.size(); ++k) {
+    if (static_cast<int>(k) == spec.node_rank) continue;
+    o.other_nodes.push_back(
+        absl::StrCat("'", spec.node_ids[k], "' (node rank ", k, ")"));
+  }
+  if (o.other_nodes.empty() && spec.num_nodes > 1) {
+    o.other_nodes.push_back(
+        absl::StrCat("the job's ", spec.num_nodes - 1, " other nodes"));
+  }
+  return o;
+}
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -92,9 +116,13 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
             spec_.global_world_size(), spec_.num_nodes),
       active_buffers_(spec_.plan.buckets.size()),
-      hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook) {
+      hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook),
+      timeline_(spec_.timeline_events),
+      stalls_(StallOptions(spec_)),
+      iterations_(layout_.num_buckets()) {
   for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
   used_map_param_ = FindUsedMapParam(spec_.params);
+  events_.Add(&timeline_);
 }
 
 Job::~Job() {
@@ -190,6 +218,7 @@ void Job::FailJob(absl::StatusCode code, absl::string_view message) {
     spdlog::log(ended ? spdlog::level::debug : spdlog::level::err,
                 "job '{}' failed: {}: {}", spec_.job_id,
                 absl::StatusCodeToString(code), message);
+    if (!ended) events_.OnFailed(code, message);
   }
   PublishError(layout_, control_.data(), code,
                std::string_view(message.data(), message.size()));
@@ -207,6 +236,7 @@ void Job::Loop() {
       AbortSwitch(ReadError(header_));
     }
     bool progress = !failed_ && Scan();
+    if (!failed_ && stalls_.enabled()) CheckStalls();
     if (progress) continue;
     doorbell_->Wait(failed_ ? std::chrono::nanoseconds(0) : spec_.spin,
                     kMaxSleep);
@@ -238,6 +268,7 @@ bool Job::Scan() {
     }
   }
 
+  int64_t now = 0;  // read once per scan, when a rank is first seen ready
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d) continue;  // still with the reducer
@@ -259,6 +290,7 @@ bool Job::Scan() {
       }
       if (s == need) {
         ++ready;
+        NoteReady(b, r, need, &now);
       } else if (s != d && rank_state_[r].load() == kLive) {
         // The protocol allows only "done" (waiting) or "done + 1" (ready).
         FailJob(absl::StatusCode::kFailedPrecondition,
@@ -296,6 +328,13 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.internal = bucket.internal;
   work.rank_buffers = buffers;
   work.divisor = divisor;
+  BucketTrace& trace = traces_[b];
+  trace.iteration = iteration;
+  trace.first_ready_ns =
+      first_ready_iter_[b] == iteration ? first_ready_ns_[b] : 0;
+  trace.start_ns = EngineNowNs();
+  trace.timing = BucketTiming();
+  work.timing = &trace.timing;
   // The reduced used map is read before done_seq hands the bucket back.
   const float* used_map = nullptr;
   if (static_cast<int>(b) == used_map_bucket_ && !buffers->empty()) {
@@ -315,9 +354,139 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
                          " iteration ", iteration, ": ", status.message()));
     return;
   }
+  EmitBucket(bucket, iteration);
   layout_.done_seq(control_.data())[bucket].store(iteration,
                                                   std::memory_order_release);
   WakeClients(layout_, control_.data());
+}
+
+void Job::NoteReady(size_t b, int r, uint64_t iteration, int64_t* now) {
+  if (first_ready_iter_[b] != iteration) {
+    if (*now == 0) *now = EngineNowNs();
+    first_ready_iter_[b] = iteration;
+    first_ready_ns_[b] = *now;
+  }
+  if (rank_ready_ns_.empty()) return;
+  int64_t& ready = rank_ready_ns_[b * spec_.local_world_size + r];
+  if (ready != 0) return;
+  if (*now == 0) *now = EngineNowNs();
+  ready = *now;
+}
+
+void Job::EmitBucket(int b, uint64_t iteration) {
+  BucketTrace& trace = traces_[b];
+  if (trace.iteration != iteration) return;  // not started by StartBucket
+  BucketEvent e;
+  e.iteration = iteration;
+  e.bucket = b;
+  e.num_buckets = num_buckets_.load(std::memory_order_relaxed);
+  e.bytes = reducer_bytes_[b];
+  e.first_ready_ns = trace.first_ready_ns;
+  e.start_ns = trace.start_ns;
+  e.done_ns = EngineNowNs();
+  e.phases = trace.timing;
+  const size_t world = spec_.local_world_size;
+  int64_t* ready = nullptr;
+  if (!rank_ready_ns_.empty()) {
+    ready = &rank_ready_ns_[b * world];
+    e.rank_ready_ns = absl::MakeConstSpan(ready, world);
+  }
+  events_.OnBucket(e);
+  if (std::optional<IterationEvent> it = iterations_.Add(e)) {
+    events_.OnIteration(*it);
+  }
+  if (ready != nullptr) std::fill(ready, ready + world, 0);
+}
+
+void Job::ResetBucketTracking() {
+  const size_t n = plan_.buckets.size();
+  const size_t world = spec_.local_world_size;
+  traces_.assign(n, BucketTrace());
+  rank_ready_ns_.assign(n * world <= kMaxTrackedReadies ? n * world : 0, 0);
+  first_ready_iter_.assign(n, 0);
+  first_ready_ns_.assign(n, 0);
+  reducer_bytes_.resize(n);
+  for (size_t b = 0; b < n; ++b)
+    reducer_bytes_[b] = plan_.buckets[b].size_bytes;
+  num_buckets_.store(static_cast<int>(n), std::memory_order_relaxed);
+}
+
+void Job::CheckStalls() {
+  const int64_t now = EngineNowNs();
+  if (now < next_stall_check_ns_) return;
+  next_stall_check_ns_ = now + kStallCheckNs;
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  const int64_t threshold = stalls_.threshold_ns();
+  std::vector<BucketWait> waits;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) {
+      // With the reducer: only the multi-node one can wait (the fused one
+      // completes inside Start), on the other nodes.
+      if (spec_.num_nodes <= 1) continue;
+      const int64_t since = traces_[b].start_ns;
+      if (since == 0 || now - since < threshold) continue;
+      BucketWait w;
+      w.iteration = started_[b];
+      w.bucket = static_cast<int>(b);
+      w.since_ns = since;
+      w.in_network = true;
+      waits.push_back(std::move(w));
+      continue;
+    }
+    // In a join epoch the ranks that joined hand nothing over by design
+    // (and the join scan does not note hand-overs).
+    if (join_.active() || first_ready_iter_[b] != d + 1 ||
+        now - first_ready_ns_[b] < threshold) {
+      continue;
+    }
+    BucketWait w;
+    w.iteration = d + 1;
+    w.bucket = static_cast<int>(b);
+    w.since_ns = first_ready_ns_[b];
+    for (int r = 0; r < world; ++r) {
+      if (layout_.ready_row(base, r)[b].load(std::memory_order_acquire) !=
+          d + 1) {
+        w.missing_local_ranks.push_back(r);
+      }
+    }
+    if (w.missing_local_ranks.empty()) continue;  // starts on the next scan
+    waits.push_back(std::move(w));
+  }
+  // A bucket queued for the network behind one this node's ranks have not
+  // handed over waits for them, not for the other nodes.
+  std::optional<std::pair<uint64_t, int>> first_local;
+  for (const BucketWait& w : waits) {
+    const std::pair<uint64_t, int> key(w.iteration, w.bucket);
+    if (!w.in_network && (!first_local || key < *first_local)) {
+      first_local = key;
+    }
+  }
+  if (first_local.has_value()) {
+    waits.erase(std::remove_if(waits.begin(), waits.end(),
+                               [&](const BucketWait& w) {
+                                 return w.in_network &&
+                                        std::make_pair(w.iteration, w.bucket) >
+                                            *first_local;
+                               }),
+                waits.end());
+  }
+  std::optional<std::string> fail = stalls_.Update(
+      now, std::move(waits),
+      [this](int b) {
+        std::vector<std::string> names;
+        for (int32_t p : plan_.buckets[b].params) {
+          names.push_back(spec_.params[p].name);
+        }
+        return names;
+      },
+      &events_);
+  if (fail.has_value()) {
+    FailJob(absl::StatusCode::kDeadlineExceeded, *fail);
+    failed_ = true;
+  }
 }
 
 bool Job::ResolveCommHook() {

@@ -17,6 +17,15 @@
 //       \-----(session socket closes)-> disconnected /  another rank is waiting
 //                                                       on work that needed it
 //
+// Events (job_events.h): the engine notes when it first sees each rank hand
+// a bucket over (in its scan) and when it starts the bucket; the reducer
+// records the bucket's phases (BucketWork::timing); the completion emits
+// the bucket's event (to timeline_ and the sinks, e.g. metrics) just
+// before publishing done_seq, so the engine may reuse the bucket's
+// bookkeeping once it sees done. Every few tens of ms the engine thread
+// hands the buckets that wait to stalls_ (stall_inspector.h), which may fail
+// the job past stall_shutdown.
+//
 // Join (uneven inputs): the engine side of join_state.h lives in
 // job_join.cc. While a join epoch runs, buckets start only for the
 // iteration the JoinState is running, with the active ranks' buffers and
@@ -63,7 +72,11 @@
 #include "gradd/v1/node.pb.h"
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/job_snapshot.h"
+#include "server/engine/iteration_tracker.h"
+#include "server/engine/job_events.h"
 #include "server/engine/join_state.h"
+#include "server/engine/stall_inspector.h"
+#include "server/engine/timeline.h"
 #include "server/hooks/comm_hook_factory.h"
 
 namespace gradd {
@@ -97,6 +110,14 @@ struct JobSpec {
   v1::CommHookSpec comm_hook;
   ThreadPool* hook_pool = nullptr;
 
+  // Observability (job_events.h): the size of the job's timeline, the
+  // stall thresholds (stall_inspector.h; 0: off), and the ids of the job's
+  // nodes by node rank (multi-node; stall reports name them).
+  size_t timeline_events = 4096;
+  std::chrono::milliseconds stall_warning{0};
+  std::chrono::milliseconds stall_shutdown{0};
+  std::vector<std::string> node_ids;
+
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
   }
@@ -114,6 +135,11 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
+  // Before Start: the job's events go to `sink` (may be null) too, besides
+  // its own timeline; the job owns it and destroys it when it ends.
+  void AddEventSink(std::unique_ptr<JobEventSinkInterface> sink) {
+    events_.Add(std::move(sink));
+  }
   // Starts the engine thread.
   void Start();
   // Stops and joins the engine thread (wakes it; bounded by one reduction).
@@ -126,6 +152,13 @@ class Job {
   // replaces it there).
   const BucketPlan& plan() const { return plan_; }
   size_t rank_memory_bytes() const { return rank_bytes_; }
+  // Shared memory held for the job: every rank's memory and control block,
+  // and the job block.
+  uint64_t shared_memory_bytes() const {
+    return (rank_bytes_ + layout_.rank_block_bytes()) *
+               static_cast<uint64_t>(spec_.local_world_size) +
+           layout_.job_bytes();
+  }
   // The bucket region (any plan fits) ends where the broadcast area starts.
   size_t broadcast_offset() const { return bucket_region_bytes_; }
   uint32_t bucket_slots() const { return layout_.num_buckets(); }
@@ -180,6 +213,10 @@ class Job {
   uint64_t done_seq(int bucket) const;
   // Cumulative per-phase times of the job's reducer. Any thread.
   ReducerStats reducer_stats() const { return reducer_->stats(); }
+  // The job's recent bucket events (timeline.h) and its buckets stalled
+  // now (stall_inspector.h). Any thread.
+  std::vector<TimelineEvent> timeline() const { return timeline_.Snapshot(); }
+  std::vector<StallReport> stalls() const { return stalls_.Current(); }
 
   // The job as the admin API shows it (job_snapshot.cc): plan, done
   // sequences, rank states, reducer totals, failure, the last used map.
@@ -223,6 +260,16 @@ class Job {
   void StartBucket(size_t b, uint64_t iteration,
                    const std::vector<void*>* buffers, double divisor);
   void Complete(int bucket, uint64_t iteration, absl::Status status);
+  // Engine thread, in the scan: local rank r has made bucket b ready for
+  // `iteration`; `now` is the scan's clock reading (0: not read yet).
+  void NoteReady(size_t b, int r, uint64_t iteration, int64_t* now);
+  // Completion thread, before done_seq[b] is published: bucket b's events.
+  void EmitBucket(int b, uint64_t iteration);
+  // Engine thread, at most every few tens of ms: hands the waiting buckets
+  // to the stall inspector; fails the job past stall_shutdown.
+  void CheckStalls();
+  // Sizes the per-bucket bookkeeping of the events to plan_.
+  void ResetBucketTracking();
   void FailJob(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
   // job_rebuild.cc, engine thread: applies a pending SwitchPlan if the
@@ -305,6 +352,34 @@ class Job {
   uint64_t unused_iteration_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
   std::vector<int32_t> unused_params_ ABSL_GUARDED_BY(snapshot_mu_);
   bool ever_unused_ ABSL_GUARDED_BY(snapshot_mu_) = false;
+  // Events (job_events.h): the timeline ring, the stall inspector and the
+  // fan-out to them and spec_.events.
+  Timeline timeline_;
+  StallInspector stalls_;
+  JobEventFanOut events_;
+  // Per bucket of plan_, handed between the engine thread (writes until
+  // the bucket starts) and the completion (reads, then clears, before done
+  // is published): when it started, the reducer's phase timing, and when
+  // each local rank was seen handing it over (rank_ready_ns_[b * world +
+  // r]; 0: not yet; empty when plan and world are too large to track).
+  struct BucketTrace {
+    uint64_t iteration = 0;
+    int64_t first_ready_ns = 0;
+    int64_t start_ns = 0;
+    BucketTiming timing;
+  };
+  std::vector<BucketTrace> traces_;
+  std::vector<uint64_t> reducer_bytes_;  // bucket sizes, likewise handed over
+  std::vector<int64_t> rank_ready_ns_;
+  // Engine thread only: the iteration bucket b was first seen ready for by
+  // some rank (first_ready_iter_), and when.
+  std::vector<uint64_t> first_ready_iter_;
+  std::vector<int64_t> first_ready_ns_;
+  // Buckets in plan_, for the completion thread.
+  std::atomic<int> num_buckets_{0};
+  int64_t next_stall_check_ns_ = 0;
+  // Completion thread only.
+  IterationTracker iterations_;
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

@@ -240,12 +240,14 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
 JobManager::JobManager(const v1::DaemonConfig& config,
                        SessionRegistryInterface* sessions, ThreadPool* pool,
                        ReducerFactory reducer_factory,
-                       std::shared_ptr<CoordinatorSelector> coordinators)
+                       std::shared_ptr<CoordinatorSelector> coordinators,
+                       EngineEventSinkInterface* events)
     : config_(config),
       sessions_(sessions),
       pool_(pool),
       reducer_factory_(std::move(reducer_factory)),
-      coordinators_(std::move(coordinators)) {
+      coordinators_(std::move(coordinators)),
+      events_(events) {
   if (coordinators_ == nullptr) {
     // No listen_address here: serving from start-up is the Daemon's
     // business; on-demand serving and the configured address work alike.
@@ -294,6 +296,13 @@ void JobManager::PostOrAnswer(Callback done, absl::Status if_stopping,
 void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
                               AttachCallback done) {
   done = LoggedAttach(request, std::move(done));
+  if (events_ != nullptr) {
+    done = [events = events_, done = std::move(done)](
+               absl::StatusOr<v1::AttachResponse> answer) mutable {
+      events->OnAttach(answer.status().code());
+      std::move(done)(std::move(answer));
+    };
+  }
   PostOrAnswer(std::move(done),
                absl::UnavailableError("gradd daemon is stopping"),
                [this, request = std::move(request),
@@ -405,6 +414,45 @@ void JobManager::SetWatchdog(absl::AnyInvocable<void()> ping,
                              absl::Duration interval) {
   Post([this, ping = std::move(ping), interval]() mutable {
     watchdog_.Set(std::move(ping), interval);
+template <typename T>
+absl::StatusOr<T> JobManager::QueryJob(const std::string& job_id,
+                                       absl::AnyInvocable<T(const Job*)> fn) {
+  struct Reply {
+    absl::Notification done;
+    absl::StatusOr<T> result;
+  };
+  auto reply = std::make_shared<Reply>();
+  reply->result = absl::UnavailableError("gradd daemon is stopping");
+  Post([this, reply, job_id, fn = std::move(fn)]() mutable {
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+      reply->result = fn(it->second.job.get());
+    } else if (pending_.contains(job_id)) {
+      reply->result = fn(nullptr);
+    } else {
+      reply->result = absl::NotFoundError(
+          absl::StrCat("no job '", job_id, "' on this daemon"));
+    }
+    reply->done.Notify();
+  });
+  // Bounded: a task posted just as the manager stops is never run.
+  if (!reply->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    return absl::UnavailableError(
+        "gradd daemon is stopping (or its control thread is stuck)");
+  }
+  return reply->result;
+}
+
+absl::StatusOr<std::vector<TimelineEvent>> JobManager::Timeline(
+    const std::string& job_id) {
+  return QueryJob<std::vector<TimelineEvent>>(job_id, [](const Job* job) {
+    return job != nullptr ? job->timeline() : std::vector<TimelineEvent>();
+  });
+}
+
+absl::StatusOr<std::vector<StallReport>> JobManager::Stalls(
+    const std::string& job_id) {
+  return QueryJob<std::vector<StallReport>>(job_id, [](const Job* job) {
+    return job != nullptr ? job->stalls() : std::vector<StallReport>();
   });
 }
 
@@ -672,6 +720,9 @@ void JobManager::FormJob(const std::string& job_id) {
                        ? config_.default_comm_hook()
                        : first.request.comm_hook();
   spec.hook_pool = pool_;
+  spec.timeline_events = config_.timeline_events();
+  spec.stall_warning = std::chrono::milliseconds(config_.stall_warning_ms());
+  spec.stall_shutdown = std::chrono::milliseconds(config_.stall_shutdown_ms());
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));
     return;
@@ -792,6 +843,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.node_ids = layout.NodeIds();
   spec.coordinator = result->coordinator;
   spec.round_prefix = result->round_prefix;
+  spec.node_ids = layout.NodeIds();
   HierarchicalReducer::Options options;
   options.pool = pool_;
   options.num_buckets = static_cast<int>(spec.plan.buckets.size());
@@ -846,6 +898,15 @@ void JobManager::Activate(
     }
   }
   (*job)->ReleaseFds();
+  if (events_ != nullptr) {
+    JobInfo info;
+    info.job_id = job_id;
+    info.local_world_size = (*job)->local_world_size();
+    info.node_rank = (*job)->spec().node_rank;
+    info.num_nodes = (*job)->spec().num_nodes;
+    info.shared_memory_bytes = (*job)->shared_memory_bytes();
+    (*job)->AddEventSink(events_->OnJobStarted(info));
+  }
   (*job)->Start();
   {
     const Job& j = **job;
@@ -888,6 +949,7 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   active.sessions[rank] = 0;
   active.job->RankGone(rank, detached);
   active.rebuild->RankGone(rank);
+  if (events_ != nullptr) events_->OnDetach(detached);
   if (active.job->live_ranks() == 0) {
     const ReducerStats st = active.job->reducer_stats();
     auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };

@@ -52,6 +52,7 @@
 #include "server/engine/job.h"
 #include "server/engine/job_snapshot.h"
 #include "server/engine/loop_watchdog.h"
+#include "server/engine/job_events.h"
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
@@ -78,10 +79,12 @@ class JobManager final : public NodeHandlerInterface,
   // reduce on the engine thread only) must outlive this object.
   // `coordinators` finds multi-node jobs' rendezvous coordinator (default:
   // one made from config's rendezvous section, serving on demand only).
-  // Starts the control thread.
+  // `events` (may be null) gets the engine's events (job_events.h) and
+  // must outlive this object. Starts the control thread.
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
              ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
-             std::shared_ptr<CoordinatorSelector> coordinators = nullptr);
+             std::shared_ptr<CoordinatorSelector> coordinators = nullptr,
+             EngineEventSinkInterface* events = nullptr);
   ~JobManager() override;  // Stop()s
 
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
@@ -121,6 +124,14 @@ class JobManager final : public NodeHandlerInterface,
   // OK when the control thread runs a task posted now by `deadline`:
   // what the health service reports. Errors as Snapshot.
   absl::Status Ping(absl::Time deadline);
+  // An active job's recent bucket events (engine/timeline.h) and its
+  // buckets stalled now (engine/stall_inspector.h); empty for a job still
+  // waiting for its ranks. NOT_FOUND naming the job when this daemon has no
+  // such job; UNAVAILABLE when stopping. Any thread; runs on the control
+  // thread like NumJobs.
+  absl::StatusOr<std::vector<TimelineEvent>> Timeline(
+      const std::string& job_id);
+  absl::StatusOr<std::vector<StallReport>> Stalls(const std::string& job_id);
 
  private:
   struct PendingRank {
@@ -165,6 +176,11 @@ class JobManager final : public NodeHandlerInterface,
   JobSnapshot SnapshotOf(const std::string& id, const PendingJob& pending,
                          bool detail) const;
   JobSnapshot SnapshotOf(const ActiveJob& active, bool detail) const;
+  // Runs `fn(job)` on the control thread for job `job_id` (null while it
+  // is pending) and returns its result; errors as Timeline's.
+  template <typename T>
+  absl::StatusOr<T> QueryJob(const std::string& job_id,
+                             absl::AnyInvocable<T(const Job*)> fn);
   // Queues `work(std::move(done))` for the control thread; when the manager
   // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
   // left unanswered. Any thread.
@@ -208,6 +224,7 @@ class JobManager final : public NodeHandlerInterface,
   ThreadPool* const pool_;
   ReducerFactory reducer_factory_;
   std::shared_ptr<CoordinatorSelector> coordinators_;
+  EngineEventSinkInterface* const events_;
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);

@@ -19,6 +19,7 @@ void Job::MapBuckets() {
     }
   }
   PublishPlan();
+  ResetBucketTracking();
 }
 
 void Job::ExpectRebuild(uint64_t iteration) {

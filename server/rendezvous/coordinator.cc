@@ -21,8 +21,11 @@ CoordinatorSelector::Create(Options options) {
   absl::MutexLock lock(&s->mu_);
   s->configured_ = s->options_.coordinator_address;
   if (const std::string& listen = s->options_.listen_address; !listen.empty()) {
+    RendezvousServer::Options server_options;
+    server_options.listen_address = listen;
+    server_options.on_request = s->options_.on_request;
     absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-        RendezvousServer::Start(listen);
+        RendezvousServer::Start(server_options);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("rendezvous.listen_address ", listen,
@@ -62,8 +65,11 @@ void CoordinatorSelector::EnsureServing(int port) {
   absl::MutexLock lock(&mu_);
   if (server_ != nullptr || shut_down_) return;
   const std::string listen = JoinHostPort(options_.bind_host, port);
+  RendezvousServer::Options server_options;
+  server_options.listen_address = listen;
+  server_options.on_request = options_.on_request;
   absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-      RendezvousServer::Start(listen);
+      RendezvousServer::Start(server_options);
   if (!server.ok()) {
     spdlog::info(
         "rendezvous: not serving on {} ({}); another daemon on this machine "

@@ -50,6 +50,8 @@ class CoordinatorSelector {
     std::string bind_host = "0.0.0.0";
     // Decides whether a host names this machine (IsLocalHost; tests fake it).
     std::function<bool(const std::string&)> is_local;
+    // Told the method of every request the served store answers (metrics).
+    RendezvousService::RequestObserver on_request;
   };
 
   // Starts the rule-2 server when listen_address is set (UNAVAILABLE /

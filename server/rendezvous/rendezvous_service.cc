@@ -27,6 +27,7 @@ absl::Time RendezvousService::BlockingDeadline(
 grpc::Status RendezvousService::Set(grpc::ServerContext* context,
                                     const v1::RendezvousSetRequest* request,
                                     v1::RendezvousSetResponse* response) {
+  Observe("Set");
   return ToGrpcStatus(
       store_->Set(request->job_id(), request->key(), request->value()));
 }
@@ -34,6 +35,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context,
 grpc::Status RendezvousService::Get(grpc::ServerContext* context,
                                     const v1::RendezvousGetRequest* request,
                                     v1::RendezvousGetResponse* response) {
+  Observe("Get");
   absl::StatusOr<std::string> value =
       store_->GetUntil(request->job_id(), request->key(),
                        BlockingDeadline(context, request->wait_timeout_ms()),
@@ -46,6 +48,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context,
 grpc::Status RendezvousService::Add(grpc::ServerContext* context,
                                     const v1::RendezvousAddRequest* request,
                                     v1::RendezvousAddResponse* response) {
+  Observe("Add");
   absl::StatusOr<int64_t> value =
       store_->Add(request->job_id(), request->key(), request->delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
@@ -56,6 +59,7 @@ grpc::Status RendezvousService::Add(grpc::ServerContext* context,
 grpc::Status RendezvousService::Wait(grpc::ServerContext* context,
                                      const v1::RendezvousWaitRequest* request,
                                      v1::RendezvousWaitResponse* response) {
+  Observe("Wait");
   const std::vector<std::string> keys(request->keys().begin(),
                                       request->keys().end());
   return ToGrpcStatus(
@@ -67,6 +71,7 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context,
 grpc::Status RendezvousService::Delete(
     grpc::ServerContext* context, const v1::RendezvousDeleteRequest* request,
     v1::RendezvousDeleteResponse* response) {
+  Observe("Delete");
   absl::StatusOr<bool> deleted =
       store_->Delete(request->job_id(), request->key());
   if (!deleted.ok()) return ToGrpcStatus(deleted.status());
@@ -99,8 +104,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
     store = server->owned_store_.get();
   }
   server->store_ = store;
-  server->service_ =
-      std::make_unique<RendezvousService>(store, options.max_blocking_wait);
+  server->service_ = std::make_unique<RendezvousService>(
+      store, options.max_blocking_wait, options.on_request);
 
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second daemon on this machine

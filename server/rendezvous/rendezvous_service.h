@@ -13,11 +13,13 @@
 #ifndef GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
 #define GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gradd/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -27,9 +29,16 @@ namespace gradd {
 
 class RendezvousService final : public v1::Rendezvous::Service {
  public:
+  // Told the method of every request ("Set", "Get", "Add", "Wait",
+  // "Delete") on the gRPC thread that serves it (metrics).
+  using RequestObserver = std::function<void(absl::string_view method)>;
+
   // `store` must outlive the service.
-  RendezvousService(KvStore* store, absl::Duration max_blocking_wait)
-      : store_(store), max_blocking_wait_(max_blocking_wait) {}
+  RendezvousService(KvStore* store, absl::Duration max_blocking_wait,
+                    RequestObserver on_request = nullptr)
+      : store_(store),
+        max_blocking_wait_(max_blocking_wait),
+        on_request_(std::move(on_request)) {}
 
   grpc::Status Set(grpc::ServerContext* context,
                    const v1::RendezvousSetRequest* request,
@@ -51,8 +60,13 @@ class RendezvousService final : public v1::Rendezvous::Service {
   absl::Time BlockingDeadline(const grpc::ServerContext* context,
                               int64_t wait_timeout_ms) const;
 
+  void Observe(absl::string_view method) const {
+    if (on_request_) on_request_(method);
+  }
+
   KvStore* const store_;
   const absl::Duration max_blocking_wait_;
+  const RequestObserver on_request_;
 };
 
 class RendezvousServer {
@@ -65,6 +79,8 @@ class RendezvousServer {
     // gRPC server threads at most (blocked waiters included).
     int max_threads = 256;
     KvStore::Options store;
+    // Thread-safe; may be empty (RendezvousService::RequestObserver).
+    RendezvousService::RequestObserver on_request;
   };
 
   // Starts serving. With `store` == nullptr the server owns a fresh KvStore;

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -201,6 +203,60 @@ TEST(ConfigTest, LoadConfigFileAppliesDefaultsAndNamesTheFile) {
   c = LoadConfigFile(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(c.status()), HasSubstr(path));
+}
+
+TEST(ConfigTest, StallAndTimelineDefaultsAndZeroMeansOff) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml("", "empty.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->stall_warning_ms(), 10000u);
+  EXPECT_EQ(c->stall_shutdown_ms(), 0u);
+  EXPECT_EQ(c->timeline_events(), 16384u);
+
+  // An explicit 0 turns the warning off instead of meaning "default".
+  c = ParseConfigYaml("stall_warning_ms: 0\nstall_shutdown_ms: 5000\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->stall_warning_ms(), 0u);
+  EXPECT_EQ(c->stall_shutdown_ms(), 5000u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+TEST(ConfigTest, StallShutdownBelowWarningIsRejected) {
+  v1::DaemonConfig c = DefaultConfig();
+  c.set_stall_warning_ms(5000);
+  c.set_stall_shutdown_ms(1000);
+  const absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), AllOf(HasSubstr("stall_shutdown_ms = 1000"),
+                                HasSubstr("stall_warning_ms = 5000")));
+  c.set_stall_shutdown_ms(5000);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.set_timeline_events(1u << 30);
+  EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("timeline_events"));
+}
+
+TEST(ConfigTest, MetricsListenAddressIsChecked) {
+  v1::DaemonConfig c = DefaultConfig();
+  for (const char* good : {"0.0.0.0:9464", "127.0.0.1:0", ":9464",
+                           "localhost:9464", "[::1]:9464"}) {
+    c.mutable_metrics()->set_listen_address(good);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << good;
+  }
+  for (const auto& [bad, why] :
+       std::vector<std::pair<const char*, const char*>>{
+           {"9464", "expected host:port"},
+           {"0.0.0.0:", "is not a number"},
+           {"0.0.0.0:99999", "'99999' is not a number in 0..65535"},
+           {"host name:80", "not a host name"},
+           {"::1:9464", "brackets"},
+           {"[::1:9464", "brackets"}}) {
+    c.mutable_metrics()->set_listen_address(bad);
+    const absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(Message(s), AllOf(HasSubstr("metrics.listen_address"),
+                                  HasSubstr(bad), HasSubstr(why)));
+  }
 }
 
 TEST(ConfigTest, ConfigToTextRoundTrips) {

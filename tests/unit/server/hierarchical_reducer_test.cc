@@ -181,8 +181,11 @@ class HierarchicalReducerTest : public ::testing::Test {
 
   // Node k's engine: `iterations` iterations, buckets started in a random
   // order each time, every value checked after each iteration.
-  void RunNode(int k, int iterations, std::vector<std::string>* errors) {
+  // `timings` (may be null): each bucket's phases in the last iteration.
+  void RunNode(int k, int iterations, std::vector<std::string>* errors,
+               std::vector<BucketTiming>* timings = nullptr) {
     Node& n = nodes_[k];
+    std::vector<BucketTiming> local_timings(n.counts.size());
     std::mt19937 rng(1234 + k);
     std::vector<int> order(n.counts.size());
     for (size_t b = 0; b < order.size(); ++b) order[b] = static_cast<int>(b);
@@ -204,6 +207,8 @@ class HierarchicalReducerTest : public ::testing::Test {
         work.dtype = n.dtypes[b];
         work.count = n.counts[b];
         work.rank_buffers = &n.buffers[b];
+        local_timings[b] = BucketTiming();
+        work.timing = &local_timings[b];
         n.reducer->Start(work, completions.Add());
       }
       for (const absl::Status& s : completions.Wait()) {
@@ -227,6 +232,7 @@ class HierarchicalReducerTest : public ::testing::Test {
         }
       }
     }
+    if (timings != nullptr) *timings = local_timings;
   }
 
   // RunNode on the first `count` nodes (all by default) at once, one
@@ -263,6 +269,38 @@ TEST_F(HierarchicalReducerTest, AveragesAcrossNodesInPlanOrder) {
     EXPECT_GT(s.local_reduce_ns, 0u);
     EXPECT_GT(s.network_ns, 0u);
     EXPECT_GT(s.write_back_ns, 0u);
+  }
+}
+
+TEST_F(HierarchicalReducerTest, RecordsEachBucketsPhasesForTheEventStream) {
+  MakeNodes({2, 2});
+  std::vector<std::string> errors[2];
+  std::vector<BucketTiming> timings[2];
+  std::thread other([&] { RunNode(1, 2, &errors[1], &timings[1]); });
+  RunNode(0, 2, &errors[0], &timings[0]);
+  other.join();
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(errors[k].empty()) << errors[k][0];
+    ASSERT_EQ(timings[k].size(), std::size(kCounts));
+    for (size_t b = 0; b < std::size(kCounts); ++b) {
+      const BucketTiming& t = timings[k][b];
+      SCOPED_TRACE(absl::StrCat("node ", k, " bucket ", b));
+      // Every bucket goes through the network.
+      EXPECT_GT(t.network.start_ns, 0);
+      EXPECT_GE(t.network.duration_ns, 0);
+      if (kDTypes[b] == DType::kFloat16) {
+        // The accumulator path: local sum, allreduce, write-back, in order.
+        EXPECT_GT(t.local_reduce.start_ns, 0);
+        EXPECT_GT(t.write_back.start_ns, 0);
+        EXPECT_LE(t.local_reduce.start_ns, t.network.start_ns);
+        EXPECT_LE(t.network.start_ns + t.network.duration_ns,
+                  t.write_back.start_ns);
+      } else {
+        // Whole float32/float64 buckets: the backend folds the write-back
+        // into its ring.
+        EXPECT_EQ(t.write_back.start_ns, 0);
+      }
+    }
   }
 }
 

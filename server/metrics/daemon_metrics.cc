@@ -1,0 +1,250 @@
+#include "server/metrics/daemon_metrics.h"
+
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "prometheus/text_serializer.h"
+#include "server/logging.h"
+
+namespace gradd {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// 10 us .. 10 s: a small bucket's local reduce to a large one's network
+// transfer.
+Histogram::BucketBoundaries PhaseBoundaries() {
+  return {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+          2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1,    2.5,  5,      10};
+}
+
+// 1 ms .. 60 s per training step.
+Histogram::BucketBoundaries IterationBoundaries() {
+  return {1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+          0.5,  1,      2.5,  5,    10,     30,   60};
+}
+
+std::string CodeLabel(absl::StatusCode code) {
+  return absl::StatusCodeToString(code);
+}
+
+}  // namespace
+
+// One job's series, created when it starts and removed when it ends (this
+// object's destruction). Registered under `job_id` only while the daemon
+// has fewer than kMaxJobSeries such jobs.
+class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
+ public:
+  JobMetrics(DaemonMetrics* daemon, const JobInfo& job)
+      : daemon_(daemon), memory_(job.shared_memory_bytes) {
+    daemon_->jobs_.Increment();
+    daemon_->shared_memory_bytes_.Increment(static_cast<double>(memory_));
+    if (daemon_->job_series_.fetch_add(1) >= kMaxJobSeries) {
+      daemon_->job_series_.fetch_sub(1);
+      spdlog::warn(
+          "job '{}': {} jobs already have job_id metric series; this one "
+          "counts only in the daemon-wide ones",
+          job.job_id, kMaxJobSeries);
+      return;
+    }
+    const prometheus::Labels labels{{"job_id", job.job_id}};
+    buckets_ = &daemon_->buckets_reduced_.Add(labels);
+    bytes_ = &daemon_->reduced_bytes_.Add(labels);
+    iterations_ = &daemon_->iterations_.Add(labels);
+    communication_ = &daemon_->communication_seconds_.Add(labels);
+    overlapped_ = &daemon_->overlapped_seconds_.Add(labels);
+    overlap_ratio_ = &daemon_->overlap_ratio_.Add(labels);
+  }
+
+  ~JobMetrics() override {
+    daemon_->jobs_.Decrement();
+    daemon_->shared_memory_bytes_.Decrement(static_cast<double>(memory_));
+    if (buckets_ == nullptr) return;
+    daemon_->buckets_reduced_.Remove(buckets_);
+    daemon_->reduced_bytes_.Remove(bytes_);
+    daemon_->iterations_.Remove(iterations_);
+    daemon_->communication_seconds_.Remove(communication_);
+    daemon_->overlapped_seconds_.Remove(overlapped_);
+    daemon_->overlap_ratio_.Remove(overlap_ratio_);
+    daemon_->job_series_.fetch_sub(1);
+  }
+
+  void OnBucket(const BucketEvent& e) override {
+    auto observe = [](Histogram& h, const PhaseSpan& span) {
+      if (span.start_ns != 0) h.Observe(span.duration_ns / 1e9);
+    };
+    observe(daemon_->local_reduce_seconds_, e.phases.local_reduce);
+    observe(daemon_->network_seconds_, e.phases.network);
+    observe(daemon_->write_back_seconds_, e.phases.write_back);
+    if (e.first_ready_ns != 0 && e.start_ns >= e.first_ready_ns) {
+      daemon_->handover_wait_seconds_.Observe((e.start_ns - e.first_ready_ns) /
+                                              1e9);
+    }
+    if (buckets_ == nullptr) return;
+    buckets_->Increment();
+    bytes_->Increment(static_cast<double>(e.bytes));
+  }
+
+  void OnIteration(const IterationEvent& e) override {
+    if (e.step_ns > 0) daemon_->iteration_seconds_.Observe(e.step_ns / 1e9);
+    if (buckets_ == nullptr) return;
+    iterations_->Increment();
+    communication_->Increment(e.communication_ns / 1e9);
+    overlapped_->Increment(e.overlapped_ns / 1e9);
+    if (e.communication_ns > 0) {
+      overlap_ratio_->Set(static_cast<double>(e.overlapped_ns) /
+                          static_cast<double>(e.communication_ns));
+    }
+  }
+
+  void OnStall(const StallReport&) override { daemon_->stalls_.Increment(); }
+
+  void OnFailed(absl::StatusCode code, absl::string_view) override {
+    daemon_->job_failures_.Add({{"code", CodeLabel(code)}}).Increment();
+  }
+
+ private:
+  DaemonMetrics* const daemon_;
+  const uint64_t memory_;
+  Counter* buckets_ = nullptr;
+  Counter* bytes_ = nullptr;
+  Counter* iterations_ = nullptr;
+  Counter* communication_ = nullptr;
+  Counter* overlapped_ = nullptr;
+  Gauge* overlap_ratio_ = nullptr;
+};
+
+namespace {
+
+template <typename Builder>
+auto& Register(Builder&& builder, prometheus::Registry& registry,
+               const char* name, const char* help) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+DaemonMetrics::DaemonMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      jobs_(Register(BuildGauge(), *registry_, "gradd_jobs",
+                     "Jobs active on this daemon (every local rank attached)")
+                .Add({})),
+      ranks_attached_(Register(BuildGauge(), *registry_, "gradd_ranks_attached",
+                               "Local ranks attached to active jobs")
+                          .Add({})),
+      shared_memory_bytes_(
+          Register(BuildGauge(), *registry_, "gradd_shared_memory_bytes",
+                   "Shared memory the daemon holds for active jobs (bucket "
+                   "memory of every rank, control blocks)")
+              .Add({})),
+      attaches_(Register(BuildCounter(), *registry_, "gradd_attaches_total",
+                         "Attach calls answered, by status code")),
+      detaches_(Register(BuildCounter(), *registry_, "gradd_detaches_total",
+                         "Local ranks of active jobs gone, by reason (detach: "
+                         "Detach call; disconnect: session closed)")),
+      job_failures_(Register(BuildCounter(), *registry_,
+                             "gradd_job_failures_total",
+                             "Jobs failed, by status code")),
+      stalls_(Register(BuildCounter(), *registry_, "gradd_stalls_total",
+                       "Buckets that waited longer than stall_warning_ms "
+                       "(counted once per bucket and iteration)")
+                  .Add({})),
+      rendezvous_requests_(Register(
+          BuildCounter(), *registry_, "gradd_rendezvous_requests_total",
+          "Requests to this daemon's rendezvous service, by method")),
+      buckets_reduced_(Register(BuildCounter(), *registry_,
+                                "gradd_buckets_reduced_total",
+                                "Buckets reduced, per active job")),
+      reduced_bytes_(Register(BuildCounter(), *registry_,
+                              "gradd_reduced_bytes_total",
+                              "Bytes of buckets reduced (one rank's bucket "
+                              "size per reduction), per active job")),
+      iterations_(Register(BuildCounter(), *registry_, "gradd_iterations_total",
+                           "Iterations whose every bucket was reduced, per "
+                           "active job")),
+      communication_seconds_(Register(
+          BuildCounter(), *registry_, "gradd_communication_seconds_total",
+          "Time some bucket of the job was being reduced, per "
+          "active job")),
+      overlapped_seconds_(Register(
+          BuildCounter(), *registry_,
+          "gradd_communication_overlapped_seconds_total",
+          "The part of gradd_communication_seconds_total before the "
+          "iteration's last bucket was handed over (overlapping backward)")),
+      overlap_ratio_(Register(BuildGauge(), *registry_,
+                              "gradd_backward_overlap_ratio",
+                              "Fraction of the last iteration's communication "
+                              "that overlapped backward, per active job")),
+      phase_seconds_(Register(
+          BuildHistogram(), *registry_, "gradd_phase_seconds",
+          "Time per bucket in each reduce phase (local_reduce: sum across "
+          "local ranks; network: inter-node allreduce, including what the "
+          "backend folds into it; write_back: result into every rank's "
+          "bucket)")),
+      local_reduce_seconds_(
+          phase_seconds_.Add({{"phase", "local_reduce"}}, PhaseBoundaries())),
+      network_seconds_(
+          phase_seconds_.Add({{"phase", "network"}}, PhaseBoundaries())),
+      write_back_seconds_(
+          phase_seconds_.Add({{"phase", "write_back"}}, PhaseBoundaries())),
+      handover_wait_seconds_(
+          Register(BuildHistogram(), *registry_, "gradd_handover_wait_seconds",
+                   "Per bucket, from the first local rank handing it over to "
+                   "the last (how long ranks wait for stragglers)")
+              .Add({}, PhaseBoundaries())),
+      iteration_seconds_(
+          Register(BuildHistogram(), *registry_, "gradd_iteration_seconds",
+                   "Training step time as the daemon sees it: from the end "
+                   "of one iteration's reduction to the end of the next")
+              .Add({}, IterationBoundaries())) {
+  // Every label value known in advance is exported from the start (at 0),
+  // so the series exist before the first event and rate() sees it.
+  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+       ++c) {
+    attaches_.Add({{"code", CodeLabel(static_cast<absl::StatusCode>(c))}});
+    if (c != 0) {
+      job_failures_.Add(
+          {{"code", CodeLabel(static_cast<absl::StatusCode>(c))}});
+    }
+  }
+  for (const char* reason : {"detach", "disconnect"}) {
+    detaches_.Add({{"reason", reason}});
+  }
+  for (const char* method : {"Set", "Get", "Add", "Wait", "Delete"}) {
+    rendezvous_requests_.Add({{"method", method}});
+  }
+}
+
+DaemonMetrics::~DaemonMetrics() = default;
+
+void DaemonMetrics::OnAttach(absl::StatusCode code) {
+  attaches_.Add({{"code", CodeLabel(code)}}).Increment();
+  if (code == absl::StatusCode::kOk) ranks_attached_.Increment();
+}
+
+void DaemonMetrics::OnDetach(bool clean) {
+  detaches_.Add({{"reason", clean ? "detach" : "disconnect"}}).Increment();
+  ranks_attached_.Decrement();
+}
+
+std::unique_ptr<JobEventSinkInterface> DaemonMetrics::OnJobStarted(
+    const JobInfo& job) {
+  return std::make_unique<JobMetrics>(this, job);
+}
+
+void DaemonMetrics::OnRendezvousRequest(absl::string_view method) {
+  rendezvous_requests_.Add({{"method", std::string(method)}}).Increment();
+}
+
+std::string DaemonMetrics::Serialize() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace gradd

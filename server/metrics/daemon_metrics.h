@@ -1,0 +1,90 @@
+// DaemonMetrics: the daemon's Prometheus metrics (prometheus-cpp registry),
+// fed by the engine's event stream (engine/job_events.h) and the rendezvous
+// service. Every metric is listed, with its meaning, in docs/operations.md.
+//
+// Cardinality is bounded: labels are status codes, phases and rendezvous
+// methods (fixed sets) and job_id, whose series exist only while the job is
+// active on this daemon (removed when it ends) and for at most
+// kMaxJobSeries jobs at once (later jobs count only in the daemon-wide
+// series).
+//
+// Threads: everything is safe from any thread. Per-job series are created
+// once when the job starts (control thread), so the hot path (OnBucket on
+// the completion thread) only adds to atomics and observes histograms
+// (prometheus-cpp: one short lock per histogram).
+#ifndef GRADD_SERVER_METRICS_DAEMON_METRICS_H_
+#define GRADD_SERVER_METRICS_DAEMON_METRICS_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/engine/job_events.h"
+
+namespace gradd {
+
+class DaemonMetrics final : public EngineEventSinkInterface {
+ public:
+  static constexpr int kMaxJobSeries = 256;
+
+  DaemonMetrics();
+  ~DaemonMetrics() override;
+
+  DaemonMetrics(const DaemonMetrics&) = delete;
+  DaemonMetrics& operator=(const DaemonMetrics&) = delete;
+
+  // What an exposer (metrics_endpoint.h) serves.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void OnAttach(absl::StatusCode code) override;
+  void OnDetach(bool clean) override;
+  // The job's sink; it must not outlive this object.
+  std::unique_ptr<JobEventSinkInterface> OnJobStarted(
+      const JobInfo& job) override;
+
+  // A rendezvous RPC (Set, Get, Add, Wait, Delete) reached this daemon's
+  // rendezvous service.
+  void OnRendezvousRequest(absl::string_view method);
+
+  // The text a scrape returns now (tests, `graddctl`).
+  std::string Serialize() const;
+
+ private:
+  class JobMetrics;
+
+  const std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge& jobs_;
+  prometheus::Gauge& ranks_attached_;
+  prometheus::Gauge& shared_memory_bytes_;
+  prometheus::Family<prometheus::Counter>& attaches_;
+  prometheus::Family<prometheus::Counter>& detaches_;
+  prometheus::Family<prometheus::Counter>& job_failures_;
+  prometheus::Counter& stalls_;
+  prometheus::Family<prometheus::Counter>& rendezvous_requests_;
+  // Per job (job_id label).
+  prometheus::Family<prometheus::Counter>& buckets_reduced_;
+  prometheus::Family<prometheus::Counter>& reduced_bytes_;
+  prometheus::Family<prometheus::Counter>& iterations_;
+  prometheus::Family<prometheus::Counter>& communication_seconds_;
+  prometheus::Family<prometheus::Counter>& overlapped_seconds_;
+  prometheus::Family<prometheus::Gauge>& overlap_ratio_;
+  // Daemon-wide histograms.
+  prometheus::Family<prometheus::Histogram>& phase_seconds_;
+  prometheus::Histogram& local_reduce_seconds_;
+  prometheus::Histogram& network_seconds_;
+  prometheus::Histogram& write_back_seconds_;
+  prometheus::Histogram& handover_wait_seconds_;
+  prometheus::Histogram& iteration_seconds_;
+  // Jobs that have job_id series now.
+  std::atomic<int> job_series_{0};
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_METRICS_DAEMON_METRICS_H_

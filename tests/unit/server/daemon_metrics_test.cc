@@ -1,0 +1,135 @@
+#include "server/metrics/daemon_metrics.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+JobInfo Info(const std::string& id, uint64_t bytes = 4096) {
+  JobInfo info;
+  info.job_id = id;
+  info.local_world_size = 2;
+  info.shared_memory_bytes = bytes;
+  return info;
+}
+
+TEST(DaemonMetricsTest, AttachesDetachesAndJobsAreCounted) {
+  DaemonMetrics metrics;
+  metrics.OnAttach(absl::StatusCode::kOk);
+  metrics.OnAttach(absl::StatusCode::kOk);
+  metrics.OnAttach(absl::StatusCode::kInvalidArgument);
+  std::unique_ptr<JobEventSinkInterface> job =
+      metrics.OnJobStarted(Info("train-1", 1 << 20));
+  std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_attaches_total{code=\"OK\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_attaches_total{code=\"INVALID_ARGUMENT\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_ranks_attached 2"));
+  EXPECT_THAT(text, HasSubstr("gradd_jobs 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_shared_memory_bytes 1048576"));
+
+  metrics.OnDetach(/*clean=*/true);
+  metrics.OnDetach(/*clean=*/false);
+  job.reset();
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_detaches_total{reason=\"detach\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_detaches_total{reason=\"disconnect\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_ranks_attached 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_jobs 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_shared_memory_bytes 0"));
+}
+
+TEST(DaemonMetricsTest, BucketsPhasesAndIterationsPerJob) {
+  DaemonMetrics metrics;
+  std::unique_ptr<JobEventSinkInterface> job =
+      metrics.OnJobStarted(Info("train-1"));
+  BucketEvent e;
+  e.bytes = 1000;
+  e.first_ready_ns = 1;
+  e.start_ns = 2000001;                   // 2 ms waiting for the last rank
+  e.phases.local_reduce = {10, 3000000};  // 3 ms
+  e.phases.network = {20, 500000};        // 0.5 ms
+  job->OnBucket(e);
+  job->OnBucket(e);
+  IterationEvent it;
+  it.step_ns = 250000000;
+  it.communication_ns = 4000000;
+  it.overlapped_ns = 1000000;
+  job->OnIteration(it);
+  job->OnFailed(absl::StatusCode::kAborted, "x");
+  job->OnStall(StallReport());
+  const std::string text = metrics.Serialize();
+  EXPECT_THAT(text,
+              HasSubstr("gradd_buckets_reduced_total{job_id=\"train-1\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_reduced_bytes_total{job_id=\"train-1\"} 2000"));
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_total{job_id=\"train-1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_backward_overlap_ratio{job_id=\"train-1\"}"
+                              " 0.25"));
+  EXPECT_THAT(text, HasSubstr("gradd_communication_seconds_total{job_id="
+                              "\"train-1\"} 0.004"));
+  EXPECT_THAT(text, HasSubstr("gradd_phase_seconds_count{phase="
+                              "\"local_reduce\"} 2"));
+  EXPECT_THAT(text, HasSubstr("gradd_phase_seconds_bucket{phase="
+                              "\"local_reduce\",le=\"0.0025\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_phase_seconds_bucket{phase="
+                              "\"local_reduce\",le=\"0.005\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_phase_seconds_count{phase=\"network\"} 2"));
+  // A phase that did not run is not observed.
+  EXPECT_THAT(text,
+              HasSubstr("gradd_phase_seconds_count{phase=\"write_back\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_handover_wait_seconds_count 2"));
+  EXPECT_THAT(text, HasSubstr("gradd_iteration_seconds_count 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_failures_total{code=\"ABORTED\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_stalls_total 1"));
+}
+
+TEST(DaemonMetricsTest, JobSeriesGoAwayWithTheJobAndAreCapped) {
+  DaemonMetrics metrics;
+  {
+    std::unique_ptr<JobEventSinkInterface> job =
+        metrics.OnJobStarted(Info("short-lived"));
+    EXPECT_THAT(metrics.Serialize(), HasSubstr("job_id=\"short-lived\""));
+  }
+  EXPECT_THAT(metrics.Serialize(), Not(HasSubstr("short-lived")));
+
+  std::vector<std::unique_ptr<JobEventSinkInterface>> jobs;
+  for (int i = 0; i <= DaemonMetrics::kMaxJobSeries; ++i) {
+    jobs.push_back(metrics.OnJobStarted(Info("j" + std::to_string(i))));
+  }
+  std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("job_id=\"j255\""));
+  EXPECT_THAT(text, Not(HasSubstr("job_id=\"j256\"")));
+  EXPECT_THAT(text, HasSubstr("gradd_jobs 257"));
+  BucketEvent e;
+  e.bytes = 1;
+  jobs.back()->OnBucket(e);  // no series of its own: no crash, not counted
+  jobs.clear();
+  text = metrics.Serialize();
+  EXPECT_THAT(text, Not(HasSubstr("job_id=")));
+  EXPECT_THAT(text, HasSubstr("gradd_jobs 0"));
+}
+
+TEST(DaemonMetricsTest, RendezvousRequestsByMethod) {
+  DaemonMetrics metrics;
+  metrics.OnRendezvousRequest("Get");
+  metrics.OnRendezvousRequest("Get");
+  metrics.OnRendezvousRequest("Set");
+  const std::string text = metrics.Serialize();
+  EXPECT_THAT(text,
+              HasSubstr("gradd_rendezvous_requests_total{method=\"Get\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_rendezvous_requests_total{method=\"Set\"} 1"));
+}
+
+}  // namespace
+}  // namespace gradd
