@@ -142,7 +142,11 @@ absl::StatusOr<std::vector<JobSnapshot>> JobManager::Snapshot(
 }
 
 absl::Status JobManager::Ping(absl::Time deadline) {
-  return AskControlThread<bool>([] { return true; }, deadline).status();
+  absl::StatusOr<bool> serving =
+      AskControlThread<bool>([this] { return !shutting_down_; }, deadline);
+  if (!serving.ok()) return serving.status();
+  if (!*serving) return absl::UnavailableError("gradd daemon is shutting down");
+  return absl::OkStatus();
 }
 
 }  // namespace gradd

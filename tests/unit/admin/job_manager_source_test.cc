@@ -225,6 +225,18 @@ TEST_F(JobManagerSourceTest, HealthIsNotServingWhileTheControlLoopIsWedged) {
   EXPECT_EQ(source.Ping(Soon()).code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(JobManagerSourceTest, HealthIsNotServingOnceShutdownBegins) {
+  AdminHandlerOptions options;
+  options.config = config_;
+  AdminHandler handler(&source(), options);
+  ASSERT_EQ(*handler.Health("", Soon()), Health::SERVING);
+  manager().Shutdown();
+  EXPECT_EQ(source().Ping(Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(*handler.Health("", Soon()), Health::NOT_SERVING);
+  // Reads still answer while the daemon drains.
+  EXPECT_TRUE(source().Jobs(Soon(), /*detail=*/false, nullptr).ok());
+}
+
 TEST_F(JobManagerSourceTest, StoppingManagerReleasesAWaitingAdminCall) {
   WedgingRegistry wedging(&sessions_);
   JobManager manager(config_, &wedging, &pool_);
