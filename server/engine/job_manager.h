@@ -121,8 +121,9 @@ class JobManager final : public NodeHandlerInterface,
   // once stopped. Any thread; blocks at most until `deadline`.
   absl::StatusOr<std::vector<JobSnapshot>> Snapshot(
       absl::Time deadline, bool detail, const std::string* job_id = nullptr);
-  // OK when the control thread runs a task posted now by `deadline`:
-  // what the health service reports. Errors as Snapshot.
+  // OK when the control thread runs a task posted now by `deadline` and
+  // the manager is not shutting down (UNAVAILABLE once Shutdown began):
+  // what the health service reports. Other errors as Snapshot.
   absl::Status Ping(absl::Time deadline);
   // An active job's recent bucket events (engine/timeline.h) and its
   // buckets stalled now (engine/stall_inspector.h); empty for a job still

@@ -1,6 +1,7 @@
 // JobManager's admin view: snapshots and the liveness ping, each a bounded
 // hop to the control thread (job_manager.h). Nothing here holds a lock
 // while the caller waits, and the control thread never waits on a caller.
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -10,6 +11,8 @@
 
 namespace gradd {
 namespace {
+
+constexpr absl::Duration kStopSlice = absl::Milliseconds(100);
 
 int NumNodesOf(const v1::AttachRequest& r) {
   return std::max(1, r.num_nodes());
@@ -35,16 +38,29 @@ absl::StatusOr<T> JobManager::AskControlThread(absl::AnyInvocable<T() &&> fn,
       answer->value = std::move(value);
     });
   }
-  absl::MutexLock lock(&answer->mu);
-  auto has = [&answer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
-    return answer->value.has_value();
-  };
-  if (!answer->mu.AwaitWithDeadline(absl::Condition(&has), deadline)) {
-    return absl::DeadlineExceededError(
-        "the job manager's control loop did not answer in time (is the "
-        "daemon hung?)");
+  // Waits in slices so that a manager stopped meanwhile (whose control
+  // thread will never run the task) is seen within one slice: a daemon
+  // shutting down is not held up by an admin call until its deadline.
+  while (true) {
+    {
+      absl::MutexLock lock(&answer->mu);
+      auto has = [&answer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
+        return answer->value.has_value();
+      };
+      if (answer->mu.AwaitWithDeadline(
+              absl::Condition(&has),
+              std::min(deadline, absl::Now() + kStopSlice))) {
+        return std::move(*answer->value);
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "the job manager's control loop did not answer in time (is the "
+          "daemon hung?)");
+    }
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError("gradd daemon is stopping");
   }
-  return std::move(*answer->value);
 }
 
 JobSnapshot JobManager::SnapshotOf(const std::string& id,
@@ -126,7 +142,11 @@ absl::StatusOr<std::vector<JobSnapshot>> JobManager::Snapshot(
 }
 
 absl::Status JobManager::Ping(absl::Time deadline) {
-  return AskControlThread<bool>([] { return true; }, deadline).status();
+  absl::StatusOr<bool> serving =
+      AskControlThread<bool>([this] { return !shutting_down_; }, deadline);
+  if (!serving.ok()) return serving.status();
+  if (!*serving) return absl::UnavailableError("gradd daemon is shutting down");
+  return absl::OkStatus();
 }
 
 }  // namespace gradd

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -222,6 +223,47 @@ TEST_F(JobManagerSourceTest, HealthIsNotServingWhileTheControlLoopIsWedged) {
   manager.Stop();
   // Stopped: refused at once, not after the deadline.
   EXPECT_EQ(source.Ping(Soon()).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(JobManagerSourceTest, HealthIsNotServingOnceShutdownBegins) {
+  AdminHandlerOptions options;
+  options.config = config_;
+  AdminHandler handler(&source(), options);
+  ASSERT_EQ(*handler.Health("", Soon()), Health::SERVING);
+  manager().Shutdown();
+  EXPECT_EQ(source().Ping(Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(*handler.Health("", Soon()), Health::NOT_SERVING);
+  // Reads still answer while the daemon drains.
+  EXPECT_TRUE(source().Jobs(Soon(), /*detail=*/false, nullptr).ok());
+}
+
+TEST_F(JobManagerSourceTest, StoppingManagerReleasesAWaitingAdminCall) {
+  WedgingRegistry wedging(&sessions_);
+  JobManager manager(config_, &wedging, &pool_);
+  JobManagerAdminSource source(&manager, nullptr);
+  const uint64_t session = sessions_.Open();
+  auto pending =
+      StartAttach(manager, MakeRequest("wedge", 0, 1, session, {{"w", {4}}}));
+  ASSERT_TRUE(
+      wedging.entered.WaitForNotificationWithTimeout(absl::Seconds(20)));
+
+  // A ping stuck behind the wedged control thread ...
+  absl::Notification pinged;
+  absl::Status ping;
+  std::thread asker([&] {
+    ping = source.Ping(absl::Now() + absl::Seconds(60));
+    pinged.Notify();
+  });
+  // ... is answered once the manager stops, not at its deadline (Stop
+  // itself waits for the wedged thread, so it runs on a thread of its own).
+  std::thread stopper([&] { manager.Stop(); });
+  EXPECT_TRUE(pinged.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  wedging.release.Notify();
+  stopper.join();
+  asker.join();
+  EXPECT_EQ(ping.code(), absl::StatusCode::kUnavailable) << ping;
+  // The attach the wedge held was answered one way or the other by then.
+  EXPECT_TRUE(pending->done.HasBeenNotified());
 }
 
 }  // namespace
