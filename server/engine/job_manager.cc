@@ -414,48 +414,6 @@ void JobManager::SetWatchdog(absl::AnyInvocable<void()> ping,
                              absl::Duration interval) {
   Post([this, ping = std::move(ping), interval]() mutable {
     watchdog_.Set(std::move(ping), interval);
-template <typename T>
-absl::StatusOr<T> JobManager::QueryJob(const std::string& job_id,
-                                       absl::AnyInvocable<T(const Job*)> fn) {
-  struct Reply {
-    absl::Notification done;
-    absl::StatusOr<T> result;
-  };
-  auto reply = std::make_shared<Reply>();
-  reply->result = absl::UnavailableError("gradd daemon is stopping");
-  Post([this, reply, job_id, fn = std::move(fn)]() mutable {
-    if (auto it = jobs_.find(job_id); it != jobs_.end()) {
-      reply->result = fn(it->second.job.get());
-    } else if (pending_.contains(job_id)) {
-      reply->result = fn(nullptr);
-    } else {
-      reply->result = absl::NotFoundError(
-          absl::StrCat("no job '", job_id, "' on this daemon"));
-    }
-    reply->done.Notify();
-  });
-  // Bounded: a task posted just as the manager stops is never run.
-  if (!reply->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
-    return absl::UnavailableError(
-        "gradd daemon is stopping (or its control thread is stuck)");
-  }
-  return reply->result;
-}
-
-absl::StatusOr<std::vector<TimelineEvent>> JobManager::Timeline(
-    const std::string& job_id) {
-  return QueryJob<std::vector<TimelineEvent>>(job_id, [](const Job* job) {
-    return job != nullptr ? job->timeline() : std::vector<TimelineEvent>();
-  });
-}
-
-absl::StatusOr<std::vector<StallReport>> JobManager::Stalls(
-    const std::string& job_id) {
-  return QueryJob<std::vector<StallReport>>(job_id, [](const Job* job) {
-    return job != nullptr ? job->stalls() : std::vector<StallReport>();
-  });
-}
-
 int JobManager::NumJobs() {
   absl::Notification done;
   int n = 0;

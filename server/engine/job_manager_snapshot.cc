@@ -149,4 +149,38 @@ absl::Status JobManager::Ping(absl::Time deadline) {
   return absl::OkStatus();
 }
 
+// A job's own data, read on the control thread like Snapshot (same bound,
+// same errors), NOT_FOUND naming the job when there is none.
+template <typename T>
+absl::StatusOr<T> JobManager::QueryJob(const std::string& job_id,
+                                       absl::AnyInvocable<T(const Job*)> fn) {
+  absl::StatusOr<absl::StatusOr<T>> answer =
+      AskControlThread<absl::StatusOr<T>>(
+          [this, job_id, fn = std::move(fn)]() mutable -> absl::StatusOr<T> {
+            if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+              return fn(it->second.job.get());
+            }
+            if (pending_.contains(job_id)) return fn(nullptr);
+            return absl::NotFoundError(
+                absl::StrCat("no job '", job_id, "' on this daemon"));
+          },
+          absl::Now() + absl::Seconds(10));
+  if (!answer.ok()) return answer.status();
+  return *std::move(answer);
+}
+
+absl::StatusOr<std::vector<TimelineEvent>> JobManager::Timeline(
+    const std::string& job_id) {
+  return QueryJob<std::vector<TimelineEvent>>(job_id, [](const Job* job) {
+    return job != nullptr ? job->timeline() : std::vector<TimelineEvent>();
+  });
+}
+
+absl::StatusOr<std::vector<StallReport>> JobManager::Stalls(
+    const std::string& job_id) {
+  return QueryJob<std::vector<StallReport>>(job_id, [](const Job* job) {
+    return job != nullptr ? job->stalls() : std::vector<StallReport>();
+  });
+}
+
 }  // namespace gradd
