@@ -53,6 +53,11 @@ class DeviceAllocatorInterface {
   // RESOURCE_EXHAUSTED when the device is out of memory.
   virtual absl::StatusOr<std::unique_ptr<DeviceMemoryInterface>> Allocate(
       int device, size_t bytes) = 0;
+  // cuDriverGetVersion of the daemon's driver (e.g. 13000); 0 = none/unknown.
+  virtual int driver_version() const { return 0; }
+  // True when address() is host memory the CPU reducers can work on (the
+  // fake): the engine then needs no device reducer.
+  virtual bool host_addressable() const { return false; }
 };
 
 // For a daemon that cannot serve CUDA parameters: every call fails with

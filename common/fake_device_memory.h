@@ -18,12 +18,15 @@ namespace gradd {
 class FakeDeviceAllocator final : public DeviceAllocatorInterface {
  public:
   // One fake GPU per UUID (16 bytes each), ordinals in list order.
-  explicit FakeDeviceAllocator(std::vector<std::string> uuids)
-      : uuids_(std::move(uuids)) {}
+  explicit FakeDeviceAllocator(std::vector<std::string> uuids,
+                               int driver_version = 13000)
+      : uuids_(std::move(uuids)), driver_version_(driver_version) {}
 
   absl::StatusOr<int> FindDevice(absl::string_view uuid) override;
   absl::StatusOr<std::unique_ptr<DeviceMemoryInterface>> Allocate(
       int device, size_t bytes) override;
+  int driver_version() const override { return driver_version_; }
+  bool host_addressable() const override { return true; }
 
   // Allocations made and still alive.
   int live_allocations() const;
@@ -33,6 +36,7 @@ class FakeDeviceAllocator final : public DeviceAllocatorInterface {
  private:
   friend class FakeDeviceMemory;
   std::vector<std::string> uuids_;
+  int driver_version_;
   mutable absl::Mutex mu_;
   int live_ ABSL_GUARDED_BY(mu_) = 0;
   bool fail_next_ ABSL_GUARDED_BY(mu_) = false;

@@ -24,8 +24,8 @@ CUmemAllocationProp PropFor(CUdevice device) {
 // Makes `device`'s primary context current on this thread (the cuMem calls
 // and the mapping need one); the retain is balanced by the context's owner
 // (the driver keeps primary contexts until process exit for us).
-absl::Status UseDevice(const CudaDriver& d, CUdevice device,
-                       absl::string_view who) {
+absl::Status UseDeviceHandle(const CudaDriver& d, CUdevice device,
+                             absl::string_view who) {
   CUcontext ctx = nullptr;
   RETURN_IF_ERROR(CuCheck(d, d.cuDevicePrimaryCtxRetain(&ctx, device),
                           absl::StrCat(who, ": cuDevicePrimaryCtxRetain")));
@@ -157,7 +157,7 @@ absl::StatusOr<std::unique_ptr<DeviceMemoryInterface>> CuMemAllocator::Allocate(
   const std::string who = absl::StrCat("device ", device);
   const CudaDriver& d = *driver_;
   const CUdevice dev = gpus_[device].device;
-  RETURN_IF_ERROR(UseDevice(d, dev, who));
+  RETURN_IF_ERROR(UseDeviceHandle(d, dev, who));
   CUmemAllocationProp prop = PropFor(dev);
   size_t granularity = 0;
   RETURN_IF_ERROR(
@@ -191,7 +191,7 @@ absl::StatusOr<ImportedDeviceMemory> ImportedDeviceMemory::Import(
   CUdevice dev = 0;
   RETURN_IF_ERROR(CuCheck(d, d.cuDeviceGet(&dev, device),
                           absl::StrCat(who, ": cuDeviceGet")));
-  RETURN_IF_ERROR(UseDevice(d, dev, who));
+  RETURN_IF_ERROR(UseDeviceHandle(d, dev, who));
   ImportedDeviceMemory m;
   m.driver_ = driver;
   Pieces p;

@@ -30,6 +30,7 @@ class CuMemAllocator final : public DeviceAllocatorInterface {
   absl::StatusOr<int> FindDevice(absl::string_view uuid) override;
   absl::StatusOr<std::unique_ptr<DeviceMemoryInterface>> Allocate(
       int device, size_t bytes) override;
+  int driver_version() const override { return driver_->version; }
 
  private:
   struct Gpu {

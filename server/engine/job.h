@@ -58,6 +58,7 @@
 #include "common/bucket_planner.h"
 #include "common/control_block.h"
 #include "common/control_mapping.h"
+#include "common/device_memory.h"
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
@@ -94,6 +95,12 @@ struct JobSpec {
   v1::CommHookSpec comm_hook;
   ThreadPool* hook_pool = nullptr;
 
+  // GPU path: where the ranks' CUDA buckets are allocated (null, or
+  // rank_devices all -1: the job has no CUDA parameters) and each local
+  // rank's device ordinal as the daemon sees it (device_attach.h).
+  DeviceAllocatorInterface* devices = nullptr;
+  std::vector<int> rank_devices;
+
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
   }
@@ -128,7 +135,8 @@ class Job {
   uint32_t bucket_slots() const { return layout_.num_buckets(); }
 
   // The fds to send to local rank r: [job block (read-only for it), rank r's
-  // memory, rank r's control block, the write end of rank r's bell].
+  // memory, rank r's control block, the write end of rank r's bell], then
+  // rank r's device memory when the job has CUDA buckets.
   std::vector<int> FdsFor(int rank) const;
   // Closes the daemon's copies of the memfds and bell write ends once every
   // rank has its own.
@@ -220,8 +228,12 @@ class Job {
   bool TrySwitchPlan();
   // Completes a pending SwitchPlan with `status` (job failed / stopping).
   void AbortSwitch(const absl::Status& status);
-  // Points bucket_buffers_ at plan_'s buckets in every rank's memory.
+  // Points bucket_buffers_ at plan_'s buckets in every rank's memory (its
+  // device memory for CUDA buckets).
   void MapBuckets();
+  // Create: every rank's device memory on its GPU, when the job has CUDA
+  // parameters (job_device.cc).
+  absl::Status AllocateDeviceMemory();
 
   const JobSpec spec_;
   const ControlLayout layout_;
@@ -241,6 +253,11 @@ class Job {
   std::unique_ptr<DaemonDoorbell> doorbell_;
   std::vector<UniqueFd> rank_fds_;
   std::vector<Mapping> rank_maps_;
+  // GPU path: each rank's device memory (any plan's CUDA buckets fit:
+  // MaxPlanBytes(params, kCuda) bytes) and its exported fd until handed out.
+  size_t device_region_bytes_ = 0;
+  std::vector<std::unique_ptr<DeviceMemoryInterface>> device_memory_;
+  std::vector<UniqueFd> device_fds_;
   // bucket_buffers_[b][r]: bucket b inside rank r's mapping.
   std::vector<std::vector<void*>> bucket_buffers_;
   // bcast_areas_[r]: the broadcast area inside rank r's mapping.

@@ -16,6 +16,8 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/config.h"
+#include "server/engine/device_attach.h"
+#include "server/engine/device_reducer.h"
 #include "server/engine/hierarchical_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
@@ -37,11 +39,13 @@ bool JobIdChar(char c) {
 
 std::string DescribeParam(const ParamInfo& p) {
   return absl::StrCat("'", p.name, "' [", absl::StrJoin(p.shape, ", "), "] ",
-                      std::string(DTypeName(p.dtype)));
+                      std::string(DTypeName(p.dtype)),
+                      p.device == DeviceKind::kCpu ? "" : " on cuda");
 }
 
 bool SameParam(const ParamInfo& a, const ParamInfo& b) {
-  return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype;
+  return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype &&
+         a.device == b.device;
 }
 
 // First difference between two ranks' models, or OK.
@@ -217,6 +221,18 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
           static_cast<int>(p.dtype()), ") for parameter '", p.name(),
           "' (index ", i, "); supported: float32, float64, float16, bfloat16"));
     }
+    absl::StatusOr<DeviceKind> device = DeviceKindFromInt(p.device());
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": parameter '", p.name(), "' (index ", i,
+                       "): ", device.status().message()));
+    }
+    if (*device == DeviceKind::kCuda && req.cuda_device().uuid().size() != 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": parameter '", p.name(), "' is on CUDA but the attach names ",
+          req.has_cuda_device() ? "a GPU UUID that is not 16 bytes" : "no GPU",
+          " (AttachRequest.cuda_device)"));
+    }
     if (p.shape_size() > kMaxDims) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": parameter '", p.name(), "' has ", p.shape_size(),
@@ -244,19 +260,25 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
                        config.max_job_memory_bytes(), " bytes"));
     }
     total_bytes += numel * elem;
-    params.push_back(
-        ParamInfo{p.name(), {p.shape().begin(), p.shape().end()}, *dtype});
+    params.push_back(ParamInfo{
+        p.name(), {p.shape().begin(), p.shape().end()}, *dtype, *device});
   }
   return params;
 }
 
 JobManager::JobManager(const v1::DaemonConfig& config,
                        SessionRegistryInterface* sessions, ThreadPool* pool,
-                       ReducerFactory reducer_factory)
+                       ReducerFactory reducer_factory,
+                       DeviceAllocatorInterface* devices)
     : config_(config),
       sessions_(sessions),
       pool_(pool),
-      reducer_factory_(std::move(reducer_factory)) {
+      reducer_factory_(std::move(reducer_factory)),
+      no_devices_(devices == nullptr
+                      ? std::make_unique<NoDeviceAllocator>(
+                            "the daemon was started without GPU support")
+                      : nullptr),
+      devices_(devices != nullptr ? devices : no_devices_.get()) {
   if (reducer_factory_ == nullptr) {
     reducer_factory_ = [this](const JobSpec& spec)
         -> absl::StatusOr<std::unique_ptr<BucketReducerInterface>> {
@@ -512,6 +534,12 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
         "pass the session id it sends")));
     return;
   }
+  absl::StatusOr<int> device =
+      ResolveRankDevice(request, *params, *devices_, who);
+  if (!device.ok()) {
+    std::move(done)(device.status());
+    return;
+  }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
     const ActiveJob& active = it->second;
     if (rank < static_cast<int>(active.sessions.size()) &&
@@ -555,7 +583,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
       deadline, absl::Now() + absl::Milliseconds(config_.attach_timeout_ms()));
   bound_[sid] = {id, rank};
   p.ranks[rank] = PendingRank{std::move(request), *std::move(params), limit,
-                              std::move(done)};
+                              std::move(done), *device};
   if (++p.count == p.world) FormJob(id);
 }
 
@@ -666,6 +694,8 @@ void JobManager::FormJob(const std::string& job_id) {
                        ? config_.default_comm_hook()
                        : first.request.comm_hook();
   spec.hook_pool = pool_;
+  spec.devices = devices_;
+  for (const auto& r : p.ranks) spec.rank_devices.push_back(r->device);
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));
     return;
@@ -806,6 +836,7 @@ void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
     absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
   PendingJob& p = pending_.at(job_id);
+  if (reducer.ok()) reducer = WrapDeviceReducer(spec, *std::move(reducer));
   absl::StatusOr<std::unique_ptr<Job>> job =
       reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
                    : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());

@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/bucket_planner.h"
+#include "common/device_memory.h"
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
@@ -75,7 +76,8 @@ class JobManager final : public NodeHandlerInterface,
   // reduce on the engine thread only) must outlive this object. Starts the
   // control thread.
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
-             ThreadPool* pool, ReducerFactory reducer_factory = nullptr);
+             ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
+             DeviceAllocatorInterface* devices = nullptr);
   ~JobManager() override;  // Stop()s
 
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
@@ -104,6 +106,8 @@ class JobManager final : public NodeHandlerInterface,
     std::vector<ParamInfo> params;
     absl::Time deadline;
     AttachCallback done;
+    // The daemon's ordinal of the rank's GPU; -1: no CUDA parameters.
+    int device = -1;
   };
   struct PendingJob {
     int world = 0;
@@ -175,6 +179,10 @@ class JobManager final : public NodeHandlerInterface,
   SessionRegistryInterface* const sessions_;
   ThreadPool* const pool_;
   ReducerFactory reducer_factory_;
+  // Where CUDA buckets are allocated (never null: a NoDeviceAllocator when
+  // the daemon was given none).
+  std::unique_ptr<DeviceAllocatorInterface> no_devices_;
+  DeviceAllocatorInterface* devices_;
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
