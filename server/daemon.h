@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "grpcpp/server.h"
+#include "common/device_memory.h"
 #include "server/engine/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "server/rpc/node_service.h"
@@ -42,8 +43,11 @@ absl::Status RemoveStaleSocket(const std::string& path, int socket_type);
 class Daemon {
  public:
   // `config` must have defaults applied (ApplyConfigDefaults) and be valid.
+  // `devices`: where CUDA buckets are allocated; null: the machine's GPUs
+  // (server/device_allocator.h: a clear refusal where there is no driver).
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(
-      const v1::DaemonConfig& config);
+      const v1::DaemonConfig& config,
+      std::unique_ptr<DeviceAllocatorInterface> devices = nullptr);
   ~Daemon();
 
   // Attached trainers get `UNAVAILABLE: gradd daemon shutting down` in their
@@ -66,6 +70,8 @@ class Daemon {
   v1::DaemonConfig config_;
   std::unique_ptr<RendezvousServer> rendezvous_;
   std::unique_ptr<ThreadPool> pool_;
+  // Before manager_: its jobs' device memory is released first.
+  std::unique_ptr<DeviceAllocatorInterface> devices_;
   std::unique_ptr<SessionListener> listener_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<CallerCheckInterface> caller_check_;

@@ -147,7 +147,11 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_num_nodes(spec_.num_nodes);
   resp.set_bucket_slots(layout_.num_buckets());
   resp.set_bucket_region_bytes(bucket_region_bytes_);
-  resp.set_device_memory_bytes(device_region_bytes_);
+  // What the rank maps: the allocation as made (rounded up to the device's
+  // granularity; cuMem maps whole granules).
+  if (!device_memory_.empty()) {
+    resp.set_device_memory_bytes(device_memory_[rank]->size());
+  }
   reducer_->DescribeDevice(rank, &resp);
   return resp;
 }
