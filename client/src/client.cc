@@ -456,7 +456,9 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
       }
       numel *= static_cast<size_t>(d);
     }
-    if (numel > mem_bytes) return bad(absl::StrCat(p.name, " is too large"));
+    if (numel > mem_bytes + response.device_memory_bytes()) {
+      return bad(absl::StrCat(p.name, " is too large"));
+    }
     params_[i].name = p.name;
     params_[i].bytes = numel * DTypeSize(*dtype);
   }
@@ -477,10 +479,10 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     dtypes_[i] = params[i].dtype;
     bytes_[i] = params_[i].bytes;
   }
-  absl::StatusOr<PlanViews> views = MapPlanViews(
-      response.buckets(), names_, dtypes_, bytes_, base, bucket_region_bytes_,
-      device_ ? device_->base() : nullptr,
-      device_ ? response.device_memory_bytes() : 0);
+  absl::StatusOr<PlanViews> views =
+      MapPlanViews(response.buckets(), names_, dtypes_, bytes_, base,
+                   bucket_region_bytes_, device_ ? device_->base() : nullptr,
+                   device_ ? response.device_memory_bytes() : 0);
   if (!views.ok()) return bad(views.status().message());
   marked_ = std::make_unique<std::atomic<uint64_t>[]>(params_.size());
   recorder_ = std::make_unique<ReadyOrderRecorder>(params_.size(),
@@ -952,11 +954,10 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     absl::StatusOr<v1::CudaDevice> gpu =
         DeviceClient::Describe(options.cuda_device);
     if (!gpu.ok()) {
-      return absl::Status(
-          gpu.status().code(),
-          absl::StrCat("attach to gradd (job '", options.job_id,
-                       "', local rank ", options.local_rank,
-                       "): ", gpu.status().message()));
+      return absl::Status(gpu.status().code(),
+                          absl::StrCat("attach to gradd (job '", options.job_id,
+                                       "', local rank ", options.local_rank,
+                                       "): ", gpu.status().message()));
     }
     *request.mutable_cuda_device() = *std::move(gpu);
   }

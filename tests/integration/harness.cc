@@ -82,7 +82,9 @@ void GraddTest::TearDown() {
 }
 
 bool GraddTest::StartDaemon() {
-  daemon_ = Spawn("gradd", {GRADD_DAEMON_BINARY, "--socket", socket_});
+  std::vector<std::string> argv = {GRADD_DAEMON_BINARY, "--socket", socket_};
+  argv.insert(argv.end(), daemon_args_.begin(), daemon_args_.end());
+  daemon_ = Spawn("gradd", argv);
   // The daemon is stopped by StopDaemon (SIGTERM first), not by the SIGKILL
   // sweep over trainers in TearDown.
   if (daemon_.pid > 0) procs_.pop_back();

@@ -73,6 +73,8 @@ class GraddTest : public ::testing::Test {
 
   std::string dir_;
   std::string socket_;
+  // Extra daemon flags; set before SetUp (or StartDaemon) runs.
+  std::vector<std::string> daemon_args_;
   Proc daemon_;
   std::vector<Proc> procs_;
 };
