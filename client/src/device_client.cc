@@ -25,8 +25,8 @@ absl::StatusOr<std::string> FakeUuid() {
   const std::string hex = env;
   if (hex.size() != 32 ||
       !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GRADD_FAKE_GPU_UUID='", hex, "' is not 32 hex digits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GRADD_FAKE_GPU_UUID='", hex, "' is not 32 hex digits"));
   }
   return absl::HexStringToBytes(hex);
 }
@@ -75,7 +75,8 @@ class CudaDeviceClient final : public DeviceClient {
   size_t size() const override { return memory_.size(); }
 
   absl::Status RecordReady(int bucket, void* stream) override {
-    const std::string where = absl::StrCat("cuda:", ordinal_, " bucket ", bucket);
+    const std::string where =
+        absl::StrCat("cuda:", ordinal_, " bucket ", bucket);
     if (bucket < 0 || static_cast<size_t>(bucket) >= ready_.size()) {
       return absl::InternalError(absl::StrCat(where, ": no ready event"));
     }
@@ -89,7 +90,8 @@ class CudaDeviceClient final : public DeviceClient {
   }
 
   absl::Status WaitDone(int bucket, void* stream) override {
-    const std::string where = absl::StrCat("cuda:", ordinal_, " bucket ", bucket);
+    const std::string where =
+        absl::StrCat("cuda:", ordinal_, " bucket ", bucket);
     if (bucket < 0 || static_cast<size_t>(bucket) >= done_.size()) {
       return absl::InternalError(absl::StrCat(where, ": no done event"));
     }
@@ -118,7 +120,8 @@ absl::StatusOr<v1::CudaDevice> DeviceClient::Describe(int ordinal) {
   if (ordinal < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA parameters need the rank's GPU (ClientOptions::cuda_device); "
-        "got ", ordinal));
+        "got ",
+        ordinal));
   }
   v1::CudaDevice out;
   out.set_ordinal(ordinal);
@@ -157,9 +160,9 @@ absl::StatusOr<std::unique_ptr<DeviceClient>> DeviceClient::Import(
   ASSIGN_OR_RETURN(const cuda::CudaDriver* d, cuda::CudaDriver::Get());
   // The daemon's allocation is rounded to its granularity; map what it
   // exported (at least the bytes the plan needs).
-  ASSIGN_OR_RETURN(cuda::ImportedDeviceMemory memory,
-                   cuda::ImportedDeviceMemory::Import(d, std::move(fd),
-                                                      ordinal, bytes));
+  ASSIGN_OR_RETURN(
+      cuda::ImportedDeviceMemory memory,
+      cuda::ImportedDeviceMemory::Import(d, std::move(fd), ordinal, bytes));
   auto client =
       std::make_unique<CudaDeviceClient>(d, ordinal, std::move(memory));
   RETURN_IF_ERROR(client->Open(response));
