@@ -100,6 +100,9 @@ struct JobSpec {
   // rank's device ordinal as the daemon sees it (device_attach.h).
   DeviceAllocatorInterface* devices = nullptr;
   std::vector<int> rank_devices;
+  // Bound on one device collective (NCCL) before the job fails and its
+  // communicators are aborted (rendezvous.collective_timeout_ms).
+  std::chrono::milliseconds collective_timeout{30000};
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;

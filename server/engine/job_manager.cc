@@ -695,6 +695,8 @@ void JobManager::FormJob(const std::string& job_id) {
                        : first.request.comm_hook();
   spec.hook_pool = pool_;
   spec.devices = devices_;
+  spec.collective_timeout =
+      std::chrono::milliseconds(config_.rendezvous().collective_timeout_ms());
   for (const auto& r : p.ranks) spec.rank_devices.push_back(r->device);
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));

@@ -1,40 +1,55 @@
 // The reducer of jobs with CUDA buckets on real GPUs (device_reducer.h).
 // CPU buckets (e.g. the client's used map) go to the host reducer it wraps;
-// CUDA buckets are reduced on the GPU without the daemon or the trainer
-// blocking on it:
+// CUDA buckets are reduced on the GPUs, ordered by interprocess events:
 //
 //   trainer stream: ... backward kernels ... record ready[r][b] ─┐
 //   trainer CPU:    ready_seq[b] = i, ring                       │
-//   daemon engine:  sees every rank ready ─► daemon stream waits on each
-//                   ready[r][b] ─► fused average kernel (all ranks' bucket
-//                   b, in place) ─► record done[b] ─► done_seq[b] = i
-//   trainer:        sees done_seq, its stream waits on done[b], then the
-//                   optimizer's kernels read the gradients.
+//   daemon engine:  sees every rank ready ─► each GPU's daemon stream waits
+//                   on its ranks' ready[r][b] ─► reduce ─► record done[g][b]
+//                   ─► done_seq[b] = i
+//   trainer:        sees done_seq, its stream waits on done[g][b] (g: its
+//                   GPU), then the optimizer's kernels read the gradients.
+//
+// The ranks are grouped by GPU. One GPU (every local rank shares it): the
+// fused average kernel in place across the ranks' buckets, completed as
+// soon as it is queued (no host sync anywhere). Several GPUs: per GPU the
+// ranks' buckets are summed into a float32/float64 accumulator, NCCL
+// allreduces the accumulators (one communicator per GPU, driven in group
+// calls; NVLink inside the node), and the average is written back into
+// every rank's bucket; a watchdog thread completes the bucket once every
+// GPU's done event has fired, and fails it (aborting the communicators)
+// when NCCL reports an error or the collective timeout passes, so a stuck
+// collective never hangs the job. Several nodes: UNIMPLEMENTED until the
+// NCCL unique id travels through the rendezvous store (the engine's
+// multi-node formation owns the store).
 //
 // An event is re-recorded only after every wait on its previous record was
 // enqueued (the engine starts bucket b of i + 1 only after every rank
-// published i + 1, which each does after its stream waited on done[b] of
-// i), so waits always see the record of their own iteration.
-//
-// Scope today: every local rank on one GPU, one node (the fused kernel).
-// Ranks on different GPUs or several nodes need the job's NCCL
-// communicator (server/backends/nccl/nccl_backend.h); Create answers
-// UNIMPLEMENTED for them until that is wired. Communication hooks:
-// UNIMPLEMENTED (they run on host memory).
+// published i + 1, which each does after its stream waited on done of i).
+// Communication hooks and join: UNIMPLEMENTED for CUDA buckets.
 //
 // Threads: Start / DescribeDevice on the engine thread (and JobManager's
-// before Start); completes inline. Errors name job, device and bucket.
+// before Start); completions inline (one GPU) or on the watchdog thread.
+// Errors name job, device and bucket.
 #ifndef GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 #define GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cuda/driver.h"
 #include "common/cuda/owners.h"
+#include "common/device_memory.h"
+#include "server/backends/nccl/nccl_library.h"
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/job.h"
 
@@ -62,27 +77,46 @@ class CudaBucketReducer final : public BucketReducerInterface {
   void DescribeDevice(int rank, v1::AttachResponse* response) const override;
 
  private:
-  CudaBucketReducer(std::string job_id, int device, int world,
-                    const cuda::CudaDriver* driver,
-                    std::unique_ptr<BucketReducerInterface> host)
-      : job_id_(std::move(job_id)),
-        device_(device),
-        world_(world),
-        driver_(driver),
-        host_(std::move(host)) {}
+  // The local ranks on one GPU.
+  struct Group {
+    int device = -1;  // the daemon's ordinal
+    std::vector<int> ranks;
+    cuda::CudaStream stream;
+    std::vector<cuda::CudaEvent> done;  // by bucket slot
+    std::vector<std::string> done_handles;
+    // Several GPUs: the accumulator (largest bucket, accumulator type).
+    std::unique_ptr<DeviceMemoryInterface> acc;
+  };
+  struct InFlight {
+    int bucket = 0;
+    std::chrono::steady_clock::time_point deadline;
+    Completion done;
+  };
+
+  CudaBucketReducer(const JobSpec& spec, const cuda::CudaDriver* driver,
+                    std::unique_ptr<BucketReducerInterface> host);
   std::string Where(int bucket) const;
+  absl::Status StartFused(const BucketWork& work);
+  absl::Status StartCollective(const BucketWork& work);
+  void Watch();
 
   const std::string job_id_;
-  const int device_;  // the daemon's ordinal of the job's GPU
   const int world_;
+  const std::chrono::milliseconds timeout_;
   const cuda::CudaDriver* const driver_;
   std::unique_ptr<BucketReducerInterface> host_;
-  cuda::CudaStream stream_;
-  // ready_[r][slot], done_[slot]; handles exported once at Create.
+  std::vector<Group> groups_;
+  std::vector<int> rank_group_;  // local rank -> index into groups_
+  // ready_[r][slot], made on rank r's GPU; handles exported once.
   std::vector<std::vector<cuda::CudaEvent>> ready_;
-  std::vector<cuda::CudaEvent> done_;
   std::vector<std::vector<std::string>> ready_handles_;
-  std::vector<std::string> done_handles_;
+  // Several GPUs.
+  const nccl::NcclLibrary* nccl_ = nullptr;
+  std::optional<nccl::NcclCommunicators> comms_;
+  absl::Mutex mu_;
+  std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
   std::atomic<uint64_t> buckets_{0};
   std::atomic<uint64_t> enqueue_ns_{0};
 };
