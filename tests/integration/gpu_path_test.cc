@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -81,6 +82,21 @@ TEST_F(GpuPathTest, TrainerKilledMidIteration) {
       RunJob("after-kill", 2, {"--cuda", "true", "--iterations", "10"},
              milliseconds(30000));
   for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
+// The C ABI's GPU calls (param_devices, cuda_device, the _on_stream
+// calls), from C.
+TEST_F(GpuPathTest, CAbi) {
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(
+        Spawn(absl::StrCat("c", r), {GRADD_C_TRAINER, "fakecuda", socket_,
+                                     "c-gpu", absl::StrCat(r), "2", "20"}));
+  }
+  for (const Exit& e : WaitAll(ps, milliseconds(30000))) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    EXPECT_THAT(e.output, HasSubstr("PASS"));
+  }
 }
 
 // CPU jobs are unchanged next to the GPU ones.
