@@ -247,8 +247,8 @@ static int FakeCuda(const char* socket, const char* job, int rank, int world,
       size_t n = gradd_gradient_bytes(c, p) / sizeof(float);
       for (size_t j = 0; j < n; ++j) {
         if (g[j] != (float)Expected(t, p, j)) {
-          printf("FAIL iteration %llu param %d [%zu] = %g, want %g\n", t, p,
-                 j, g[j], Expected(t, p, j));
+          printf("FAIL iteration %llu param %d [%zu] = %g, want %g\n", t, p, j,
+                 g[j], Expected(t, p, j));
           return 1;
         }
       }

@@ -264,10 +264,12 @@ double Expected(uint64_t t, int p, size_t j) {
 // Real device memory is copied through the driver (synchronous copies on
 // the legacy default stream, the stream MarkReadyOn/WaitAllOn are given);
 // host memory and the fake GPU's memfd are plain memory.
+#if GRADD_HAVE_CUDA
 bool RealGpu() {
   const char* fake = std::getenv("GRADD_FAKE_GPU_UUID");
   return fake == nullptr || *fake == '\0';
 }
+#endif
 
 void CopyIn(void* dst, const std::vector<char>& src) {
 #if GRADD_HAVE_CUDA

@@ -264,8 +264,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._param_names: List[str] = [n for n, _ in named]
         self._params: List[torch.nn.Parameter] = [p for _, p in named]
         cuda = self._device.type == "cuda"
-        device_name = "cuda" if cuda else "cpu"
-        specs = [(n, tuple(p.shape), _DTYPES[p.dtype], device_name) for n, p in named]
+        # (name, shape, dtype), plus the device for CUDA modules.
+        specs = [
+            (n, tuple(p.shape), _DTYPES[p.dtype]) + (("cuda",) if cuda else ())
+            for n, p in named
+        ]
         state = _state_sync.module_states(self.module)
         state_bytes = _state_sync.state_bytes(state)
         self._bcast_bytes = 0
