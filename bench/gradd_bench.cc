@@ -66,6 +66,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
+#include "bench/gpu_bench.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
 #include "common/status_macros.h"
@@ -73,6 +74,9 @@
 #include "gradd/client.h"
 
 ABSL_FLAG(int, trainers, 2, "Local trainer processes per node (L).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the gradients live: cpu (shared memory) or cuda (every "
+          "trainer on GPU 0, daemon-allocated device memory, IPC events).");
 ABSL_FLAG(std::string, gradd_config, "",
           "YAML config passed to every daemon the bench starts (--config); "
           "--socket, --node-id and the rendezvous flags still come from the "
@@ -139,6 +143,7 @@ struct Settings {
   int64_t matrix_cols = 0;
   double tolerance = 1e-6;
   std::string coordinator_host;
+  bool cuda = false;  // --device cuda
 };
 
 // One timed iteration as one worker saw it.
@@ -183,6 +188,17 @@ absl::StatusOr<Settings> ReadSettings() {
         absl::StrCat("--format=", format, ": use table or json"));
   }
   s.json = format == "json";
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", device, ": use cpu or cuda"));
+  }
+  s.cuda = device == "cuda";
+  if (s.cuda && absl::GetFlag(FLAGS_nodes) > 1) {
+    return absl::InvalidArgumentError(
+        "--device cuda runs one node (the NCCL path between nodes is not "
+        "wired yet)");
+  }
   if (s.trainers < 1 || s.trainers > 256) {
     return absl::InvalidArgumentError("--trainers must be in [1, 256]");
   }
@@ -280,7 +296,17 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     }
     shape = {static_cast<int64_t>(numel) / s.matrix_cols, s.matrix_cols};
   }
-  const std::vector<ClientParam> params = {{"grad", shape, 1 /* float32 */}};
+  std::vector<ClientParam> params = {{"grad", shape, 1 /* float32 */}};
+  if (s.cuda) {
+    if (s.matrix_cols > 0) {
+      return absl::InvalidArgumentError(
+          "--matrix_cols (a PowerSGD pattern) is CPU only; drop it with "
+          "--device cuda");
+    }
+    RETURN_IF_ERROR(GpuInit());
+    params[0].device = 1;
+    options.cuda_device = 0;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                    Client::Attach(options, params));
   if (client->gradient_bytes(0) != numel * sizeof(float)) {
@@ -300,7 +326,9 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
   stamps.reserve(s.iters);
   const int total = s.warmup + s.iters;
   for (int i = 0; i < total; ++i) {
-    if (pattern.empty()) {
+    if (s.cuda) {
+      RETURN_IF_ERROR(GpuFill(grad, numel, FillValue(rank, i)));
+    } else if (pattern.empty()) {
       std::fill(grad, grad + numel, FillValue(rank, i));
     } else {
       const float v = FillValue(rank, i);
@@ -308,12 +336,21 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     }
     RETURN_IF_ERROR(barrier.Arrive(kBarrierTimeout));
     const int64_t mark = NowNs();
-    RETURN_IF_ERROR(client->MarkReady(0));
-    RETURN_IF_ERROR(client->WaitAll());
+    // CUDA: the legacy default stream (the fill's); done = the stream has
+    // waited for the daemon's reduction and gone idle.
+    RETURN_IF_ERROR(client->MarkReadyOn(0, nullptr));
+    RETURN_IF_ERROR(client->WaitAllOn(nullptr));
+    if (s.cuda) RETURN_IF_ERROR(GpuSync());
     const int64_t done = NowNs();
     if (i >= s.warmup) stamps.push_back({mark, done});
     const float want = ExpectedAverage(s.trainers * s.nodes, i);
-    if (i + 1 < total) {
+    if (s.cuda) {
+      ASSIGN_OR_RETURN(std::vector<float> back, GpuRead(grad, numel));
+      for (size_t k = 0; k < numel; k += i + 1 < total ? numel / 2 + 1 : 1) {
+        RETURN_IF_ERROR(CheckValue(back[k], want, size, i, k));
+      }
+      RETURN_IF_ERROR(CheckValue(back[numel - 1], want, size, i, numel - 1));
+    } else if (i + 1 < total) {
       for (size_t k : {size_t{0}, numel / 2, numel - 1}) {
         RETURN_IF_ERROR(
             CheckValue(grad[k], want * scale(k), size, i, k, s.tolerance));
@@ -646,6 +683,16 @@ void PrintHeader(const Settings& s, const Topology& topo, int ref_threads) {
       "average repeated on cache-resident buffers\n#\n",
       topo.nodes, topo.trainers, s.warmup, s.iters, topo.world(), topo.trainers,
       ref_threads);
+  if (s.cuda) {
+    std::printf(
+        "# --device cuda: every trainer on GPU 0; time includes the trainer's "
+        "stream waiting for the daemon's done event; ref = %d x p50 of one "
+        "in-place device copy of the size (the device's own copy bandwidth, "
+        "measured in this run, for the 2 x %d x size bytes a fused average "
+        "moves), so bound = the fraction of that bandwidth reached; hot = "
+        "the fused device kernel alone\n#\n",
+        topo.trainers, topo.trainers);
+  }
   if (topo.nodes > 1) {
     std::printf(
         "# local/net/wb = mean per bucket of the daemons' local reduce, "
@@ -682,10 +729,12 @@ void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
         "\"min_us\": %.3f, \"mean_us\": %.3f, \"max_us\": %.3f, "
         "\"trainers\": %d, \"nodes\": %d, \"iters\": %d, \"warmup\": %d, "
         "\"local_reduce_us\": %.3f, \"network_us\": %.3f, "
-        "\"write_back_us\": %.3f, \"dtype\": \"float32\"}\n",
+        "\"write_back_us\": %.3f, \"dtype\": \"float32\", "
+        "\"device\": \"%s\"}\n",
         r.size_bytes, p50, p90, algbw, bound, busbw, r.ref.produced_us,
         r.ref.hot_us, bound_hot, min, mean, max, topo.trainers, topo.nodes,
-        s.iters, s.warmup, r.local_reduce_us, r.network_us, r.write_back_us);
+        s.iters, s.warmup, r.local_reduce_us, r.network_us, r.write_back_us,
+        s.cuda ? "cuda" : "cpu");
   } else {
     std::printf("  %12" PRIu64 " %12" PRIu64
                 " %10.1f %10.1f %10.1f %12.2f %12.2f %10.1f %7.3f %9.1f",
@@ -771,7 +820,8 @@ int CoordinatorMain(const Settings& s) {
         absl::StrCat("--job_prefix=", job_prefix),
         absl::StrCat("--matrix_cols=", s.matrix_cols),
         absl::StrCat("--tolerance=", s.tolerance),
-        absl::StrCat("--coordinator_host=", s.coordinator_host)};
+        absl::StrCat("--coordinator_host=", s.coordinator_host),
+        absl::StrCat("--device=", s.cuda ? "cuda" : "cpu")};
     absl::StatusOr<Child> child = Child::Spawn(argv, Child::Options{});
     if (!child.ok()) return fail(child.status());
     workers.push_back(std::move(*child));
@@ -833,7 +883,18 @@ int CoordinatorMain(const Settings& s) {
       if (!run_status.ok()) break;
       run_status = check_run();
       if (!run_status.ok()) break;
-      refs[size] = MeasureReference(pool, size, topo.trainers, s.iters);
+      if (s.cuda) {
+        // The device's own copy bandwidth, measured now, between sizes.
+        absl::StatusOr<GpuReference> gpu =
+            MeasureGpuReference(size, topo.trainers, s.iters);
+        if (!gpu.ok()) {
+          run_status = gpu.status();
+          break;
+        }
+        refs[size] = Reference{gpu->bound_us, gpu->kernel_us};
+      } else {
+        refs[size] = MeasureReference(pool, size, topo.trainers, s.iters);
+      }
       run_status = arrive();  // go
       if (!run_status.ok()) break;
     }

@@ -115,18 +115,20 @@ BucketPlan Assign(const std::vector<ParamInfo>& params,
   // std::map: iteration in dtype order keeps the plan deterministic across
   // nodes when open buckets are flushed below (ties must not depend on
   // hashing).
-  std::map<DType, Open> open;
+  // Keyed by (device kind, dtype): DDP's per-(dtype, device) buckets.
+  using Key = std::pair<DeviceKind, DType>;
+  std::map<Key, Open> open;
   struct Closed {
-    DType dtype;
+    Key key;
     std::vector<int32_t> params;
     int first_position;  // position of params[0] in `order`
   };
   std::vector<Closed> closed;
 
-  std::map<DType, std::vector<int32_t>> internal;
+  std::map<Key, std::vector<int32_t>> internal;
   for (int pos = 0; pos < static_cast<int>(order.size()); ++pos) {
     const int32_t i = order[pos];
-    const DType dtype = params[i].dtype;
+    const Key dtype{params[i].device, params[i].dtype};
     if (IsInternalParam(params[i].name)) {
       internal[dtype].push_back(i);
       continue;
@@ -163,12 +165,14 @@ BucketPlan Assign(const std::vector<ParamInfo>& params,
 
   BucketPlan plan;
   plan.buckets.reserve(closed.size());
-  size_t offset = 0;
+  // One layout per memory: the memfd (CPU buckets) and the device memory.
+  std::map<DeviceKind, size_t> offsets;
   for (size_t k = 0; k < closed.size(); ++k) {
     Closed& c = closed[k];
     Bucket b;
     b.internal = k >= model_buckets;
-    b.dtype = c.dtype;
+    b.device = c.key.first;
+    b.dtype = c.key.second;
     b.params = std::move(c.params);
     b.param_offsets.reserve(b.params.size());
     const size_t elem = DTypeSize(b.dtype);
@@ -183,14 +187,17 @@ BucketPlan Assign(const std::vector<ParamInfo>& params,
     b.size_bytes = at;
     // Every bucket starts on its own cache lines (and a 256-byte boundary,
     // enough for any SIMD width) so kernels never straddle two buckets.
+    size_t& offset = offsets[b.device];
     offset = RoundUp(offset, kBucketAlignment);
     b.offset = offset;
     offset += b.size_bytes;
     plan.buckets.push_back(std::move(b));
   }
   // At least one page: a memfd mapping cannot be empty, even when every
-  // parameter has zero elements.
-  plan.total_bytes = std::max(RoundUp(offset, kPageSize), kPageSize);
+  // parameter has zero elements (or lives on a GPU).
+  plan.total_bytes =
+      std::max(RoundUp(offsets[DeviceKind::kCpu], kPageSize), kPageSize);
+  plan.device_bytes = RoundUp(offsets[DeviceKind::kCuda], kPageSize);
   return plan;
 }
 
@@ -251,11 +258,15 @@ void MarkInternalBuckets(const std::vector<ParamInfo>& params,
   }
 }
 
-size_t MaxPlanBytes(const std::vector<ParamInfo>& params) {
+size_t MaxPlanBytes(const std::vector<ParamInfo>& params, DeviceKind device) {
   size_t total = 0;
+  bool any = false;
   for (const ParamInfo& p : params) {
+    if (p.device != device) continue;
+    any = true;
     total += RoundUp(p.bytes(), kBucketAlignment);
   }
+  if (device != DeviceKind::kCpu) return any ? RoundUp(total, kPageSize) : 0;
   return std::max(RoundUp(total, kPageSize), kPageSize);
 }
 

@@ -4,7 +4,8 @@
 // Rules (DDP's, unit-tested in tests/unit/common/bucket_planner_test.cc):
 //   * parameters are taken in reverse registration order (gradients become
 //     ready roughly back to front);
-//   * one open bucket per dtype; a parameter goes into its dtype's open
+//   * one open bucket per (dtype, device kind) (DDP: per (dtype, device)); a
+//   parameter goes into its dtype's open
 //     bucket; when that bucket's size reaches the current cap it is closed;
 //   * the first bucket closed (per dtype: DDP keeps one cap list per key, so
 //     each dtype's first bucket) is capped at first_bucket_cap bytes, later
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/device.h"
 #include "common/dtype.h"
 
 namespace gradd {
@@ -40,6 +42,7 @@ struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;
   DType dtype;
+  DeviceKind device = DeviceKind::kCpu;
 
   size_t numel() const;
   size_t bytes() const;
@@ -47,6 +50,8 @@ struct ParamInfo {
 
 struct Bucket {
   DType dtype;
+  // kCuda: `offset` is inside the rank's device memory, else its memfd.
+  DeviceKind device = DeviceKind::kCpu;
   std::vector<int32_t> params;        // indices into the param list
   std::vector<size_t> param_offsets;  // byte offsets inside the bucket
   size_t size_bytes = 0;              // payload bytes (no trailing padding)
@@ -71,6 +76,9 @@ struct BucketPlan {
   // Bytes of a rank's bucket memory: buckets at kBucketAlignment-aligned
   // offsets, rounded up to the page size.
   size_t total_bytes = 0;
+  // The same for the CUDA buckets, laid out from 0 in the rank's device
+  // memory; 0 when the model has none.
+  size_t device_bytes = 0;
 };
 
 inline constexpr size_t kBucketAlignment = 256;
@@ -104,10 +112,13 @@ absl::StatusOr<BucketPlan> PlanBucketsInOrder(
 void MarkInternalBuckets(const std::vector<ParamInfo>& params,
                          BucketPlan* plan);
 
-// Upper bound on BucketPlan::total_bytes for any plan over `params` (every
-// bucket order and cap: at most one bucket per parameter, each padded to
-// kBucketAlignment), so memory laid out once can take any later plan.
-size_t MaxPlanBytes(const std::vector<ParamInfo>& params);
+// Upper bound on BucketPlan::total_bytes (kCpu) or device_bytes (kCuda) for
+// any plan over `params` (every bucket order and cap: at most one bucket
+// per parameter, each padded to kBucketAlignment), so memory laid out once
+// can take any later plan. At least one page for kCpu (a memfd cannot be
+// empty); 0 for kCuda when no parameter is on CUDA.
+size_t MaxPlanBytes(const std::vector<ParamInfo>& params,
+                    DeviceKind device = DeviceKind::kCpu);
 
 }  // namespace gradd
 

@@ -22,6 +22,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/config.h"
+#include "server/device_allocator.h"
 #include "server/logging.h"
 #include "server/rendezvous/host_addresses.h"
 #include "server/rpc/unix_acceptor.h"
@@ -145,7 +146,8 @@ void RaiseFdLimit() {
 Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
-    const v1::DaemonConfig& config) {
+    const v1::DaemonConfig& config,
+    std::unique_ptr<DeviceAllocatorInterface> devices) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(ValidateConfig(config));
   RaiseFdLimit();
@@ -197,9 +199,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
       std::chrono::milliseconds(config.session_idle_timeout_ms());
   ASSIGN_OR_RETURN(d->listener_,
                    SessionListener::Create(session_path, session_options));
+  d->devices_ = devices != nullptr ? std::move(devices) : MakeDeviceAllocator();
+  if (absl::StatusOr<int> probe = d->devices_->FindDevice("");
+      absl::IsFailedPrecondition(probe.status())) {
+    spdlog::info("no GPU support: {} (CPU jobs only)",
+                 probe.status().message());
+  } else {
+    spdlog::info("GPU support: CUDA driver {}", d->devices_->driver_version());
+  }
   d->manager_ = std::make_unique<JobManager>(
       d->config_, d->listener_.get(), d->pool_.get(),
-      /*reducer_factory=*/nullptr, d->coordinator_, d->metrics_.get());
+      /*reducer_factory=*/nullptr, d->coordinator_, d->metrics_.get(),
+      d->devices_.get());
   d->listener_->Start(d->manager_.get());
 
   // The gRPC socket is accepted by gradd (rpc/unix_acceptor.h: peer

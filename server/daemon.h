@@ -24,6 +24,7 @@
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "grpcpp/server.h"
+#include "common/device_memory.h"
 #include "server/admin/admin_handler.h"
 #include "server/admin/job_manager_source.h"
 #include "server/engine/job_manager.h"
@@ -51,8 +52,11 @@ absl::Status RemoveStaleSocket(const std::string& path, int socket_type);
 class Daemon {
  public:
   // `config` must have defaults applied (ApplyConfigDefaults) and be valid.
+  // `devices`: where CUDA buckets are allocated; null: the machine's GPUs
+  // (server/device_allocator.h: a clear refusal where there is no driver).
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(
-      const v1::DaemonConfig& config);
+      const v1::DaemonConfig& config,
+      std::unique_ptr<DeviceAllocatorInterface> devices = nullptr);
   ~Daemon();
 
   // Attached trainers get `UNAVAILABLE: gradd daemon shutting down` in their
@@ -83,6 +87,8 @@ class Daemon {
   // Shared with formation threads (coordinator discovery).
   std::shared_ptr<CoordinatorSelector> coordinator_;
   std::unique_ptr<ThreadPool> pool_;
+  // Before manager_: its jobs' device memory is released first.
+  std::unique_ptr<DeviceAllocatorInterface> devices_;
   std::unique_ptr<SessionListener> listener_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<CallerCheckInterface> caller_check_;

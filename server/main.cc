@@ -3,16 +3,22 @@
 // sigwait on this thread, so no logic runs in a signal handler).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/fake_device_memory.h"
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/logging.h"
@@ -48,6 +54,10 @@ ABSL_FLAG(std::string, advertise_host, "",
 ABSL_FLAG(std::string, log_level, "",
           "Least severe level logged: trace, debug, info, warning, error, "
           "off; overrides log_level (default info)");
+ABSL_FLAG(std::string, fake_gpus, "",
+          "Testing only: serve CUDA parameters from host memory standing in "
+          "for GPUs with these UUIDs (32 hex digits each, comma-separated); "
+          "trainers set GRADD_FAKE_GPU_UUID to one of them");
 ABSL_FLAG(std::string, rendezvous_port_file, "",
           "Write the rendezvous server's port to this file once it listens "
           "(for scripts and tests that let the OS choose it)");
@@ -185,8 +195,25 @@ int main(int argc, char** argv) {
   // A no-op unless systemd (Type=notify) started us.
   std::unique_ptr<gradd::SystemdNotifier> notifier =
       gradd::SystemdNotifier::FromEnvironment();
+  std::unique_ptr<gradd::DeviceAllocatorInterface> devices;
+  if (const std::string v = absl::GetFlag(FLAGS_fake_gpus); !v.empty()) {
+    std::vector<std::string> uuids;
+    for (absl::string_view hex : absl::StrSplit(v, ',')) {
+      if (hex.size() != 32 ||
+          !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+        spdlog::error("--fake_gpus: '{}' is not 32 hex digits",
+                      std::string(hex));
+        return 2;
+      }
+      uuids.push_back(absl::HexStringToBytes(hex));
+    }
+    spdlog::warn("serving CUDA parameters from host memory for {} fake GPUs "
+                 "(--fake_gpus, for tests)",
+                 uuids.size());
+    devices = std::make_unique<gradd::FakeDeviceAllocator>(std::move(uuids));
+  }
   absl::StatusOr<std::unique_ptr<gradd::Daemon>> daemon =
-      gradd::Daemon::Create(config);
+      gradd::Daemon::Create(config, std::move(devices));
   if (!daemon.ok()) {
     spdlog::error("{}", daemon.status().message());
     return 1;

@@ -160,11 +160,13 @@ class PyClient {
     }
   }
 
-  void MarkReady(int i) {
+  // `stream`: a CUDA stream handle (torch's Stream.cuda_stream; 0 = the
+  // legacy default stream) for CUDA parameters; ignored for host ones.
+  void MarkReady(int i, uintptr_t stream) {
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = client_->MarkReady(i);
+      s = client_->MarkReadyOn(i, reinterpret_cast<void*>(stream));
     }
     Check(s);
   }
@@ -189,12 +191,12 @@ class PyClient {
     Check(s);
   }
 
-  void WaitAll() {
+  void WaitAll(uintptr_t stream) {
     absl::Status s;
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->WaitAll();
+      s = client_->WaitAllOn(reinterpret_cast<void*>(stream));
     }
     Check(s);
   }
@@ -303,8 +305,9 @@ std::vector<ClientParam> ParseParams(const py::iterable& params) {
   std::vector<ClientParam> out;
   for (py::handle item : params) {
     py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-    if (t.size() != 3) {
-      throw py::value_error("each parameter is a (name, shape, dtype) tuple");
+    if (t.size() != 3 && t.size() != 4) {
+      throw py::value_error(
+          "each parameter is a (name, shape, dtype[, device]) tuple");
     }
     ClientParam p;
     p.name = t[0].cast<std::string>();
@@ -317,6 +320,15 @@ std::vector<ClientParam> ParseParams(const py::iterable& params) {
       p.shape.push_back(v);
     }
     p.dtype = ParseDType(t[2]);
+    if (t.size() == 4) {
+      const std::string device = py::str(t[3]).cast<std::string>();
+      if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+        p.device = 1;
+      } else if (device != "cpu") {
+        throw py::value_error("parameter '" + p.name + "': device '" + device +
+                              "' is neither 'cpu' nor 'cuda'");
+      }
+    }
     out.push_back(std::move(p));
   }
   return out;
@@ -330,10 +342,11 @@ std::unique_ptr<PyClient> Attach(
     const std::string& node_id, std::optional<int> node_rank, int num_nodes,
     const std::string& coordinator, bool find_unused_parameters,
     bool rebuild_buckets, const std::string& comm_hook, int world_size,
-    std::optional<int> rank) {
+    std::optional<int> rank, int cuda_device) {
   ClientOptions options;
   options.world_size = world_size;
   options.rank = rank;
+  options.cuda_device = cuda_device;
   options.comm_hook.name = comm_hook;
   options.socket_path = socket;
   options.job_id = job_id;
@@ -470,6 +483,12 @@ PYBIND11_MODULE(_C, m) {
               throw py::value_error("parameter " + std::to_string(i) +
                                     " has no gradient memory");
             }
+            if (c.client().gradient_device(i) != 0) {
+              throw py::value_error(
+                  "parameter " + std::to_string(i) +
+                  "'s gradient is CUDA memory; use gradient_address (and "
+                  "gradd.torch's views) instead of a numpy array");
+            }
             std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
             std::vector<py::ssize_t> strides(shape.size());
             py::ssize_t stride = gradd::DTypeBytes(p.dtype);
@@ -494,6 +513,15 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("param"))
       .def(
+          "gradient_device",
+          [](PyClient& c, int i) {
+            c.CheckParam(i);
+            return c.client().gradient_device(i) != 0 ? "cuda" : "cpu";
+          },
+          py::arg("param"),
+          "'cuda' when parameter `param`'s gradient is device memory "
+          "(gradient_address is then a device address), else 'cpu'.")
+      .def(
           "gradient_nbytes",
           [](PyClient& c, int i) {
             c.CheckParam(i);
@@ -501,9 +529,13 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("param"))
       .def("mark_ready", &PyClient::MarkReady, py::arg("param"),
+           py::arg("stream") = 0,
            "Marks parameter `param`'s gradient final for this iteration "
            "(releases the GIL). The last parameter of a bucket hands the "
-           "bucket to the daemon.")
+           "bucket to the daemon. CUDA parameters: `stream` (a CUDA stream "
+           "handle, 0 = the legacy default stream) is the stream that wrote "
+           "the gradient; it records the bucket's ready event, the CPU "
+           "never waits for the GPU.")
       .def("mark_unused", &PyClient::MarkUnused, py::arg("param"),
            py::arg("keep") = false,
            "find_unused_parameters only: marks `param` ready without "
@@ -532,9 +564,11 @@ PYBIND11_MODULE(_C, m) {
       .def("skip_used_map", &PyClient::SkipUsedMap,
            "find_unused_parameters only: this iteration needs no used map "
            "(every parameter counts as used); hands its slot over now.")
-      .def("wait_all", &PyClient::WaitAll,
+      .def("wait_all", &PyClient::WaitAll, py::arg("stream") = 0,
            "Blocks (GIL released) until every bucket of the iteration holds "
-           "the average over all ranks, then starts the next iteration.")
+           "the average over all ranks, then starts the next iteration. "
+           "CUDA buckets: `stream` then waits (on the GPU) for the daemon's "
+           "reduction before any work queued on it later.")
       .def(
           "bucket_done",
           [](PyClient& c, int b) {
@@ -551,6 +585,7 @@ PYBIND11_MODULE(_C, m) {
             d["dtype"] = gradd::DTypeName(info.dtype);
             d["size_bytes"] = info.size_bytes;
             d["params"] = info.params;
+            d["device"] = info.device != 0 ? "cuda" : "cpu";
             return d;
           },
           py::arg("bucket"),
@@ -638,8 +673,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("find_unused_parameters") = false,
         py::arg("rebuild_buckets") = true, py::arg("comm_hook") = "",
         py::arg("world_size") = 0, py::arg("rank") = py::none(),
+        py::arg("cuda_device") = -1,
         "Attaches to the node's gradd daemon as one local rank of a job and "
-        "registers `params`, a sequence of (name, shape, dtype) tuples. "
+        "registers `params`, a sequence of (name, shape, dtype[, device]) "
+        "tuples (device 'cpu' or 'cuda'; CUDA parameters live on GPU "
+        "`cuda_device`, this process's ordinal). "
         "Blocks (GIL released) until every local rank has attached. "
         "socket='' uses $GRADD_SOCKET or the daemon's default path; timeouts "
         "are in seconds; bucket caps of 0 use the daemon's defaults. "

@@ -57,6 +57,7 @@ void gradd_options_init(gradd_options* options) {
   options->wait_timeout_ms = defaults.wait_timeout.count();
   options->powersgd_use_error_feedback = -1;
   options->powersgd_warm_start = -1;
+  options->cuda_device = -1;
 }
 
 int gradd_attach(const gradd_options* options, const gradd_param* params,
@@ -128,6 +129,13 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
     list[i].name = p.name;
     list[i].shape.assign(p.shape, p.shape + p.ndim);
     list[i].dtype = p.dtype;
+    if (GRADD_HAS_FIELD(options, cuda_device) &&
+        options->param_devices != nullptr) {
+      list[i].device = options->param_devices[i];
+    }
+  }
+  if (GRADD_HAS_FIELD(options, cuda_device)) {
+    o.cuda_device = options->cuda_device;
   }
   auto client = gradd::Client::Attach(o, list);
   if (!client.ok()) return Report(client.status());
@@ -161,6 +169,22 @@ int gradd_mark_ready(gradd_client* client, int param) {
 int gradd_wait_all(gradd_client* client) {
   if (client == nullptr) return NullClient("gradd_wait_all");
   return Report(client->impl->WaitAll());
+}
+
+int gradd_mark_ready_on_stream(gradd_client* client, int param,
+                               void* cuda_stream) {
+  if (client == nullptr) return NullClient("gradd_mark_ready_on_stream");
+  return Report(client->impl->MarkReadyOn(param, cuda_stream));
+}
+
+int gradd_wait_all_on_stream(gradd_client* client, void* cuda_stream) {
+  if (client == nullptr) return NullClient("gradd_wait_all_on_stream");
+  return Report(client->impl->WaitAllOn(cuda_stream));
+}
+
+int gradd_gradient_device(const gradd_client* client, int param) {
+  return client == nullptr ? GRADD_DEVICE_CPU
+                           : client->impl->gradient_device(param);
 }
 
 int gradd_mark_unused(gradd_client* client, int param, int keep_gradient) {

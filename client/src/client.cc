@@ -46,6 +46,7 @@
 #include "attach_internal.h"
 #include "client/src/comm_hook_options.h"
 #include "client/src/daemon_peer.h"
+#include "client/src/device_client.h"
 #include "client/src/join_client.h"
 #include "client/src/launcher_env.h"
 #include "client/src/plan_views.h"
@@ -201,8 +202,20 @@ class ClientImpl final : public Client {
   }
   int num_params() const override { return static_cast<int>(params_.size()); }
 
-  absl::Status MarkReady(int param) override;
-  absl::Status WaitAll() override;
+  absl::Status MarkReady(int param) override {
+    return MarkReadyOn(param, nullptr);
+  }
+  absl::Status MarkReadyOn(int param, void* cuda_stream) override;
+  absl::Status WaitAll() override { return WaitAllOn(nullptr); }
+  absl::Status WaitAllOn(void* cuda_stream) override;
+  int gradient_device(int param) const override {
+    if (param < 0 || param >= num_params()) return 0;
+    return buckets_[params_[param].bucket].device;
+  }
+  // Before Init: this rank's device memory and events (CUDA buckets).
+  void SetDevice(std::unique_ptr<DeviceClient> device) {
+    device_ = std::move(device);
+  }
   bool BucketDone(int bucket) const override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Detach() override;
@@ -333,6 +346,8 @@ class ClientImpl final : public Client {
   int world_size_ = 0;
 
   std::unique_ptr<JoinClient> join_;
+  // CUDA buckets: the imported device memory and the event handshake.
+  std::unique_ptr<DeviceClient> device_;
 
   mutable std::atomic<bool> failed_{false};
   mutable absl::Mutex mu_;
@@ -401,7 +416,9 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
       }
       numel *= static_cast<size_t>(d);
     }
-    if (numel > mem_bytes) return bad(absl::StrCat(p.name, " is too large"));
+    if (numel > mem_bytes + response.device_memory_bytes()) {
+      return bad(absl::StrCat(p.name, " is too large"));
+    }
     params_[i].name = p.name;
     params_[i].bytes = numel * DTypeSize(*dtype);
   }
@@ -422,8 +439,10 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     dtypes_[i] = params[i].dtype;
     bytes_[i] = params_[i].bytes;
   }
-  absl::StatusOr<PlanViews> views = MapPlanViews(
-      response.buckets(), names_, dtypes_, bytes_, base, bucket_region_bytes_);
+  absl::StatusOr<PlanViews> views =
+      MapPlanViews(response.buckets(), names_, dtypes_, bytes_, base,
+                   bucket_region_bytes_, device_ ? device_->base() : nullptr,
+                   device_ ? response.device_memory_bytes() : 0);
   if (!views.ok()) return bad(views.status().message());
   marked_ = std::make_unique<std::atomic<uint64_t>[]>(params_.size());
   recorder_ = std::make_unique<ReadyOrderRecorder>(params_.size(),
@@ -516,7 +535,7 @@ absl::Status ClientImpl::Wait(Pred ready, const std::string& what) {
   }
 }
 
-absl::Status ClientImpl::MarkReady(int param) {
+absl::Status ClientImpl::MarkReadyOn(int param, void* cuda_stream) {
   if (param < 0 || param >= num_params()) {
     return absl::OutOfRangeError(
         absl::StrCat("MarkReady(", param, "): unknown parameter index; ", Who(),
@@ -540,13 +559,20 @@ absl::Status ClientImpl::MarkReady(int param) {
   // acq_rel: the last marker's release store below must carry every other
   // marker's gradient writes with it (they precede their fetch_sub).
   if (pending_[b].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // The stream records the bucket's ready event before the daemon hears
+    // of it, so the daemon's wait sees this iteration's record.
+    if (buckets_[b].device != 0) {
+      if (absl::Status s = device_->RecordReady(b, cuda_stream); !s.ok()) {
+        return Fail(s);
+      }
+    }
     ready_row_[b].store(it, std::memory_order_release);
     RingDaemon(header_, me_, bell_.get());
   }
   return absl::OkStatus();
 }
 
-absl::Status ClientImpl::WaitAll() {
+absl::Status ClientImpl::WaitAllOn(void* cuda_stream) {
   RETURN_IF_ERROR(CheckFailed());
   const uint64_t it = iteration_.load(std::memory_order_relaxed);
   bool all_marked = true;
@@ -586,6 +612,15 @@ absl::Status ClientImpl::WaitAll() {
     return next == buckets_.size();
   };
   RETURN_IF_ERROR(Wait(all_done, absl::StrCat("iteration ", it)));
+  // The daemon published done_seq once its reduction was queued; the
+  // stream waits for the GPU to finish it.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].device == 0) continue;
+    if (absl::Status s = device_->WaitDone(static_cast<int>(b), cuda_stream);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
 
   for (size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b].store(static_cast<int32_t>(buckets_[b].params.size()),
@@ -617,6 +652,10 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
       recorder_->last().empty()) {
     return false;
   }
+  // Moving gradients between device buckets needs a stream; CUDA jobs keep
+  // their first plan (every rank registered the same devices, so every rank
+  // skips alike).
+  if (device_ != nullptr) return false;
   const uint64_t it = iteration_.load(std::memory_order_relaxed);
   for (int i = 0; i < num_params(); ++i) {
     if (marked_[i].load(std::memory_order_acquire) == it) {
@@ -860,12 +899,27 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   request.set_num_nodes(options.num_nodes);
   request.set_coordinator(options.coordinator);
   *request.mutable_comm_hook() = CommHookToProto(options.comm_hook);
+  bool cuda = false;
   for (const ClientParam& p : params) {
     v1::ParamSpec* spec = request.add_params();
     spec->set_name(p.name);
     for (int64_t d : p.shape) spec->add_shape(d);
-    // Unchecked on purpose: the daemon validates and names bad dtypes.
+    // Unchecked on purpose: the daemon validates and names bad dtypes and
+    // devices.
     spec->set_dtype(static_cast<v1::DType>(p.dtype));
+    spec->set_device(static_cast<v1::DeviceKind>(p.device));
+    cuda = cuda || p.device == static_cast<int32_t>(v1::DEVICE_CUDA);
+  }
+  if (cuda) {
+    absl::StatusOr<v1::CudaDevice> gpu =
+        DeviceClient::Describe(options.cuda_device);
+    if (!gpu.ok()) {
+      return absl::Status(gpu.status().code(),
+                          absl::StrCat("attach to gradd (job '", options.job_id,
+                                       "', local rank ", options.local_rank,
+                                       "): ", gpu.status().message()));
+    }
+    *request.mutable_cuda_device() = *std::move(gpu);
   }
   v1::AttachResponse response;
   grpc::ClientContext context;
@@ -893,9 +947,12 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
 
   ASSIGN_OR_RETURN(
       ReceivedMessage fds_msg,
-      ReceiveWithFds(session.get(), sizeof(SessionFds), 4, kFdsTimeout));
+      ReceiveWithFds(session.get(), sizeof(SessionFds), 5, kFdsTimeout));
   SessionFds fds_header;
-  if (fds_msg.payload.size() != sizeof(fds_header) || fds_msg.fds.size() != 4) {
+  // A fifth fd, the rank's device memory, comes with CUDA buckets.
+  const size_t expected_fds = response.device_memory_bytes() > 0 ? 5 : 4;
+  if (fds_msg.payload.size() != sizeof(fds_header) ||
+      fds_msg.fds.size() != expected_fds) {
     return absl::InternalError(absl::StrCat(
         "gradd sent a malformed fd message (", fds_msg.payload.size(),
         " bytes, ", fds_msg.fds.size(), " fds)"));
@@ -921,6 +978,18 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
                         ? response.bucket_slots()
                         : static_cast<uint32_t>(response.buckets_size())));
   client->SetConnection(std::move(session), hello.session_id, channel);
+  if (expected_fds == 5) {
+    absl::StatusOr<std::unique_ptr<DeviceClient>> device = DeviceClient::Import(
+        options.cuda_device, std::move(fds_msg.fds[4]), response);
+    if (!device.ok()) {
+      return absl::Status(
+          device.status().code(),
+          absl::StrCat("job '", options.job_id, "', local rank ",
+                       options.local_rank, ": importing the device memory ",
+                       "gradd allocated failed: ", device.status().message()));
+    }
+    client->SetDevice(*std::move(device));
+  }
   RETURN_IF_ERROR(client->Init(
       params, response, std::move(fds_msg.fds[0]), std::move(fds_msg.fds[1]),
       std::move(fds_msg.fds[2]), std::move(fds_msg.fds[3])));

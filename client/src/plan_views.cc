@@ -10,12 +10,13 @@ namespace gradd {
 absl::StatusOr<PlanViews> MapPlanViews(
     const google::protobuf::RepeatedPtrField<v1::BucketSpec>& specs,
     const std::vector<std::string>& names, const std::vector<int32_t>& dtypes,
-    const std::vector<size_t>& bytes, char* base, uint64_t region_bytes) {
+    const std::vector<size_t>& bytes, char* base, uint64_t region_bytes,
+    char* device_base, uint64_t device_bytes) {
   auto bad = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat(parts...));
   };
-  auto fits = [region_bytes](uint64_t offset, uint64_t size) {
-    return offset <= region_bytes && size <= region_bytes - offset;
+  auto fits_in = [](uint64_t region, uint64_t offset, uint64_t size) {
+    return offset <= region && size <= region - offset;
   };
   const size_t n = names.size();
   PlanViews out;
@@ -24,9 +25,13 @@ absl::StatusOr<PlanViews> MapPlanViews(
   out.bucket_of.assign(n, -1);
   for (int b = 0; b < specs.size(); ++b) {
     const v1::BucketSpec& spec = specs[b];
-    if (!fits(spec.offset(), spec.size_bytes())) {
-      return bad("bucket ", b, " outside the rank memory");
+    const bool cuda = spec.device() == v1::DEVICE_CUDA;
+    if (!fits_in(cuda ? device_bytes : region_bytes, spec.offset(),
+                 spec.size_bytes())) {
+      return bad("bucket ", b, " outside the rank's ",
+                 cuda ? "device memory" : "memory");
     }
+    char* const bucket_base = cuda ? device_base : base;
     if (spec.param_indices_size() == 0 ||
         spec.param_indices_size() != spec.param_offsets_size()) {
       return bad("bucket ", b, " has a malformed parameter list");
@@ -34,6 +39,7 @@ absl::StatusOr<PlanViews> MapPlanViews(
     BucketInfo& info = out.buckets[b];
     info.dtype = static_cast<int32_t>(spec.dtype());
     info.size_bytes = spec.size_bytes();
+    info.device = cuda ? 1 : 0;
     for (int k = 0; k < spec.param_indices_size(); ++k) {
       const int32_t i = spec.param_indices(k);
       if (i < 0 || static_cast<size_t>(i) >= n) {
@@ -51,7 +57,7 @@ absl::StatusOr<PlanViews> MapPlanViews(
         return bad("parameter ", names[i], " lies outside bucket ", b);
       }
       out.bucket_of[i] = b;
-      out.data[i] = base + spec.offset() + off;
+      out.data[i] = bucket_base + spec.offset() + off;
       info.params.push_back(i);
     }
   }

@@ -23,14 +23,17 @@ struct PlanViews {
 };
 
 // `dtypes[i]` / `bytes[i]`: parameter i as registered; `names[i]` for
-// messages. Buckets must lie in [base, base + region_bytes), every
-// parameter in exactly one bucket of its dtype and inside it.
+// messages. Buckets must lie in [base, base + region_bytes) (CUDA buckets
+// in [device_base, device_base + device_bytes), this process's mapping of
+// the rank's device memory), every parameter in exactly one bucket of its
+// dtype and inside it.
 // INVALID_ARGUMENT saying what is wrong otherwise (the caller turns it into
 // its own error).
 absl::StatusOr<PlanViews> MapPlanViews(
     const google::protobuf::RepeatedPtrField<v1::BucketSpec>& specs,
     const std::vector<std::string>& names, const std::vector<int32_t>& dtypes,
-    const std::vector<size_t>& bytes, char* base, uint64_t region_bytes);
+    const std::vector<size_t>& bytes, char* base, uint64_t region_bytes,
+    char* device_base = nullptr, uint64_t device_bytes = 0);
 
 }  // namespace gradd
 

@@ -58,13 +58,26 @@ class UsedMapClient final : public Client {
   int num_params() const override { return static_cast<int>(names_.size()); }
 
   absl::Status MarkReady(int param) override {
+    return MarkReadyOn(param, nullptr);
+  }
+  absl::Status MarkReadyOn(int param, void* cuda_stream) override {
     RETURN_IF_ERROR(Claim(param));
     const uint64_t it = inner_->iteration();
     if (skipped_.load(std::memory_order_acquire) != it) Map()[param] = 1.0f;
-    return inner_->MarkReady(param + 1);
+    return inner_->MarkReadyOn(param + 1, cuda_stream);
+  }
+  int gradient_device(int param) const override {
+    return Known(param) ? inner_->gradient_device(param + 1) : 0;
   }
 
   absl::Status MarkUnused(int param, UnusedGradient gradient) override {
+    if (gradient == UnusedGradient::kZero && Known(param) &&
+        inner_->gradient_device(param + 1) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "MarkUnused(", param, ", kZero): parameter '", names_[param],
+          "' has a CUDA gradient, which the library cannot zero without a "
+          "stream; zero it on your stream and pass UnusedGradient::kKeep"));
+    }
     RETURN_IF_ERROR(Claim(param));
     if (gradient == UnusedGradient::kZero) {
       std::memset(inner_->gradient(param + 1), 0,
@@ -85,7 +98,8 @@ class UsedMapClient final : public Client {
     return inner_->MarkReady(0);
   }
 
-  absl::Status WaitAll() override {
+  absl::Status WaitAll() override { return WaitAllOn(nullptr); }
+  absl::Status WaitAllOn(void* cuda_stream) override {
     const uint64_t it = inner_->iteration();
     std::vector<int> missing;
     for (int i = 0; i < num_params(); ++i) {
@@ -97,7 +111,7 @@ class UsedMapClient final : public Client {
     if (skipped_.load(std::memory_order_relaxed) != it) {
       RETURN_IF_ERROR(inner_->MarkReady(0));
     }
-    RETURN_IF_ERROR(inner_->WaitAll());
+    RETURN_IF_ERROR(inner_->WaitAllOn(cuda_stream));
     const float* map = Map();
     for (size_t i = 0; i < names_.size(); ++i) used_[i] = map[i] > 0.0f;
     // The next iteration starts from "used by nobody".

@@ -29,9 +29,11 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "common/device.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "server/engine/job_events.h"
+#include "gradd/v1/node.pb.h"
 #include "server/hooks/comm_hook.h"
 
 namespace gradd {
@@ -53,6 +55,10 @@ struct BucketWork {
   size_t count = 0;  // elements
   // Only gradd's own parameters (Bucket::internal): never through a hook.
   bool internal = false;
+  // kCuda: rank_buffers are device addresses in the daemon's mapping of
+  // each rank's device memory; only a device-capable reducer
+  // (device_reducer.h) touches them.
+  DeviceKind device = DeviceKind::kCpu;
   // Bucket `bucket` in the memory of each local rank that contributes (all
   // of them, except ranks that joined: join_state.h); may be empty (a node
   // whose ranks all joined contributes zeros to the network collective).
@@ -130,6 +136,10 @@ class BucketReducerInterface {
       const std::string& description) {
     return absl::OkStatus();
   }
+  // Before the Attach replies: what local rank `rank` needs to take part in
+  // device buckets (the interprocess events of device_reducer.h). Host
+  // reducers add nothing.
+  virtual void DescribeDevice(int rank, v1::AttachResponse* response) const {}
 };
 
 // Runs fn(b, e) over [begin, end) of a bucket of `dtype`, split across

@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
     job->bcast_areas_.push_back(static_cast<char*>(job->rank_maps_[r].data()) +
                                 job->broadcast_offset());
   }
+  RETURN_IF_ERROR(job->AllocateDeviceMemory());
   job->MapBuckets();
   return job;
 }
@@ -145,14 +146,18 @@ void Job::Stop() {
 }
 
 std::vector<int> Job::FdsFor(int rank) const {
-  return {control_fd_.get(), rank_fds_[rank].get(),
-          rank_control_fds_[rank].get(), bells_[rank].write_end.get()};
+  std::vector<int> fds = {control_fd_.get(), rank_fds_[rank].get(),
+                          rank_control_fds_[rank].get(),
+                          bells_[rank].write_end.get()};
+  if (!device_fds_.empty()) fds.push_back(device_fds_[rank].get());
+  return fds;
 }
 
 void Job::ReleaseFds() {
   control_fd_.reset();
   rank_fds_.clear();
   rank_control_fds_.clear();
+  device_fds_.clear();
   // Without our copy, a rank's exit closes its bell's last write end, which
   // the doorbell sees (POLLHUP) and stops polling.
   for (BellPipe& bell : bells_) bell.write_end.reset();
@@ -171,6 +176,12 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_num_nodes(spec_.num_nodes);
   resp.set_bucket_slots(layout_.num_buckets());
   resp.set_bucket_region_bytes(bucket_region_bytes_);
+  // What the rank maps: the allocation as made (rounded up to the device's
+  // granularity; cuMem maps whole granules).
+  if (!device_memory_.empty()) {
+    resp.set_device_memory_bytes(device_memory_[rank]->size());
+  }
+  reducer_->DescribeDevice(rank, &resp);
   return resp;
 }
 
@@ -326,6 +337,7 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.dtype = bucket.dtype;
   work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
   work.internal = bucket.internal;
+  work.device = bucket.device;
   work.rank_buffers = buffers;
   work.divisor = divisor;
   BucketTrace& trace = traces_[b];

@@ -67,6 +67,7 @@
 #include "common/bucket_planner.h"
 #include "common/control_block.h"
 #include "common/control_mapping.h"
+#include "common/device_memory.h"
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
@@ -117,6 +118,14 @@ struct JobSpec {
   std::chrono::milliseconds stall_warning{0};
   std::chrono::milliseconds stall_shutdown{0};
   std::vector<std::string> node_ids;
+  // GPU path: where the ranks' CUDA buckets are allocated (null, or
+  // rank_devices all -1: the job has no CUDA parameters) and each local
+  // rank's device ordinal as the daemon sees it (device_attach.h).
+  DeviceAllocatorInterface* devices = nullptr;
+  std::vector<int> rank_devices;
+  // Bound on one device collective (NCCL) before the job fails and its
+  // communicators are aborted (rendezvous.collective_timeout_ms).
+  std::chrono::milliseconds collective_timeout{30000};
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -164,7 +173,8 @@ class Job {
   uint32_t bucket_slots() const { return layout_.num_buckets(); }
 
   // The fds to send to local rank r: [job block (read-only for it), rank r's
-  // memory, rank r's control block, the write end of rank r's bell].
+  // memory, rank r's control block, the write end of rank r's bell], then
+  // rank r's device memory when the job has CUDA buckets.
   std::vector<int> FdsFor(int rank) const;
   // Closes the daemon's copies of the memfds and bell write ends once every
   // rank has its own.
@@ -278,8 +288,9 @@ class Job {
   bool TrySwitchPlan();
   // Completes a pending SwitchPlan with `status` (job failed / stopping).
   void AbortSwitch(const absl::Status& status);
-  // Points bucket_buffers_ at plan_'s buckets in every rank's memory and
-  // publishes plan_ for Snapshot (job_snapshot.cc: PublishPlan).
+  // Points bucket_buffers_ at plan_'s buckets in every rank's memory (its
+  // device memory for CUDA buckets) and publishes plan_ for Snapshot
+  // (job_snapshot.cc: PublishPlan).
   void MapBuckets();
   void PublishPlan();
   // Engine or reducer thread, when the bucket holding the client's used map
@@ -287,6 +298,9 @@ class Job {
   // parameters no rank used. `map` is the reduced map (float32, one per
   // model parameter) in a contributing rank's bucket, not yet handed back.
   void RecordUsedMap(uint64_t iteration, const float* map);
+  // Create: every rank's device memory on its GPU, when the job has CUDA
+  // parameters (job_device.cc).
+  absl::Status AllocateDeviceMemory();
 
   const JobSpec spec_;
   const ControlLayout layout_;
@@ -306,6 +320,11 @@ class Job {
   std::unique_ptr<DaemonDoorbell> doorbell_;
   std::vector<UniqueFd> rank_fds_;
   std::vector<Mapping> rank_maps_;
+  // GPU path: each rank's device memory (any plan's CUDA buckets fit:
+  // MaxPlanBytes(params, kCuda) bytes) and its exported fd until handed out.
+  size_t device_region_bytes_ = 0;
+  std::vector<std::unique_ptr<DeviceMemoryInterface>> device_memory_;
+  std::vector<UniqueFd> device_fds_;
   // bucket_buffers_[b][r]: bucket b inside rank r's mapping.
   std::vector<std::vector<void*>> bucket_buffers_;
   // bcast_areas_[r]: the broadcast area inside rank r's mapping.

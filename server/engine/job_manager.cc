@@ -16,6 +16,8 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/config.h"
+#include "server/engine/device_attach.h"
+#include "server/engine/device_reducer.h"
 #include "server/engine/hierarchical_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
@@ -38,11 +40,13 @@ bool JobIdChar(char c) {
 
 std::string DescribeParam(const ParamInfo& p) {
   return absl::StrCat("'", p.name, "' [", absl::StrJoin(p.shape, ", "), "] ",
-                      std::string(DTypeName(p.dtype)));
+                      std::string(DTypeName(p.dtype)),
+                      p.device == DeviceKind::kCpu ? "" : " on cuda");
 }
 
 bool SameParam(const ParamInfo& a, const ParamInfo& b) {
-  return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype;
+  return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype &&
+         a.device == b.device;
 }
 
 // First difference between two ranks' models, or OK.
@@ -204,6 +208,18 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
           static_cast<int>(p.dtype()), ") for parameter '", p.name(),
           "' (index ", i, "); supported: float32, float64, float16, bfloat16"));
     }
+    absl::StatusOr<DeviceKind> device = DeviceKindFromInt(p.device());
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": parameter '", p.name(), "' (index ", i,
+                       "): ", device.status().message()));
+    }
+    if (*device == DeviceKind::kCuda && req.cuda_device().uuid().size() != 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": parameter '", p.name(), "' is on CUDA but the attach names ",
+          req.has_cuda_device() ? "a GPU UUID that is not 16 bytes" : "no GPU",
+          " (AttachRequest.cuda_device)"));
+    }
     if (p.shape_size() > kMaxDims) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": parameter '", p.name(), "' has ", p.shape_size(),
@@ -231,8 +247,8 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
                        config.max_job_memory_bytes(), " bytes"));
     }
     total_bytes += numel * elem;
-    params.push_back(
-        ParamInfo{p.name(), {p.shape().begin(), p.shape().end()}, *dtype});
+    params.push_back(ParamInfo{
+        p.name(), {p.shape().begin(), p.shape().end()}, *dtype, *device});
   }
   return params;
 }
@@ -241,13 +257,19 @@ JobManager::JobManager(const v1::DaemonConfig& config,
                        SessionRegistryInterface* sessions, ThreadPool* pool,
                        ReducerFactory reducer_factory,
                        std::shared_ptr<CoordinatorSelector> coordinators,
-                       EngineEventSinkInterface* events)
+                       EngineEventSinkInterface* events,
+                       DeviceAllocatorInterface* devices)
     : config_(config),
       sessions_(sessions),
       pool_(pool),
       reducer_factory_(std::move(reducer_factory)),
       coordinators_(std::move(coordinators)),
-      events_(events) {
+      events_(events),
+      no_devices_(devices == nullptr
+                      ? std::make_unique<NoDeviceAllocator>(
+                            "the daemon was started without GPU support")
+                      : nullptr),
+      devices_(devices != nullptr ? devices : no_devices_.get()) {
   if (coordinators_ == nullptr) {
     // No listen_address here: serving from start-up is the Daemon's
     // business; on-demand serving and the configured address work alike.
@@ -524,6 +546,12 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
         "pass the session id it sends")));
     return;
   }
+  absl::StatusOr<int> device =
+      ResolveRankDevice(request, *params, *devices_, who);
+  if (!device.ok()) {
+    std::move(done)(device.status());
+    return;
+  }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
     const ActiveJob& active = it->second;
     if (rank < static_cast<int>(active.sessions.size()) &&
@@ -567,7 +595,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
       deadline, absl::Now() + absl::Milliseconds(config_.attach_timeout_ms()));
   bound_[sid] = {id, rank};
   p.ranks[rank] = PendingRank{std::move(request), *std::move(params), limit,
-                              std::move(done)};
+                              std::move(done), *device};
   if (++p.count == p.world) FormJob(id);
 }
 
@@ -681,6 +709,10 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.timeline_events = config_.timeline_events();
   spec.stall_warning = std::chrono::milliseconds(config_.stall_warning_ms());
   spec.stall_shutdown = std::chrono::milliseconds(config_.stall_shutdown_ms());
+  spec.devices = devices_;
+  spec.collective_timeout =
+      std::chrono::milliseconds(config_.rendezvous().collective_timeout_ms());
+  for (const auto& r : p.ranks) spec.rank_devices.push_back(r->device);
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));
     return;
@@ -830,6 +862,7 @@ void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
     absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
   PendingJob& p = pending_.at(job_id);
+  if (reducer.ok()) reducer = WrapDeviceReducer(spec, *std::move(reducer));
   absl::StatusOr<std::unique_ptr<Job>> job =
       reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
                    : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());

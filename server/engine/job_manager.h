@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/bucket_planner.h"
+#include "common/device_memory.h"
 #include "common/thread_pool.h"
 #include "gradd/v1/config.pb.h"
 #include "server/engine/job.h"
@@ -84,7 +85,8 @@ class JobManager final : public NodeHandlerInterface,
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
              ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
              std::shared_ptr<CoordinatorSelector> coordinators = nullptr,
-             EngineEventSinkInterface* events = nullptr);
+             EngineEventSinkInterface* events = nullptr,
+             DeviceAllocatorInterface* devices = nullptr);
   ~JobManager() override;  // Stop()s
 
   void HandleAttach(v1::AttachRequest request, absl::Time deadline,
@@ -140,6 +142,8 @@ class JobManager final : public NodeHandlerInterface,
     std::vector<ParamInfo> params;
     absl::Time deadline;
     AttachCallback done;
+    // The daemon's ordinal of the rank's GPU; -1: no CUDA parameters.
+    int device = -1;
   };
   struct PendingJob {
     int world = 0;
@@ -226,6 +230,10 @@ class JobManager final : public NodeHandlerInterface,
   ReducerFactory reducer_factory_;
   std::shared_ptr<CoordinatorSelector> coordinators_;
   EngineEventSinkInterface* const events_;
+  // Where CUDA buckets are allocated (never null: a NoDeviceAllocator when
+  // the daemon was given none).
+  std::unique_ptr<DeviceAllocatorInterface> no_devices_;
+  DeviceAllocatorInterface* devices_;
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);

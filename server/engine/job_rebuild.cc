@@ -13,9 +13,12 @@ void Job::MapBuckets() {
   const int world = spec_.local_world_size;
   bucket_buffers_.assign(plan_.buckets.size(), {});
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const Bucket& bucket = plan_.buckets[b];
     for (int r = 0; r < world; ++r) {
-      bucket_buffers_[b].push_back(static_cast<char*>(rank_maps_[r].data()) +
-                                   plan_.buckets[b].offset);
+      char* base = bucket.device == DeviceKind::kCuda
+                       ? reinterpret_cast<char*>(device_memory_[r]->address())
+                       : static_cast<char*>(rank_maps_[r].data());
+      bucket_buffers_[b].push_back(base + bucket.offset);
     }
   }
   PublishPlan();

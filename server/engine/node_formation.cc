@@ -64,6 +64,7 @@ std::vector<v1::ParamSpec> Fingerprint(const std::vector<ParamInfo>& params) {
     spec.set_name(p.name);
     for (int64_t d : p.shape) spec.add_shape(d);
     spec.set_dtype(static_cast<v1::DType>(p.dtype));
+    spec.set_device(static_cast<v1::DeviceKind>(p.device));
     out.push_back(std::move(spec));
   }
   return out;
@@ -73,6 +74,7 @@ std::string SerializePlan(const BucketPlan& plan) {
   v1::AttachResponse msg;
   AppendBucketSpecs(plan, msg.mutable_buckets());
   msg.set_rank_memory_bytes(plan.total_bytes);
+  msg.set_device_memory_bytes(plan.device_bytes);
   return msg.SerializeAsString();
 }
 
@@ -88,13 +90,16 @@ absl::StatusOr<BucketPlan> ParsePlan(const std::string& bytes,
   // alignment, then the page rounding.
   const size_t limit =
       RoundUp(payload + msg.buckets_size() * kBucketAlignment, kPage) + kPage;
-  if (msg.rank_memory_bytes() > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the plan needs ", msg.rank_memory_bytes(),
-                     " bytes per rank; the parameters need at most ", limit));
+  for (uint64_t need : {msg.rank_memory_bytes(), msg.device_memory_bytes()}) {
+    if (need > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the plan needs ", need,
+                       " bytes per rank; the parameters need at most ", limit));
+    }
   }
   BucketPlan plan;
   plan.total_bytes = msg.rank_memory_bytes();
+  plan.device_bytes = msg.device_memory_bytes();
   std::vector<bool> seen(params.size(), false);
   std::vector<std::pair<uint64_t, uint64_t>> extents;
   for (int b = 0; b < msg.buckets_size(); ++b) {
@@ -102,22 +107,28 @@ absl::StatusOr<BucketPlan> ParsePlan(const std::string& bytes,
     const std::string where = absl::StrCat("bucket ", b);
     absl::StatusOr<DType> dtype = DTypeFromInt(in.dtype());
     if (!dtype.ok()) return Prefixed(dtype.status(), where);
+    absl::StatusOr<DeviceKind> device = DeviceKindFromInt(in.device());
+    if (!device.ok()) return Prefixed(device.status(), where);
+    // Each device kind has its own memory; the bucket must fit its own.
+    const uint64_t region =
+        *device == DeviceKind::kCuda ? plan.device_bytes : plan.total_bytes;
     if (in.param_indices_size() != in.param_offsets_size() ||
         in.param_indices_size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, " has ", in.param_indices_size(), " parameters and ",
           in.param_offsets_size(), " offsets"));
     }
-    if (in.offset() % kBucketAlignment != 0 ||
-        in.size_bytes() > plan.total_bytes ||
-        in.offset() > plan.total_bytes - in.size_bytes() ||
+    if (in.offset() % kBucketAlignment != 0 || in.size_bytes() > region ||
+        in.offset() > region - in.size_bytes() ||
         in.size_bytes() % DTypeSize(*dtype) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " at offset ", in.offset(), " of ", in.size_bytes(),
-          " bytes does not fit a rank's ", plan.total_bytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " at offset ", in.offset(), " of ",
+                       in.size_bytes(), " bytes does not fit a rank's ", region,
+                       " bytes of ", DeviceKindName(*device), " memory"));
     }
     Bucket out;
     out.dtype = *dtype;
+    out.device = *device;
     out.offset = in.offset();
     out.size_bytes = in.size_bytes();
     for (int i = 0; i < in.param_indices_size(); ++i) {
@@ -131,8 +142,8 @@ absl::StatusOr<BucketPlan> ParsePlan(const std::string& bytes,
                              : " a second time"));
       }
       const ParamInfo& param = params[p];
-      if (param.dtype != *dtype || at % DTypeSize(*dtype) != 0 ||
-          param.bytes() > in.size_bytes() ||
+      if (param.dtype != *dtype || param.device != *device ||
+          at % DTypeSize(*dtype) != 0 || param.bytes() > in.size_bytes() ||
           at > in.size_bytes() - param.bytes()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, " (", std::string(DTypeName(*dtype)), ", ",
@@ -144,7 +155,11 @@ absl::StatusOr<BucketPlan> ParsePlan(const std::string& bytes,
       out.params.push_back(p);
       out.param_offsets.push_back(at);
     }
-    extents.emplace_back(in.offset(), in.offset() + in.size_bytes());
+    // Extents in one space: device buckets after every host byte.
+    const uint64_t base =
+        *device == DeviceKind::kCuda ? plan.total_bytes : uint64_t{0};
+    extents.emplace_back(base + in.offset(),
+                         base + in.offset() + in.size_bytes());
     plan.buckets.push_back(std::move(out));
   }
   for (size_t p = 0; p < params.size(); ++p) {

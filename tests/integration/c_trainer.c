@@ -16,6 +16,11 @@
  *                                        by rank 0 only, "b" by nobody
  *   gradd_c_trainer badhook SOCKET       attach with an unknown comm hook
  *                                        must fail naming the known ones
+ *   gradd_c_trainer fakecuda SOCKET JOB RANK WORLD ITERATIONS
+ *                                        CUDA parameters on the daemon's
+ *                                        fake GPU (GRADD_FAKE_GPU_UUID):
+ *                                        device memory written through the
+ *                                        host mapping, the _on_stream calls
  * Prints PASS and exits 0, or prints why and exits 1. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +228,62 @@ static int Unused(const char* socket, const char* job, int rank, int world) {
   return 0;
 }
 
+static int FakeCuda(const char* socket, const char* job, int rank, int world,
+                    int iterations) {
+  static const int64_t shape0[] = {300};
+  static const int64_t shape1[] = {7};
+  gradd_param params[2] = {{"w", shape0, 1, GRADD_FLOAT32},
+                           {"b", shape1, 1, GRADD_FLOAT32}};
+  static const int32_t devices[2] = {GRADD_DEVICE_CUDA, GRADD_DEVICE_CUDA};
+  gradd_options opts;
+  JobOptions(&opts, socket, job, rank, world);
+  opts.param_devices = devices;
+  opts.cuda_device = 0;
+  gradd_client* c = NULL;
+  if (gradd_attach(&opts, params, 2, &c) != GRADD_OK) {
+    printf("FAIL attach: %s\n", gradd_last_error());
+    return 1;
+  }
+  if (gradd_gradient_device(c, 0) != GRADD_DEVICE_CUDA ||
+      gradd_gradient_device(c, 1) != GRADD_DEVICE_CUDA) {
+    printf("FAIL: gradients are not device memory\n");
+    return 1;
+  }
+  const double rank_term = (2.0 * gradd_rank(c) - (world - 1)) / 2;
+  for (int it = 0; it < iterations; ++it) {
+    unsigned long long t = gradd_iteration(c);
+    for (int p = 1; p >= 0; --p) {
+      float* g = (float*)gradd_gradient(c, p);
+      size_t n = gradd_gradient_bytes(c, p) / sizeof(float);
+      for (size_t j = 0; j < n; ++j) {
+        g[j] = (float)(Expected(t, p, j) + rank_term);
+      }
+      if (gradd_mark_ready_on_stream(c, p, NULL) != GRADD_OK) {
+        printf("FAIL mark_ready_on_stream: %s\n", gradd_last_error());
+        return 1;
+      }
+    }
+    if (gradd_wait_all_on_stream(c, NULL) != GRADD_OK) {
+      printf("FAIL wait_all_on_stream: %s\n", gradd_last_error());
+      return 1;
+    }
+    for (int p = 0; p < 2; ++p) {
+      const float* g = (const float*)gradd_gradient(c, p);
+      size_t n = gradd_gradient_bytes(c, p) / sizeof(float);
+      for (size_t j = 0; j < n; ++j) {
+        if (g[j] != (float)Expected(t, p, j)) {
+          printf("FAIL iteration %llu param %d [%zu] = %g, want %g\n", t, p, j,
+                 g[j], Expected(t, p, j));
+          return 1;
+        }
+      }
+    }
+  }
+  gradd_free(c);
+  printf("PASS\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "nodaemon") == 0) return NoDaemon(argv[2]);
   if (argc == 3 && strcmp(argv[1], "badhook") == 0) return BadHook(argv[2]);
@@ -233,6 +294,10 @@ int main(int argc, char** argv) {
   if ((argc == 4 || argc == 5) && strcmp(argv[1], "torchrun") == 0) {
     return Train(NULL, argv[2], -1, 0, atoi(argv[3]),
                  argc == 5 ? argv[4] : NULL);
+  }
+  if (argc == 7 && strcmp(argv[1], "fakecuda") == 0) {
+    return FakeCuda(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]),
+                    atoi(argv[6]));
   }
   if (argc == 6 && strcmp(argv[1], "unused") == 0) {
     return Unused(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));

@@ -43,6 +43,20 @@ std::optional<int> DecodeStatus(int status) {
 
 }  // namespace
 
+namespace {
+std::string FromEnv(const char* name, const char* built) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : built;
+}
+}  // namespace
+
+std::string DaemonBinary() {
+  return FromEnv("GRADD_TEST_DAEMON_BINARY", GRADD_DAEMON_BINARY);
+}
+std::string TrainerBinary() {
+  return FromEnv("GRADD_TEST_TRAINER_BINARY", GRADD_TEST_TRAINER);
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -82,7 +96,7 @@ void GraddTest::TearDown() {
 }
 
 bool GraddTest::StartDaemon() {
-  std::vector<std::string> argv = {GRADD_DAEMON_BINARY, "--socket", socket_};
+  std::vector<std::string> argv = {DaemonBinary(), "--socket", socket_};
   argv.insert(argv.end(), daemon_flags_.begin(), daemon_flags_.end());
   daemon_ = Spawn("gradd", argv);
   // The daemon is stopped by StopDaemon (SIGTERM first), not by the SIGKILL
@@ -220,7 +234,7 @@ bool GraddTest::WaitForText(const Proc& p, const std::string& text,
 
 Proc GraddTest::SpawnTrainer(const std::string& job, int rank, int world,
                              const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {GRADD_TEST_TRAINER,
+  std::vector<std::string> argv = {TrainerBinary(),
                                    "--socket",
                                    socket_,
                                    "--job",

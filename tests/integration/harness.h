@@ -35,6 +35,12 @@ struct Exit {
 
 std::string ReadFile(const std::string& path);
 
+// The daemon and test trainer the fixture starts: the build's, unless
+// $GRADD_TEST_DAEMON_BINARY / $GRADD_TEST_TRAINER_BINARY name others (a
+// bundle moved to another machine: scripts/gpu-check).
+std::string DaemonBinary();
+std::string TrainerBinary();
+
 // Base fixture: creates the temp dir, starts gradd, kills leftovers.
 class GraddTest : public ::testing::Test {
  protected:

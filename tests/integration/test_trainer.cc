@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -39,9 +40,16 @@
 #include "absl/strings/str_cat.h"
 #include "gradd/client.h"
 
+#if GRADD_HAVE_CUDA
+#include "common/cuda/driver.h"
+#include "common/cuda/owners.h"
+#endif
+
 namespace {
 
 constexpr int kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4;
+// --cuda: gradients are device memory.
+bool g_cuda_gradients = false;
 
 struct Flags {
   std::string socket;
@@ -70,6 +78,9 @@ struct Flags {
   // Call RebuildBuckets after this iteration (0: never); with --mode
   // skip_rebuild, local rank 1 does not and goes on.
   int rebuild_after = 0;
+  // Every parameter on CUDA device 0 (a real GPU, or the daemon's fake one
+  // when GRADD_FAKE_GPU_UUID is set).
+  bool cuda = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -128,6 +139,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->coordinator = value;
     else if (arg == "--rebuild-after")
       ok = absl::SimpleAtoi(value, &f->rebuild_after);
+    else if (arg == "--cuda")
+      ok = absl::SimpleAtob(value, &f->cuda);
     else
       ok = false;
     if (!ok) {
@@ -249,6 +262,43 @@ double Expected(uint64_t t, int p, size_t j) {
          0.5;
 }
 
+// Real device memory is copied through the driver (synchronous copies on
+// the legacy default stream, the stream MarkReadyOn/WaitAllOn are given);
+// host memory and the fake GPU's memfd are plain memory.
+#if GRADD_HAVE_CUDA
+bool RealGpu() {
+  const char* fake = std::getenv("GRADD_FAKE_GPU_UUID");
+  return fake == nullptr || *fake == '\0';
+}
+#endif
+
+void CopyIn(void* dst, const std::vector<char>& src) {
+#if GRADD_HAVE_CUDA
+  if (g_cuda_gradients && RealGpu()) {
+    const auto* d = *gradd::cuda::CudaDriver::Get();
+    d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
+                     reinterpret_cast<CUdeviceptr>(src.data()), src.size(),
+                     nullptr);
+    d->cuStreamSynchronize(nullptr);
+    return;
+  }
+#endif
+  std::memcpy(dst, src.data(), src.size());
+}
+
+void CopyOut(std::vector<char>& dst, const void* src) {
+#if GRADD_HAVE_CUDA
+  if (g_cuda_gradients && RealGpu()) {
+    const auto* d = *gradd::cuda::CudaDriver::Get();
+    d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst.data()),
+                     reinterpret_cast<CUdeviceptr>(src), dst.size(), nullptr);
+    d->cuStreamSynchronize(nullptr);
+    return;
+  }
+#endif
+  std::memcpy(dst.data(), src, dst.size());
+}
+
 class Trainer {
  public:
   Trainer(const Flags& flags, std::vector<gradd::ClientParam> model,
@@ -261,17 +311,19 @@ class Trainer {
   void Write(uint64_t t, int p) {
     const int world = client_->world_size();
     const double rank_term = (2.0 * client_->global_rank() - (world - 1)) / 2;
-    void* g = client_->gradient(p);
-    const size_t n = client_->gradient_bytes(p) / ElementSize(model_[p].dtype);
+    std::vector<char> staged(client_->gradient_bytes(p));
+    const size_t n = staged.size() / ElementSize(model_[p].dtype);
     for (size_t j = 0; j < n; ++j) {
-      Store(g, model_[p].dtype, j, Expected(t, p, j) + rank_term);
+      Store(staged.data(), model_[p].dtype, j, Expected(t, p, j) + rank_term);
     }
+    CopyIn(client_->gradient(p), staged);
   }
   // Writes and marks `ps`; the first error, if any.
   absl::Status WriteAndMark(uint64_t t, const std::vector<int>& ps) {
     for (int p : ps) {
       Write(t, p);
-      if (auto s = client_->MarkReady(p); !s.ok()) return s;
+      // The legacy default stream: the copy above was issued on it.
+      if (auto s = client_->MarkReadyOn(p, nullptr); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -303,8 +355,10 @@ class Trainer {
 
 int Trainer::Verify(uint64_t t) {
   for (int p = 0; p < client_->num_params(); ++p) {
-    const void* g = client_->gradient(p);
-    const size_t n = client_->gradient_bytes(p) / ElementSize(model_[p].dtype);
+    std::vector<char> staged(client_->gradient_bytes(p));
+    CopyOut(staged, client_->gradient(p));
+    const void* g = staged.data();
+    const size_t n = staged.size() / ElementSize(model_[p].dtype);
     for (size_t j = 0; j < n; ++j) {
       const double got = Load(g, model_[p].dtype, j);
       const double want = Expected(t, p, j);
@@ -449,7 +503,7 @@ int Trainer::Run() {
       if (auto s = WriteAndMark(t, order); !s.ok()) return Fail(s);
     }
 
-    if (auto s = client_->WaitAll(); !s.ok()) return Fail(s);
+    if (auto s = client_->WaitAllOn(nullptr); !s.ok()) return Fail(s);
     if (int rc = Verify(t); rc != 0) return rc;
     if (flags_.rebuild_after > 0 &&
         t == static_cast<uint64_t>(flags_.rebuild_after)) {
@@ -486,6 +540,28 @@ int main(int argc, char** argv) {
   options.num_nodes = flags.num_nodes;
   options.node_id = flags.node_id;
   options.coordinator = flags.coordinator;
+  if (flags.cuda) {
+    g_cuda_gradients = true;
+#if GRADD_HAVE_CUDA
+    if (RealGpu()) {
+      // The trainer's own CUDA context (as torch's): the primary one.
+      auto driver = gradd::cuda::CudaDriver::Get();
+      if (!driver.ok()) {
+        Line(absl::StrCat(
+            "ERROR code=", static_cast<int>(driver.status().code()), " ",
+            driver.status().message()));
+        return 3;
+      }
+      if (auto s = gradd::cuda::UseDevice(**driver, 0, "trainer"); !s.ok()) {
+        Line(absl::StrCat("ERROR code=", static_cast<int>(s.code()), " ",
+                          s.message()));
+        return 3;
+      }
+    }
+#endif
+    for (gradd::ClientParam& p : model) p.device = 1;
+    options.cuda_device = 0;
+  }
   auto client = gradd::Client::Attach(options, model);
   if (!client.ok()) {
     Line(absl::StrCat("ERROR code=", static_cast<int>(client.status().code()),

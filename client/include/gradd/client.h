@@ -57,6 +57,9 @@ struct ClientParam {
   std::string name;
   std::vector<int64_t> shape;
   int32_t dtype = dtype::kFloat32;  // one of gradd::dtype::k*
+  // 0: the gradient lives in host memory; 1 (CUDA): on the rank's GPU
+  // (ClientOptions::cuda_device), in device memory the daemon allocates.
+  int32_t device = 0;
 };
 
 // The job's communication hook, run by the daemon between the local reduce
@@ -136,6 +139,9 @@ struct ClientOptions {
   bool rebuild_buckets = true;
   // The job's communication hook (default: the daemon's).
   CommHookOptions comm_hook;
+  // The GPU (this process's CUDA ordinal) every CUDA parameter lives on;
+  // required when any ClientParam::device is 1.
+  int cuda_device = -1;
 };
 
 // What MarkUnused contributes for a parameter this rank did not use.
@@ -166,6 +172,8 @@ struct BucketInfo {
   int32_t dtype;
   size_t size_bytes;
   std::vector<int32_t> params;
+  // 1: the bucket is on the rank's GPU (ClientParam::device).
+  int32_t device = 0;
 };
 
 class Client {
@@ -189,6 +197,12 @@ class Client {
   // already marked in this iteration (names the parameter).
   // With find_unused_parameters, also records `param` as used by this rank.
   virtual absl::Status MarkReady(int param) = 0;
+  // CUDA parameters: MarkReady, ordered after the work queued so far on
+  // `cuda_stream` (a CUstream / cudaStream_t; null: the legacy default
+  // stream) that wrote the gradient. When it completes a bucket the stream
+  // records the bucket's ready event before the daemon is told; the CPU
+  // never waits for the GPU. For host parameters the stream is ignored.
+  virtual absl::Status MarkReadyOn(int param, void* cuda_stream);
 
   // find_unused_parameters only (else FAILED_PRECONDITION): marks `param`
   // ready without recording it as used by this rank. Same errors as
@@ -212,6 +226,13 @@ class Client {
   // if some parameters were never marked ready (with find_unused_parameters:
   // neither by MarkReady nor by MarkUnused).
   virtual absl::Status WaitAll() = 0;
+  // WaitAll, and then makes `cuda_stream` wait (on the GPU, without a host
+  // sync) for the daemon's reduction of every CUDA bucket, so work queued
+  // on it afterwards (the optimizer) reads the averaged gradients.
+  virtual absl::Status WaitAllOn(void* cuda_stream);
+  // 1 when parameter `param`'s gradient is device memory (gradient() is
+  // then a device address in this process), 0 for host memory.
+  virtual int gradient_device(int param) const { return 0; }
   // Non-blocking: whether bucket b of the current iteration is done.
   virtual bool BucketDone(int bucket) const = 0;
 

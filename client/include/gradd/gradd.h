@@ -111,7 +111,15 @@ typedef struct gradd_options {
    * numbers when the daemons formed another world. */
   int32_t world_size;
   int32_t rank;
+  /* GPU path. param_devices: NULL (every parameter in host memory) or one
+   * entry per parameter, GRADD_DEVICE_CPU or GRADD_DEVICE_CUDA; CUDA
+   * gradients live on GPU cuda_device (this process's ordinal) in device
+   * memory the daemon allocates; use the _on_stream calls for them. */
+  const int32_t* param_devices;
+  int32_t cuda_device;
 } gradd_options;
+
+enum { GRADD_DEVICE_CPU = 0, GRADD_DEVICE_CUDA = 1 };
 
 typedef struct gradd_param {
   const char* name;
@@ -142,6 +150,16 @@ int gradd_num_buckets(const gradd_client* client);
 
 int gradd_mark_ready(gradd_client* client, int param);
 int gradd_wait_all(gradd_client* client);
+/* CUDA parameters: as gradd_mark_ready / gradd_wait_all, ordered on
+ * `cuda_stream` (a cudaStream_t / CUstream; NULL: the legacy default
+ * stream) without host syncs: the stream records the bucket's ready event,
+ * and later waits for the daemon's reduction (gradd::Client::MarkReadyOn /
+ * WaitAllOn). */
+int gradd_mark_ready_on_stream(gradd_client* client, int param,
+                               void* cuda_stream);
+int gradd_wait_all_on_stream(gradd_client* client, void* cuda_stream);
+/* GRADD_DEVICE_CUDA when gradd_gradient(param) is device memory. */
+int gradd_gradient_device(const gradd_client* client, int param);
 
 /* find_unused_parameters only: marks `param` ready without counting it as
  * used by this rank; keep_gradient = 0 zeroes its gradient first (contributes

@@ -39,6 +39,8 @@ def should_rebuild(ddp) -> bool:
     client = ddp._client
     if client is None or client.has_rebuilt_buckets:
         return False
+    if getattr(ddp, "_device", torch.device("cpu")).type != "cpu":
+        return False  # CUDA jobs keep their first plan (client/src/client.cc)
     if not getattr(ddp, "_rebuild_buckets_enabled", True):
         return False
     if ddp.find_unused_parameters and not ddp.static_graph:

@@ -58,6 +58,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils import _pytree
 
+from gradd import _cuda
+
 _MARKED_TWICE = (
     "Expected to mark a variable ready only once. This error is caused by one of the "
     "following reasons: 1) Use of a module parameter outside the `forward` function. "
@@ -105,9 +107,13 @@ class Reducer:
         find_unused_parameters: bool,
         who: str,
         fail: Callable[[BaseException], None],
+        device: Optional[torch.device] = None,
         sparse=None,
     ):
         self.client = client
+        # CUDA modules: mark_ready / wait_all name the current stream
+        # (gradd/_cuda.py); 0 for CPU modules.
+        self.device = device if device is not None else torch.device("cpu")
         self.params = params
         self.names = names
         self.views = views
@@ -271,7 +277,7 @@ class Reducer:
                 view.copy_(g)
             p.grad = view
         self._mark(i)
-        self._call(self.client.mark_ready, i)
+        self._call(self.client.mark_ready, i, _cuda.stream_handle(self.device))
 
     def _mark_unused(self, i: int) -> None:
         p, view = self.params[i], self.views[i]
@@ -287,6 +293,12 @@ class Reducer:
             self._unused[i] = "other"
             with torch.no_grad():
                 view.copy_(g)
+            keep = True
+        if not keep and self.device.type == "cuda":
+            # The library cannot zero device memory without a stream: zero
+            # it on the current one and contribute what it then holds.
+            with torch.no_grad():
+                view.zero_()
             keep = True
         self._mark(i)
         self._call(self.client.mark_unused, i, keep)
@@ -351,7 +363,7 @@ class Reducer:
                     self._hand_over(i)  # used locally: counts, contributes
                 else:
                     self._mark_unused(i)
-        self._call(self.client.wait_all)
+        self._call(self.client.wait_all, _cuda.stream_handle(self.device))
         if self.sparse is not None and len(self.sparse):
             self._call(self.sparse.reduce)
         t_done = time.monotonic_ns()

@@ -39,7 +39,7 @@ import torch  # the real torch: this module is gradd.torch, imports are absolute
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
-from gradd import _jobs, _rebuild, _state_sync
+from gradd import _cuda, _jobs, _rebuild, _state_sync
 from gradd import _join  # join() for uneven inputs
 from gradd._C import GraddError
 from gradd._reducer import Reducer
@@ -108,7 +108,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
       and ``_get_ddp_logging_data()`` (torch's main keys; times in ns as
       measured by this client).
 
-    ``device_ids``/``output_device`` must be None (CPU modules),
+    CUDA modules (all parameters and buffers on one GPU) take
+    ``device_ids=[that GPU]`` (or None) as torch's; their ``.grad`` are views
+    into device memory the daemon allocated (see gradd/_cuda.py); bucket
+    rebuild, join() and communication hooks are CPU-only for now. CPU
+    modules need ``device_ids``/``output_device`` None,
     ``process_group`` is ignored (the daemon forms the group from the job
     id), ``dim`` and ``check_reduction`` are accepted for compatibility.
 
@@ -175,16 +179,12 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 "DistributedDataParallel is not needed when a module doesn't have any "
                 "parameter that requires a gradient."
             )
-        for n, p in list(module.named_parameters()) + list(module.named_buffers()):
-            if p.device.type != "cpu":
-                raise NotImplementedError(
-                    f"gradd.torch supports CPU tensors only; '{n}' is on {p.device}"
-                )
-        if device_ids is not None or output_device is not None:
-            raise ValueError(
-                "device_ids and output_device must be None for a CPU module "
-                f"(got device_ids={device_ids!r}, output_device={output_device!r})"
-            )
+        # CPU, or one GPU (gradd/_cuda.py): gradients then live in device
+        # memory the daemon allocates on that GPU.
+        self._device = _cuda.module_device(module)
+        device_ids, output_device = _cuda.check_device_ids(
+            self._device, device_ids, output_device
+        )
         if process_group is not None:
             warnings.warn(
                 "gradd.torch.DistributedDataParallel ignores process_group: the gradd "
@@ -201,8 +201,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 raise NotImplementedError(f"parameter '{n}' is not a dense tensor")
 
         self.module = module
-        self.device_ids = None
-        self.output_device = None
+        self.device_ids = device_ids
+        self.output_device = output_device
         self.dim = dim
         self.broadcast_buffers = broadcast_buffers
         self.process_group = process_group
@@ -278,7 +278,12 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # -- attach and register -----------------------------------------
         self._param_names: List[str] = [n for n, _ in named]
         self._params: List[torch.nn.Parameter] = [p for _, p in named]
-        specs = [(n, tuple(p.shape), _DTYPES[p.dtype]) for n, p in named]
+        cuda = self._device.type == "cuda"
+        # (name, shape, dtype), plus the device for CUDA modules.
+        specs = [
+            (n, tuple(p.shape), _DTYPES[p.dtype]) + (("cuda",) if cuda else ())
+            for n, p in named
+        ]
         state = _state_sync.module_states(self.module)
         state_bytes = _state_sync.state_bytes(state)
         self._bcast_bytes = 0
@@ -305,6 +310,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             # Always: the used map also serves static_graph, which
             # _set_static_graph() may turn on after construction.
             find_unused_parameters=True,
+            cuda_device=self.device_ids[0] if cuda else -1,
         )
         if self._client.world_size != self.world_size or self._client.global_rank != self.rank:
             got = (self._client.global_rank, self._client.world_size)
@@ -323,6 +329,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # handed out when the parameter gets a gradient or the average.
         views: List[torch.Tensor] = []
         for i, p in enumerate(self._params):
+            if cuda:
+                views.append(_cuda.gradient_view(self._client, i, p))
+                continue
             view = torch.from_numpy(self._client.gradient(i))
             if p.dtype == torch.bfloat16:
                 view = view.view(torch.bfloat16)
@@ -335,6 +344,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             find_unused_parameters=find_unused_parameters,
             who=f"job '{self.job_id}', rank {self.rank}",
             fail=self._fail,
+            device=self._device,
             sparse=SparseReducer(
                 [n for n, _ in sparse_named],
                 [p for _, p in sparse_named],
@@ -416,6 +426,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             buffers = _state_sync.module_buffers(self.module)
             if buffers:
                 self._broadcast_tensors(buffers)
+        if self.device_ids:
+            # As torch's DDP: inputs go to the module's device.
+            inputs = _cuda.to_device(inputs, self._device)
+            kwargs = _cuda.to_device(kwargs, self._device)
         t0 = time.monotonic_ns()
         output = self.module(*inputs, **kwargs)
         if grad_sync:
@@ -459,6 +473,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         enable: bool = True,
         throw_on_early_termination: bool = False,
     ):
+        if self._device.type != "cpu":
+            raise NotImplementedError(
+                "gradd.torch: join() for CUDA modules is not supported yet"
+            )
         return _join.GraddJoin(
             [self],
             enable,
@@ -473,7 +491,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     @property
     def join_device(self):
-        return torch.device("cpu")
+        return self._device
 
     @property
     def join_process_group(self):

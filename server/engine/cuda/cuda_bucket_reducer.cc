@@ -1,0 +1,344 @@
+#include "server/engine/cuda/cuda_bucket_reducer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda/device_reduce.h"
+#include "common/status_macros.h"
+
+namespace gradd {
+
+CudaBucketReducer::CudaBucketReducer(
+    const JobSpec& spec, const cuda::CudaDriver* driver,
+    std::unique_ptr<BucketReducerInterface> host)
+    : job_id_(spec.job_id),
+      world_(spec.local_world_size),
+      timeout_(spec.collective_timeout),
+      driver_(driver),
+      host_(std::move(host)) {}
+
+absl::StatusOr<std::unique_ptr<BucketReducerInterface>>
+CudaBucketReducer::Create(const JobSpec& spec,
+                          std::unique_ptr<BucketReducerInterface> host) {
+  const std::string job = absl::StrCat("job '", spec.job_id, "'");
+  ASSIGN_OR_RETURN(const cuda::CudaDriver* driver, cuda::CudaDriver::Get());
+  if (spec.rank_devices.size() != static_cast<size_t>(spec.local_world_size)) {
+    return absl::InternalError(absl::StrCat(job, ": no device per rank"));
+  }
+  if (spec.num_nodes > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat(job, " spans ", spec.num_nodes,
+                     " nodes with CUDA parameters; the "
+                     "NCCL path between nodes is not wired yet"));
+  }
+  std::unique_ptr<CudaBucketReducer> r(
+      new CudaBucketReducer(spec, driver, std::move(host)));
+  // Groups in order of first appearance: the NCCL rank of a GPU is its
+  // group's index, the same on every run of the same job.
+  r->rank_group_.resize(spec.local_world_size);
+  for (int k = 0; k < spec.local_world_size; ++k) {
+    const int dev = spec.rank_devices[k];
+    auto it = std::find_if(r->groups_.begin(), r->groups_.end(),
+                           [dev](const Group& g) { return g.device == dev; });
+    if (it == r->groups_.end()) {
+      r->groups_.emplace_back();
+      r->groups_.back().device = dev;
+      it = r->groups_.end() - 1;
+    }
+    it->ranks.push_back(k);
+    r->rank_group_[k] = static_cast<int>(it - r->groups_.begin());
+  }
+  for (const Group& g : r->groups_) {
+    if (g.ranks.size() > static_cast<size_t>(cuda::kMaxDeviceBuffers)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          job, ": ", g.ranks.size(), " ranks share device ", g.device,
+          "; the device reducer takes at most ", cuda::kMaxDeviceBuffers));
+    }
+  }
+  const size_t slots = std::max(spec.plan.buckets.size(), spec.params.size());
+  // The largest bucket any plan can have, in the accumulator type.
+  size_t acc_bytes = 0;
+  for (const ParamInfo& p : spec.params) {
+    if (p.device != DeviceKind::kCuda) continue;
+    acc_bytes += p.numel() * DTypeSize(AccumulatorDType(p.dtype));
+  }
+  for (Group& g : r->groups_) {
+    const std::string where = absl::StrCat(job, " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver, g.device, where));
+    ASSIGN_OR_RETURN(g.stream, cuda::CudaStream::Create(driver, where));
+    for (size_t b = 0; b < slots; ++b) {
+      const std::string at = absl::StrCat(where, " bucket slot ", b);
+      ASSIGN_OR_RETURN(
+          cuda::CudaEvent e,
+          cuda::CudaEvent::Create(driver, /*interprocess=*/true, at));
+      ASSIGN_OR_RETURN(std::string handle, e.IpcHandle(at));
+      g.done.push_back(std::move(e));
+      g.done_handles.push_back(std::move(handle));
+    }
+    if (r->groups_.size() > 1 && acc_bytes > 0) {
+      if (spec.devices == nullptr) {
+        return absl::InternalError(absl::StrCat(where, ": no allocator"));
+      }
+      ASSIGN_OR_RETURN(g.acc, spec.devices->Allocate(g.device, acc_bytes));
+    }
+  }
+  r->ready_.resize(spec.local_world_size);
+  r->ready_handles_.resize(spec.local_world_size);
+  for (int k = 0; k < spec.local_world_size; ++k) {
+    const int dev = spec.rank_devices[k];
+    const std::string where = absl::StrCat(job, " rank ", k, " device ", dev);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver, dev, where));
+    for (size_t b = 0; b < slots; ++b) {
+      const std::string at = absl::StrCat(where, " bucket slot ", b);
+      ASSIGN_OR_RETURN(cuda::CudaEvent e,
+                       cuda::CudaEvent::Create(driver, true, at));
+      ASSIGN_OR_RETURN(std::string handle, e.IpcHandle(at));
+      r->ready_[k].push_back(std::move(e));
+      r->ready_handles_[k].push_back(std::move(handle));
+    }
+  }
+  if (r->groups_.size() > 1) {
+    absl::StatusOr<const nccl::NcclLibrary*> lib = nccl::NcclLibrary::Get();
+    if (!lib.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(job, ": its ranks use ", r->groups_.size(),
+                       " GPUs, which needs NCCL: ", lib.status().message()));
+    }
+    r->nccl_ = *lib;
+    ncclUniqueId id;
+    RETURN_IF_ERROR(nccl::NcclCheck(*r->nccl_, r->nccl_->ncclGetUniqueId(&id),
+                                    absl::StrCat(job, ": ncclGetUniqueId")));
+    std::vector<int> devices;
+    for (const Group& g : r->groups_) devices.push_back(g.device);
+    ASSIGN_OR_RETURN(nccl::NcclCommunicators comms,
+                     nccl::NcclCommunicators::Create(
+                         r->nccl_, driver, id, static_cast<int>(devices.size()),
+                         /*first_rank=*/0, devices, job));
+    r->comms_.emplace(std::move(comms));
+    r->watchdog_ = std::thread([p = r.get()] { p->Watch(); });
+  }
+  return std::unique_ptr<BucketReducerInterface>(std::move(r));
+}
+
+CudaBucketReducer::~CudaBucketReducer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+  // Work still queued reads the ranks' memory, which the Job frees after
+  // us: let it drain (bounded: the watchdog aborted anything stuck).
+  for (Group& g : groups_) {
+    if (g.stream.get() != nullptr &&
+        cuda::UseDevice(*driver_, g.device, "shutdown").ok()) {
+      driver_->cuStreamSynchronize(g.stream.get());
+    }
+  }
+}
+
+std::string CudaBucketReducer::Where(int bucket) const {
+  return absl::StrCat("job '", job_id_, "' bucket ", bucket);
+}
+
+void CudaBucketReducer::Start(const BucketWork& work, Completion done) {
+  if (work.device != DeviceKind::kCuda) {
+    host_->Start(work, std::move(done));
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s;
+  if (work.bucket < 0 ||
+      static_cast<size_t>(work.bucket) >= groups_[0].done.size()) {
+    s = absl::InternalError(
+        absl::StrCat(Where(work.bucket), ": no event slot"));
+  } else if (work.rank_buffers->size() != static_cast<size_t>(world_)) {
+    s = absl::UnimplementedError(absl::StrCat(
+        Where(work.bucket), ": ", work.rank_buffers->size(), " of ", world_,
+        " ranks contribute (join); join is not supported for CUDA buckets"));
+  } else if (groups_.size() == 1) {
+    s = StartFused(work);
+  } else {
+    s = StartCollective(work);
+  }
+  buckets_.fetch_add(1, std::memory_order_relaxed);
+  enqueue_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count(),
+                        std::memory_order_relaxed);
+  if (!s.ok() || groups_.size() == 1) {
+    std::move(done)(std::move(s));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  in_flight_.push_back(InFlight{work.bucket,
+                                std::chrono::steady_clock::now() + timeout_,
+                                std::move(done)});
+}
+
+absl::Status CudaBucketReducer::StartFused(const BucketWork& work) {
+  Group& g = groups_[0];
+  const std::string where =
+      absl::StrCat(Where(work.bucket), " device ", g.device);
+  RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
+  for (int k = 0; k < world_; ++k) {
+    RETURN_IF_ERROR(
+        cuda::CuCheck(*driver_,
+                      driver_->cuStreamWaitEvent(
+                          g.stream.get(), ready_[k][work.bucket].get(), 0),
+                      absl::StrCat(where, " rank ", k, ": cuStreamWaitEvent")));
+  }
+  const double divisor = work.divisor > 0 ? work.divisor : world_;
+  RETURN_IF_ERROR(
+      cuda::DeviceFusedAverage(work.dtype, work.rank_buffers->data(), world_,
+                               work.count, divisor, g.stream.get(), where));
+  return cuda::CuCheck(
+      *driver_,
+      driver_->cuEventRecord(g.done[work.bucket].get(), g.stream.get()),
+      absl::StrCat(where, ": cuEventRecord"));
+}
+
+absl::Status CudaBucketReducer::StartCollective(const BucketWork& work) {
+  const std::vector<void*>& buffers = *work.rank_buffers;
+  ASSIGN_OR_RETURN(ncclDataType_t type, nccl::NcclType(work.dtype));
+  // 1. Per GPU: wait for its ranks, sum their buckets into the accumulator.
+  for (Group& g : groups_) {
+    const std::string where =
+        absl::StrCat(Where(work.bucket), " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
+    std::vector<const void*> srcs;
+    for (int k : g.ranks) {
+      RETURN_IF_ERROR(cuda::CuCheck(
+          *driver_,
+          driver_->cuStreamWaitEvent(g.stream.get(),
+                                     ready_[k][work.bucket].get(), 0),
+          absl::StrCat(where, " rank ", k, ": cuStreamWaitEvent")));
+      srcs.push_back(buffers[k]);
+    }
+    RETURN_IF_ERROR(cuda::DeviceSumToAccumulator(
+        work.dtype, srcs.data(), static_cast<int>(srcs.size()),
+        reinterpret_cast<void*>(g.acc->address()), work.count, g.stream.get(),
+        where));
+  }
+  // 2. One allreduce across the GPUs, each driven as a rank of the group
+  // call on its own stream.
+  const std::string where = Where(work.bucket);
+  RETURN_IF_ERROR(nccl::NcclCheck(*nccl_, nccl_->ncclGroupStart(),
+                                  absl::StrCat(where, ": ncclGroupStart")));
+  absl::Status issued;
+  for (size_t i = 0; i < groups_.size() && issued.ok(); ++i) {
+    Group& g = groups_[i];
+    issued = cuda::UseDevice(*driver_, g.device, where);
+    if (issued.ok()) {
+      void* acc = reinterpret_cast<void*>(g.acc->address());
+      issued = nccl::NcclCheck(
+          *nccl_,
+          nccl_->ncclAllReduce(acc, acc, work.count, type, ncclSum,
+                               comms_->comm(static_cast<int>(i)),
+                               g.stream.get()),
+          absl::StrCat(where, " device ", g.device, ": ncclAllReduce"));
+    }
+  }
+  absl::Status ended = nccl::NcclCheck(*nccl_, nccl_->ncclGroupEnd(),
+                                       absl::StrCat(where, ": ncclGroupEnd"));
+  RETURN_IF_ERROR(issued);
+  RETURN_IF_ERROR(ended);
+  // 3. Per GPU: the average into every rank's bucket, then done.
+  const double divisor = work.divisor > 0 ? work.divisor : world_;
+  for (Group& g : groups_) {
+    const std::string at = absl::StrCat(where, " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, at));
+    std::vector<void*> outs;
+    for (int k : g.ranks) outs.push_back(buffers[k]);
+    RETURN_IF_ERROR(cuda::DeviceScatterFromAccumulator(
+        work.dtype, reinterpret_cast<const void*>(g.acc->address()), divisor,
+        outs.data(), static_cast<int>(outs.size()), work.count, g.stream.get(),
+        at));
+    RETURN_IF_ERROR(cuda::CuCheck(
+        *driver_,
+        driver_->cuEventRecord(g.done[work.bucket].get(), g.stream.get()),
+        absl::StrCat(at, ": cuEventRecord")));
+  }
+  return absl::OkStatus();
+}
+
+// Several GPUs: completes buckets in order once every GPU's done event has
+// fired; an NCCL error or the timeout aborts the communicators and fails
+// the bucket (and with it the job), so nothing waits on a dead peer.
+void CudaBucketReducer::Watch() {
+  bool set_context = false;
+  while (true) {
+    std::optional<InFlight> head;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !in_flight_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      if (stop_ && in_flight_.empty()) return;
+      if (in_flight_.empty()) continue;
+      head.emplace(std::move(in_flight_.front()));
+      in_flight_.pop_front();
+    }
+    if (!set_context) {
+      set_context =
+          cuda::UseDevice(*driver_, groups_[0].device, "watchdog").ok();
+    }
+    const std::string where = Where(head->bucket);
+    absl::Status result;
+    while (true) {
+      bool all = true;
+      for (Group& g : groups_) {
+        const CUresult q = driver_->cuEventQuery(g.done[head->bucket].get());
+        if (q == CUDA_ERROR_NOT_READY) {
+          all = false;
+        } else if (q != CUDA_SUCCESS) {
+          result = cuda::CuCheck(
+              *driver_, q,
+              absl::StrCat(where, " device ", g.device, ": cuEventQuery"));
+        }
+      }
+      if (result.ok()) result = comms_->AsyncError(where);
+      if (!result.ok() || all) break;
+      if (std::chrono::steady_clock::now() > head->deadline) {
+        result = absl::DeadlineExceededError(
+            absl::StrCat(where, ": the NCCL allreduce did not complete within ",
+                         timeout_.count(),
+                         " ms (collective timeout); communicators "
+                         "aborted"));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    if (!result.ok()) comms_->Abort();
+    std::move(head->done)(std::move(result));
+  }
+}
+
+ReducerStats CudaBucketReducer::stats() const {
+  ReducerStats s = host_->stats();
+  s.buckets += buckets_.load(std::memory_order_relaxed);
+  s.local_reduce_ns += enqueue_ns_.load(std::memory_order_relaxed);
+  return s;
+}
+
+absl::Status CudaBucketReducer::SetCommHook(
+    std::unique_ptr<CommHookInterface> hook) {
+  if (hook == nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("job '", job_id_,
+                   "' has CUDA parameters; communication hooks run on "
+                   "host memory and are not supported for CUDA buckets yet"));
+}
+
+void CudaBucketReducer::DescribeDevice(int rank,
+                                       v1::AttachResponse* response) const {
+  if (rank < 0 || rank >= world_) return;
+  for (const std::string& h : ready_handles_[rank]) {
+    response->add_ready_events(h);
+  }
+  for (const std::string& h : groups_[rank_group_[rank]].done_handles) {
+    response->add_done_events(h);
+  }
+}
+
+}  // namespace gradd

@@ -1,0 +1,76 @@
+// The GPU data path on a real GPU (ctest label gpu; skipped where there is
+// no CUDA driver or device): the real daemon, cuMem memory and IPC events,
+// the fused device reducer, with test trainers copying their gradients in
+// and out through the driver. Two trainer processes share GPU 0.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "common/cuda/driver.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace gradd::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class GpuDeviceTest : public GraddTest {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<const cuda::CudaDriver*> d = cuda::CudaDriver::Get();
+    if (!d.ok()) GTEST_SKIP() << "no GPU: " << d.status();
+    int count = 0;
+    if ((*d)->cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+      GTEST_SKIP() << "no GPU";
+    }
+    GraddTest::SetUp();
+  }
+};
+
+// 100 iterations, fp32/fp64/fp16/bf16 buckets, random ready order, every
+// value checked on every rank.
+TEST_F(GpuDeviceTest, TwoTrainersShareOneGpu) {
+  std::vector<Exit> exits =
+      RunJob("gpu", 2, {"--cuda", "true", "--iterations", "100", "--seed", "5"},
+             milliseconds(120000));
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
+    EXPECT_THAT(exits[r].output, HasSubstr("PASS iterations=100"));
+  }
+}
+
+TEST_F(GpuDeviceTest, LargeBucketsEveryDtype) {
+  std::vector<Exit> exits =
+      RunJob("gpu-large", 2,
+             {"--cuda", "true", "--model", "large", "--iterations", "20",
+              "--bucket-cap-mb", "1", "--first-bucket-cap-mb", "1"},
+             milliseconds(120000));
+  for (const Exit& e : exits) EXPECT_EQ(e.code, 0) << e.output;
+}
+
+TEST_F(GpuDeviceTest, TrainerKilledMidIteration) {
+  Proc r0 =
+      SpawnTrainer("killed", 0, 2, {"--cuda", "true", "--iterations", "1000"});
+  Proc r1 = SpawnTrainer("killed", 1, 2,
+                         {"--cuda", "true", "--iterations", "1000", "--mode",
+                          "stall", "--stall-at", "3"});
+  ASSERT_TRUE(WaitForText(r1, "STALLED", milliseconds(60000)))
+      << ReadFile(r1.log);
+  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
+  Exit e = Wait(r0, milliseconds(60000));
+  EXPECT_EQ(e.code, 3) << e.output;
+  EXPECT_THAT(e.output,
+              AllOf(HasSubstr("local rank 1"), HasSubstr("iteration 3")));
+  Wait(r1, milliseconds(5000));
+  std::vector<Exit> next =
+      RunJob("after-kill", 2, {"--cuda", "true", "--iterations", "10"},
+             milliseconds(60000));
+  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
+}  // namespace
+}  // namespace gradd::testing

@@ -1,0 +1,106 @@
+// The GPU data path between real processes, without a GPU: gradd with
+// --fake_gpus (host memory standing in for one GPU) and test trainers whose
+// every parameter is a CUDA parameter (--cuda, GRADD_FAKE_GPU_UUID). The
+// protocol is the real one: device parameters in the attach, the device
+// memory's fd as the fifth fd, gradients as views into it, MarkReadyOn /
+// WaitAllOn. The same trainers on a real GPU: gpu_device_test (label gpu).
+#include <signal.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace gradd::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr char kFakeGpu[] = "00112233445566778899aabbccddeeff";
+
+class GpuPathTest : public GraddTest {
+ protected:
+  void SetUp() override {
+    daemon_flags_ = {"--fake_gpus", kFakeGpu};
+    // Inherited by every trainer spawned below.
+    setenv("GRADD_FAKE_GPU_UUID", kFakeGpu, 1);
+    GraddTest::SetUp();
+  }
+  void TearDown() override {
+    GraddTest::TearDown();
+    unsetenv("GRADD_FAKE_GPU_UUID");
+  }
+};
+
+// Two trainer processes sharing the one GPU, 100 iterations of the mixed
+// model (fp32, fp64, fp16, bf16; random ready order), every value checked.
+TEST_F(GpuPathTest, TwoTrainersShareOneGpuEveryValueChecked) {
+  std::vector<Exit> exits =
+      RunJob("gpu", 2, {"--cuda", "true", "--iterations", "100", "--seed", "3"},
+             milliseconds(60000));
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
+    EXPECT_THAT(exits[r].output, HasSubstr("PASS iterations=100"));
+  }
+}
+
+TEST_F(GpuPathTest, AGpuTheDaemonDoesNotHaveIsRefusedAtAttach) {
+  setenv("GRADD_FAKE_GPU_UUID", "ffeeddccbbaa99887766554433221100", 1);
+  Proc r0 = SpawnTrainer("elsewhere", 0, 1, {"--cuda", "true"});
+  Exit e = Wait(r0, milliseconds(20000));
+  EXPECT_EQ(e.code, 3) << e.output;
+  EXPECT_THAT(e.output,
+              AllOf(HasSubstr("ERROR code=5"),  // NOT_FOUND
+                    HasSubstr("GPU-ffeeddcc-bbaa-9988-7766-554433221100 is "
+                              "not visible to the daemon")));
+}
+
+// A trainer killed mid-iteration fails its job (the survivor hears which
+// rank), the daemon releases the job's device memory and serves the next
+// job on the same GPU.
+TEST_F(GpuPathTest, TrainerKilledMidIteration) {
+  Proc r0 =
+      SpawnTrainer("killed", 0, 2, {"--cuda", "true", "--iterations", "1000"});
+  Proc r1 = SpawnTrainer("killed", 1, 2,
+                         {"--cuda", "true", "--iterations", "1000", "--mode",
+                          "stall", "--stall-at", "3"});
+  ASSERT_TRUE(WaitForText(r1, "STALLED", milliseconds(20000)))
+      << ReadFile(r1.log);
+  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
+  Exit e = Wait(r0, milliseconds(20000));
+  EXPECT_EQ(e.code, 3) << e.output;
+  EXPECT_THAT(e.output,
+              AllOf(HasSubstr("ERROR code="), HasSubstr("local rank 1"),
+                    HasSubstr("iteration 3")));
+  Wait(r1, milliseconds(5000));
+  std::vector<Exit> next =
+      RunJob("after-kill", 2, {"--cuda", "true", "--iterations", "10"},
+             milliseconds(30000));
+  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
+// The C ABI's GPU calls (param_devices, cuda_device, the _on_stream
+// calls), from C.
+TEST_F(GpuPathTest, CAbi) {
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(
+        Spawn(absl::StrCat("c", r), {GRADD_C_TRAINER, "fakecuda", socket_,
+                                     "c-gpu", absl::StrCat(r), "2", "20"}));
+  }
+  for (const Exit& e : WaitAll(ps, milliseconds(30000))) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    EXPECT_THAT(e.output, HasSubstr("PASS"));
+  }
+}
+
+// CPU jobs are unchanged next to the GPU ones.
+TEST_F(GpuPathTest, CpuJobsRunBesideThem) { ExpectHealthyJob("cpu"); }
+
+}  // namespace
+}  // namespace gradd::testing

@@ -1,0 +1,211 @@
+// Jobs with CUDA parameters, without a GPU: the JobManager over a
+// FakeDeviceAllocator (host memfds standing in for device memory). The
+// attach checks (no driver, no GPU named, a GPU the daemon cannot see, a
+// driver mismatch), the device-aware plan, the fifth fd carrying each
+// rank's device memory, and the engine averaging CUDA buckets through it
+// (the fake's memory is host memory, so the host reducer runs them).
+#include <sys/mman.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fake_device_memory.h"
+#include "common/shm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/config.h"
+#include "server/engine/job_manager.h"
+#include "tests/unit/server/fake_session_registry.h"
+#include "tests/unit/server/test_rank.h"
+
+namespace gradd {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kGpu0(16, '\xa0');
+const std::string kGpu1(16, '\xa1');
+
+class DeviceJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = DefaultConfig();
+    config_.set_attach_timeout_ms(10000);
+  }
+  void TearDown() override {
+    if (manager_) manager_->Stop();
+  }
+  JobManager& manager(DeviceAllocatorInterface* devices) {
+    if (!manager_) {
+      manager_ = std::make_unique<JobManager>(config_, &sessions_, &pool_,
+                                              nullptr, devices);
+      sessions_.set_observer(manager_.get());
+    }
+    return *manager_;
+  }
+
+  // "w" (CUDA, 1000 floats) and "b" (CUDA, 8 halves), plus a CPU one.
+  v1::AttachRequest Request(int rank, int world, const std::string& gpu,
+                            int driver_version = 13000) {
+    v1::AttachRequest req =
+        MakeRequest("gpu-job", rank, world, sessions_.Open(),
+                    {{"w", {10, 100}}, {"b", {8}, v1::FLOAT16}, {"c", {4}}});
+    req.mutable_params(0)->set_device(v1::DEVICE_CUDA);
+    req.mutable_params(1)->set_device(v1::DEVICE_CUDA);
+    req.mutable_cuda_device()->set_ordinal(rank);
+    req.mutable_cuda_device()->set_uuid(gpu);
+    req.mutable_cuda_device()->set_driver_version(driver_version);
+    return req;
+  }
+
+  v1::DaemonConfig config_;
+  ThreadPool pool_{2};
+  FakeSessionRegistry sessions_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(DeviceJobTest, DaemonWithoutCudaSaysSo) {
+  absl::StatusOr<v1::AttachResponse> r =
+      StartAttach(manager(nullptr), Request(0, 1, kGpu0))->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("CUDA parameters but this daemon has no CUDA driver"));
+  EXPECT_THAT(r.status().message(), HasSubstr("local rank 0 of job 'gpu-job'"));
+}
+
+TEST_F(DeviceJobTest, CudaParametersNeedAGpu) {
+  FakeDeviceAllocator fake({kGpu0});
+  v1::AttachRequest req = Request(0, 1, kGpu0);
+  req.clear_cuda_device();
+  absl::StatusOr<v1::AttachResponse> r =
+      StartAttach(manager(&fake), std::move(req))->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      r.status().message(),
+      HasSubstr("parameter 'w' is on CUDA but the attach names no GPU"));
+}
+
+TEST_F(DeviceJobTest, AGpuTheDaemonCannotSeeIsNamed) {
+  FakeDeviceAllocator fake({kGpu0});
+  absl::StatusOr<v1::AttachResponse> r =
+      StartAttach(manager(&fake), Request(1, 2, kGpu1))->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("local rank 1 of job 'gpu-job', device cuda:1 "
+                        "(GPU-a1a1a1a1-a1a1-a1a1-a1a1-a1a1a1a1a1a1): GPU "
+                        "GPU-a1a1a1a1-a1a1-a1a1-a1a1-a1a1a1a1a1a1 is not "
+                        "visible to the daemon"));
+}
+
+TEST_F(DeviceJobTest, ADriverMismatchIsRefused) {
+  FakeDeviceAllocator fake({kGpu0}, /*driver_version=*/12080);
+  absl::StatusOr<v1::AttachResponse> r =
+      StartAttach(manager(&fake), Request(0, 1, kGpu0, 13000))->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the trainer's CUDA driver is version 13000 but the "
+                        "daemon's is 12080"));
+}
+
+TEST_F(DeviceJobTest, ModelsOnDifferentDevicesDoNotMatch) {
+  FakeDeviceAllocator fake({kGpu0});
+  auto a = StartAttach(manager(&fake), Request(0, 2, kGpu0));
+  v1::AttachRequest other = Request(1, 2, kGpu0);
+  other.mutable_params(0)->set_device(v1::DEVICE_CPU);
+  auto b = StartAttach(manager(&fake), std::move(other));
+  absl::StatusOr<v1::AttachResponse> r = a->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("parameter 0 is 'w' [10, 100] float32 on cuda on "
+                        "local rank 0 but 'w' [10, 100] float32 on local "
+                        "rank 1"));
+  EXPECT_FALSE(b->Get().ok());
+}
+
+// Two ranks sharing one (fake) GPU for 100 iterations: each rank's CUDA
+// buckets arrive as a fifth fd, the plan keeps CUDA and CPU parameters in
+// separate buckets and memories, and every value is the average.
+TEST_F(DeviceJobTest, TwoRanksOnOneGpuAverageThroughDeviceMemory) {
+  FakeDeviceAllocator fake({kGpu0});
+  const int world = 2;
+  std::vector<std::shared_ptr<PendingAttach>> pending;
+  std::vector<uint64_t> sessions;
+  for (int r = 0; r < world; ++r) {
+    v1::AttachRequest req = Request(r, world, kGpu0);
+    sessions.push_back(req.session_id());
+    pending.push_back(StartAttach(manager(&fake), std::move(req)));
+  }
+  std::vector<std::unique_ptr<TestRank>> ranks;
+  std::vector<Mapping> device;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<v1::AttachResponse> resp = pending[r]->Get();
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    ASSERT_GT(resp->device_memory_bytes(), 0u);
+    FakeSessionRegistry::Sent sent = sessions_.TakeSent(sessions[r]);
+    ASSERT_EQ(sent.fds.size(), 5u);
+    absl::StatusOr<Mapping> m =
+        Mapping::Map(sent.fds[4].get(), resp->device_memory_bytes());
+    ASSERT_TRUE(m.ok()) << m.status();
+    device.push_back(*std::move(m));
+    ranks.push_back(
+        std::make_unique<TestRank>(r, sessions[r], *resp, std::move(sent)));
+  }
+  EXPECT_EQ(fake.live_allocations(), world);
+  const v1::AttachResponse& plan = ranks[0]->response();
+  ASSERT_EQ(plan.buckets_size(), 3);  // float16 cuda, float32 cuda, cpu
+  auto base = [&](int r, int b) -> char* {
+    const v1::BucketSpec& s = plan.buckets(b);
+    return (s.device() == v1::DEVICE_CUDA ? static_cast<char*>(device[r].data())
+                                          : ranks[r]->memory()) +
+           s.offset();
+  };
+  int cuda_buckets = 0;
+  for (const v1::BucketSpec& s : plan.buckets()) {
+    cuda_buckets += s.device() == v1::DEVICE_CUDA;
+    for (int p : s.param_indices()) {
+      EXPECT_EQ(s.device(), p == 2 ? v1::DEVICE_CPU : v1::DEVICE_CUDA);
+    }
+  }
+  EXPECT_EQ(cuda_buckets, 2);
+
+  for (uint64_t it = 1; it <= 100; ++it) {
+    for (int r = 0; r < world; ++r) {
+      for (int b = 0; b < plan.buckets_size(); ++b) {
+        const v1::BucketSpec& s = plan.buckets(b);
+        if (s.dtype() != v1::FLOAT32) continue;
+        float* f = reinterpret_cast<float*>(base(r, b));
+        for (size_t i = 0; i < s.size_bytes() / 4; ++i) {
+          f[i] = static_cast<float>(r * 2 + it + i % 7);
+        }
+      }
+      for (int b = 0; b < plan.buckets_size(); ++b) ranks[r]->Publish(b, it);
+    }
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(ranks[r]->WaitAllDone(it)) << ranks[r]->Error();
+    }
+    for (int r = 0; r < world; ++r) {
+      for (int b = 0; b < plan.buckets_size(); ++b) {
+        const v1::BucketSpec& s = plan.buckets(b);
+        if (s.dtype() != v1::FLOAT32) continue;
+        const float* f = reinterpret_cast<const float*>(base(r, b));
+        for (size_t i = 0; i < s.size_bytes() / 4; ++i) {
+          // (it + i%7 + it + 2 + i%7) / 2
+          ASSERT_EQ(f[i], static_cast<float>(it + i % 7 + 1))
+              << "rank " << r << " bucket " << b << " element " << i
+              << " iteration " << it;
+        }
+      }
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(Detach(manager(&fake), "gpu-job", r, sessions[r]).ok());
+  }
+  ranks.clear();
+  manager_->Stop();
+  EXPECT_EQ(fake.live_allocations(), 0);
+}
+
+}  // namespace
+}  // namespace gradd
