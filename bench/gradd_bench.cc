@@ -347,9 +347,10 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     if (s.cuda) {
       ASSIGN_OR_RETURN(std::vector<float> back, GpuRead(grad, numel));
       for (size_t k = 0; k < numel; k += i + 1 < total ? numel / 2 + 1 : 1) {
-        RETURN_IF_ERROR(CheckValue(back[k], want, size, i, k));
+        RETURN_IF_ERROR(CheckValue(back[k], want, size, i, k, s.tolerance));
       }
-      RETURN_IF_ERROR(CheckValue(back[numel - 1], want, size, i, numel - 1));
+      RETURN_IF_ERROR(
+          CheckValue(back[numel - 1], want, size, i, numel - 1, s.tolerance));
     } else if (i + 1 < total) {
       for (size_t k : {size_t{0}, numel / 2, numel - 1}) {
         RETURN_IF_ERROR(

@@ -98,7 +98,8 @@ struct JobSpec {
   int num_nodes = 1;
   int global_rank_offset = 0;
   int world_size = 0;
-  // Multi-node: every node's id by node rank (for the admin API).
+  // Multi-node: every node's id by node rank (the admin API; stall reports
+  // name them).
   std::vector<std::string> node_ids;
   // Multi-node: the rendezvous coordinator and formation round the job
   // formed through (a bucket rebuild agrees through them).
@@ -112,12 +113,10 @@ struct JobSpec {
   ThreadPool* hook_pool = nullptr;
 
   // Observability (job_events.h): the size of the job's timeline, the
-  // stall thresholds (stall_inspector.h; 0: off), and the ids of the job's
-  // nodes by node rank (multi-node; stall reports name them).
+  // stall thresholds (stall_inspector.h; 0: off).
   size_t timeline_events = 4096;
   std::chrono::milliseconds stall_warning{0};
   std::chrono::milliseconds stall_shutdown{0};
-  std::vector<std::string> node_ids;
   // GPU path: where the ranks' CUDA buckets are allocated (null, or
   // rank_devices all -1: the job has no CUDA parameters) and each local
   // rank's device ordinal as the daemon sees it (device_attach.h).

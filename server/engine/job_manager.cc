@@ -436,6 +436,9 @@ void JobManager::SetWatchdog(absl::AnyInvocable<void()> ping,
                              absl::Duration interval) {
   Post([this, ping = std::move(ping), interval]() mutable {
     watchdog_.Set(std::move(ping), interval);
+  });
+}
+
 int JobManager::NumJobs() {
   absl::Notification done;
   int n = 0;
@@ -833,7 +836,6 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.node_ids = layout.NodeIds();
   spec.coordinator = result->coordinator;
   spec.round_prefix = result->round_prefix;
-  spec.node_ids = layout.NodeIds();
   HierarchicalReducer::Options options;
   options.pool = pool_;
   options.num_buckets = static_cast<int>(spec.plan.buckets.size());

@@ -152,6 +152,17 @@ TEST_F(GraddctlTest, AnswersAboutARunningJob) {
                       "t['otherData']['job_id'] == 'stalljob' and "
                       "all(e['ph'] in ('X', 'M') for e in t['traceEvents'])"),
             "ok");
+  // The engine's timeline: both ranks handed over, and the node reduced
+  // and handed back, every bucket of the two finished iterations.
+  EXPECT_EQ(
+      CheckJson(ReadFile(out),
+                "[x for x in [[e for e in t['traceEvents'] if e['ph'] == 'X']] "
+                "if {e['cat'] for e in x} >= {'ready', 'done'} and "
+                "{e['args']['local_rank'] for e in x if e['cat'] == 'ready'} "
+                "== {0, 1} and {e['args']['iteration'] for e in x if "
+                "e['cat'] == 'done'} >= {1, 2} and all(e['dur'] >= 0 for e in "
+                "x)] != []"),
+      "ok");
 }
 
 TEST_F(GraddctlTest, ErrorsGiveExitCodesScriptsCanUse) {

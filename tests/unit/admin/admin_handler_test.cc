@@ -352,42 +352,24 @@ TEST_F(AdminHandlerTest, HealthProbeEndsBeforeTheCallersDeadline) {
             absl::Now() + AdminHandler::kHealthProbe);
 }
 
-// engine/job_events.h's shapes, as the metrics component defines them.
-struct TimelineEventLike {
-  uint64_t iteration;
-  int bucket;
-  int local_rank;
-  std::string phase;
-  int64_t start_unix_ns;
-  int64_t duration_ns;
-};
-struct StallReportLike {
-  std::string job_id;
-  uint64_t iteration;
-  int bucket;
-  double waited_seconds;
-  std::vector<int> missing_local_ranks;
-  std::vector<std::string> missing_nodes;
-  std::vector<std::string> unready_parameters;
-};
-
 TEST(AdminConversionTest, EngineEventsAndStallsBecomeProtos) {
   const v1::TraceEvent e =
-      ToTraceEvent(TimelineEventLike{7, 2, -1, "network", 1000, 250});
+      ToTraceEvent(TimelineEvent{7, 2, -1, "network", 1000, 250});
   EXPECT_EQ(e.iteration(), 7u);
   EXPECT_EQ(e.bucket(), 2);
   EXPECT_EQ(e.local_rank(), -1);
   EXPECT_EQ(e.phase(), "network");
   EXPECT_EQ(e.start_unix_ns(), 1000);
   EXPECT_EQ(e.duration_ns(), 250);
-  const v1::Stall s = ToStall(
-      StallReportLike{"j", 3, 1, 12.5, {0, 2}, {"node-b"}, {"fc.weight"}});
+  const v1::Stall s = ToStall(StallReport{
+      "j", 3, 1, 12.5, {0, 2}, {"node-b"}, {"fc.weight"}, "bucket 1 waits"});
   EXPECT_EQ(s.job_id(), "j");
   EXPECT_EQ(s.iteration(), 3u);
   EXPECT_EQ(s.waited_seconds(), 12.5);
   EXPECT_THAT(s.missing_local_ranks(), ElementsAre(0, 2));
   EXPECT_THAT(s.missing_nodes(), ElementsAre("node-b"));
   EXPECT_THAT(s.unready_parameters(), ElementsAre("fc.weight"));
+  EXPECT_EQ(s.message(), "bucket 1 waits");
 }
 
 TEST(AdminConversionTest, ServerKnowsTheClientsUsedMapName) {

@@ -39,8 +39,8 @@ class DeviceJobTest : public ::testing::Test {
   }
   JobManager& manager(DeviceAllocatorInterface* devices) {
     if (!manager_) {
-      manager_ = std::make_unique<JobManager>(config_, &sessions_, &pool_,
-                                              nullptr, devices);
+      manager_ = std::make_unique<JobManager>(
+          config_, &sessions_, &pool_, nullptr, nullptr, nullptr, devices);
       sessions_.set_observer(manager_.get());
     }
     return *manager_;
