@@ -207,6 +207,18 @@ class TorchrunDaemons:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def graddctl():
+    """The graddctl binary (GRADDCTL_BINARY under ctest, else the build tree's);
+    skips the calling test when there is none."""
+    path = os.environ.get("GRADDCTL_BINARY")
+    if not path:
+        guess = os.path.join(HERE, "..", "..", "build", "tools", "graddctl", "graddctl")
+        if os.access(guess, os.X_OK):
+            return os.path.abspath(guess)
+        pytest.skip("GRADDCTL_BINARY is not set (run under ctest or set it by hand)")
+    return path
+
+
 def _free_port():
     import socket
 

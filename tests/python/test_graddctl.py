@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import HERE
+from conftest import graddctl, HERE
 
 STEPS = 3
 # Fields both the trainer's _get_ddp_logging_data() and the daemon report.
@@ -26,16 +26,6 @@ SHARED_KEYS = [
     "rebuilt_per_bucket_param_indices", "unused_parameter_size",
     "can_set_static_graph",
 ]
-
-
-def graddctl():
-    path = os.environ.get("GRADDCTL_BINARY")
-    if not path:
-        guess = os.path.join(HERE, "..", "..", "build", "tools", "graddctl", "graddctl")
-        if os.access(guess, os.X_OK):
-            return os.path.abspath(guess)
-        pytest.skip("GRADDCTL_BINARY is not set (run under ctest or set it by hand)")
-    return path
 
 
 def read_line(proc, deadline):

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from conftest import HERE
+from conftest import HERE, graddctl
 from metrics_util import MetricsDaemon, read_port, value, wait_for
 
 
@@ -37,6 +37,14 @@ def test_withheld_bucket_is_reported_counted_and_fails_the_job(stall_daemon, job
         # slow enough in iteration 1 to be reported.)
         warning = _log_line(stall_daemon, "stall: job", "of iteration 2")
         assert value(stall_daemon.scrape(), "gradd_stalls_total") >= 1
+        # ... and graddctl (the admin API) lists the stall while it lasts.
+        ctl = subprocess.run(
+            [graddctl(), "--socket", stall_daemon.socket, "--json", "job", job_id],
+            capture_output=True, timeout=30)
+        assert ctl.returncode == 0, ctl.stderr.decode() + ctl.stdout.decode()
+        stalls = json.loads(ctl.stdout)["job"].get("stalls", [])
+        assert any(s.get("missing_local_ranks") == [1] and "'b'" in s.get("message", "")
+                   for s in stalls), stalls
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
