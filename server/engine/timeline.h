@@ -1,5 +1,6 @@
 // Timeline: one job's most recent bucket events, in a bounded ring that
-// `graddctl trace` turns into a Chrome/Perfetto trace (engine/trace_json.h).
+// `graddctl trace` turns into a Chrome/Perfetto trace (tools/graddctl/trace.h,
+// from the admin API's GetTrace).
 //
 // Per reduced bucket it keeps each local rank's "ready" span (from when the
 // engine saw the rank hand the bucket over to when the bucket started: how

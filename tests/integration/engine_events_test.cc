@@ -20,10 +20,11 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "server/admin/job_manager_source.h"
 #include "server/config.h"
 #include "server/daemon.h"
-#include "server/engine/trace_json.h"
 #include "tests/integration/harness.h"
+#include "tools/graddctl/trace.h"
 
 namespace gradd::testing {
 namespace {
@@ -118,7 +119,13 @@ TEST_F(InProcessDaemonTest, TimelineOfARunningJobBecomesAChromeTrace) {
     for (int b : buckets) EXPECT_TRUE(by_bucket.count({it, b})) << it << b;
   }
 
-  const std::string json = ChromeTraceJson(job, *events);
+  // What `graddctl trace` writes of them (through the admin API's form).
+  v1::GetTraceResponse response;
+  response.set_job_id(job);
+  for (const TimelineEvent& e : *events) {
+    *response.add_events() = ToTraceEvent(e);
+  }
+  const std::string json = ctl::ChromeTraceJson(response);
   google::protobuf::Struct trace;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &trace).ok())
       << json.substr(0, 2000);

@@ -4,10 +4,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "server/engine/trace_json.h"
 
 namespace gradd {
 namespace {
@@ -91,79 +88,6 @@ TEST(TimelineTest, ZeroCapacityStillHoldsOne) {
   Timeline timeline(0);
   timeline.OnBucket(Bucket(1, 0, nullptr, 0));
   EXPECT_EQ(timeline.Snapshot().size(), 1u);
-}
-
-google::protobuf::Struct ParseJson(const std::string& json) {
-  google::protobuf::Struct parsed;
-  const auto status =
-      google::protobuf::util::JsonStringToMessage(json, &parsed);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
-  return parsed;
-}
-
-TEST(TraceJsonTest, IsChromeTraceJsonWithCompleteEventsInMicroseconds) {
-  std::vector<TimelineEvent> events(2);
-  events[0] = {3, 1, 0, "ready", 1700000000123456789, 2500};
-  events[1] = {3, 1, -1, "network", 1700000000123459289, 1000000};
-  const std::string json = ChromeTraceJson("job \"a\"", events, "n1", 2);
-  const google::protobuf::Struct trace = ParseJson(json);
-  EXPECT_EQ(trace.fields()
-                .at("otherData")
-                .struct_value()
-                .fields()
-                .at("job_id")
-                .string_value(),
-            "job \"a\"");
-  const auto& list = trace.fields().at("traceEvents").list_value().values();
-  std::vector<const google::protobuf::Struct*> complete;
-  std::vector<std::string> names;
-  for (const auto& v : list) {
-    const auto& f = v.struct_value().fields();
-    if (f.at("ph").string_value() == "X") complete.push_back(&v.struct_value());
-    if (f.at("ph").string_value() == "M") {
-      names.push_back(
-          f.at("args").struct_value().fields().at("name").string_value());
-    }
-  }
-  EXPECT_THAT(names,
-              ElementsAre("node n1", "daemon (node phases)", "local rank 0"));
-  ASSERT_EQ(complete.size(), 2u);
-  const auto& ready = complete[0]->fields();
-  EXPECT_EQ(ready.at("name").string_value(), "ready");
-  EXPECT_EQ(ready.at("pid").number_value(), 2);
-  EXPECT_EQ(ready.at("tid").number_value(), 1);  // local rank 0
-  EXPECT_DOUBLE_EQ(ready.at("dur").number_value(), 2.5);
-  EXPECT_EQ(
-      ready.at("args").struct_value().fields().at("bucket").number_value(), 1);
-  const auto& network = complete[1]->fields();
-  EXPECT_EQ(network.at("tid").number_value(), 0);  // the node's phases
-  EXPECT_DOUBLE_EQ(network.at("dur").number_value(), 1000);
-  // The timestamp keeps its sub-microsecond digits in the text.
-  EXPECT_THAT(json, HasSubstr("\"ts\":1700000000123456.789"));
-}
-
-TEST(TraceJsonTest, SeveralNodesAreProcessesAndEmptyIsValid) {
-  std::vector<TraceNode> nodes(2);
-  nodes[0].node_id = "a";
-  nodes[0].node_rank = 0;
-  nodes[0].events = {{1, 0, -1, "done", 5000, 0}};
-  nodes[1].node_id = "b\n";
-  nodes[1].node_rank = 1;
-  nodes[1].events = {{1, 0, 1, "ready", 4000, 1000}};
-  const google::protobuf::Struct trace = ParseJson(ChromeTraceJson("j", nodes));
-  std::vector<double> pids;
-  for (const auto& v : trace.fields().at("traceEvents").list_value().values()) {
-    if (v.struct_value().fields().at("ph").string_value() == "X") {
-      pids.push_back(v.struct_value().fields().at("pid").number_value());
-    }
-  }
-  EXPECT_THAT(pids, ElementsAre(0, 1));
-  ParseJson(ChromeTraceJson("j", std::vector<TimelineEvent>()));
-  ParseJson(ChromeTraceJson("j", absl::Span<const TraceNode>()));
-}
-
-TEST(TraceJsonTest, JsonStringEscapes) {
-  EXPECT_EQ(JsonString("a\"b\\c\n\x01"), "\"a\\\"b\\\\c\\n\\u0001\"");
 }
 
 }  // namespace
