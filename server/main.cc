@@ -207,9 +207,10 @@ int main(int argc, char** argv) {
       }
       uuids.push_back(absl::HexStringToBytes(hex));
     }
-    spdlog::warn("serving CUDA parameters from host memory for {} fake GPUs "
-                 "(--fake_gpus, for tests)",
-                 uuids.size());
+    spdlog::warn(
+        "serving CUDA parameters from host memory for {} fake GPUs "
+        "(--fake_gpus, for tests)",
+        uuids.size());
     devices = std::make_unique<gradd::FakeDeviceAllocator>(std::move(uuids));
   }
   absl::StatusOr<std::unique_ptr<gradd::Daemon>> daemon =

@@ -32,8 +32,8 @@
 #include "common/device.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
-#include "server/engine/job_events.h"
 #include "gradd/v1/node.pb.h"
+#include "server/engine/job_events.h"
 #include "server/hooks/comm_hook.h"
 
 namespace gradd {
