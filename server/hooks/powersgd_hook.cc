@@ -52,129 +52,187 @@ void Split(ThreadPool* pool, size_t n, size_t work,
   pool->ParallelFor(n, per, fn);
 }
 
-// The three products, each for a rank known at compile time (R > 0: the
-// accumulators live in registers and the loops over k unroll) or at run
-// time (R == 0). Every output element is accumulated in double in the same
-// order either way, so the results are bit-identical.
-template <size_t R>
-struct Rank {
-  static constexpr size_t kMax = R;
-  size_t operator()(size_t) const { return R; }
-};
-template <>
-struct Rank<0> {
-  // comm_hook_factory.cc refuses matrix_approximation_rank above 1024.
-  static constexpr size_t kMax = 1024;
-  size_t operator()(size_t rank) const { return rank; }
-};
+// ---- The kernels of the compressed path. ----
+//
+// The bucket is read and written in three passes, each a single sweep over
+// M (a bucket of float32 is far larger than the caches):
+//   1. M = sum of the local gradients (+ the node's error), row by row, and
+//      P = M Q from each row while it is still in L1;
+//   2. Q = M^T P, over blocks of columns (the accumulators stay in L1);
+//   3. the result P Q^T, row by row, straight into every local rank's
+//      bucket, with the error update in the same sweep.
+// Products are accumulated in double: a product of two floats is exact in
+// double, so fused multiply-adds and vector widths change nothing, and the
+// sums run in a fixed order -- the results do not depend on the pool's
+// split or the CPU. Q is used transposed (rank x cols, `qt`) so every inner
+// loop runs over contiguous memory and vectorises.
 
-// p (rows x rank) = m (rows x cols) q (cols x rank), rows [begin, end).
-template <size_t R>
-void MulQFor(const float* m, const float* q, float* p, size_t cols,
-             size_t rank_in, size_t begin, size_t end) {
-  const size_t rank = Rank<R>()(rank_in);
-  for (size_t i = begin; i < end; ++i) {
-    double acc[Rank<R>::kMax];
-    for (size_t k = 0; k < rank; ++k) acc[k] = 0.0;
-    const float* row = m + i * cols;
-    for (size_t j = 0; j < cols; ++j) {
-      const double mij = row[j];
-      const float* qj = q + j * rank;
-      for (size_t k = 0; k < rank; ++k) acc[k] += mij * qj[k];
+// Each kernel is compiled for baseline x86-64 and for x86-64-v3 (AVX2 +
+// FMA) and v4 (AVX-512), picked by the loader on the CPU that runs it
+// (GCC's target_clones); the binaries still run on any x86-64. The vector
+// widths change no result (see above).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GRADD_CPU_CLONES \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define GRADD_CPU_CLONES
+#endif
+
+constexpr size_t kLanes = 8;          // partial sums per column of a dot
+constexpr size_t kColumnBlock = 512;  // pass 2: columns per accumulator
+constexpr size_t kSumBlock = 2048;    // pass 1: elements per rank sweep
+
+// m[i] = (error ? m[i] : 0) + sum over ranks of g_r[i], i in [begin, end);
+// the gradients end at `valid` (batched PowerSGD pads the bucket with
+// zeros).
+GRADD_CPU_CLONES void SumInto(float* m, const float* const* g, int n,
+                              size_t valid, bool error, size_t begin,
+                              size_t end) {
+  for (size_t b = begin; b < end; b += kSumBlock) {
+    const size_t e = std::min(end, b + kSumBlock);
+    const size_t ge = std::clamp(valid, b, e);
+    if (!error) std::fill(m + b, m + e, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      const float* gr = g[r];
+      for (size_t i = b; i < ge; ++i) m[i] += gr[i];
+    }
+  }
+}
+
+constexpr size_t kRankBlock = 4;  // columns of P / Q per sweep
+
+// p[k] = sum over j of row[j] q[k][j] for KN columns of Q at once: KN x
+// kLanes independent partial sums, so the sweep is not bound by the
+// latency of one chain of additions.
+template <size_t KN>
+inline __attribute__((always_inline)) void DotBlock(const float* row,
+                                                    const float* qt,
+                                                    size_t cols, float* p) {
+  double lanes[KN][kLanes] = {};
+  const size_t whole = cols / kLanes * kLanes;
+  for (size_t j = 0; j < whole; j += kLanes) {
+    for (size_t k = 0; k < KN; ++k) {
+      const float* q = qt + k * cols + j;
+      for (size_t l = 0; l < kLanes; ++l) {
+        lanes[k][l] += static_cast<double>(row[j + l]) * q[l];
+      }
+    }
+  }
+  for (size_t j = whole; j < cols; ++j) {
+    for (size_t k = 0; k < KN; ++k) {
+      lanes[k][j - whole] += static_cast<double>(row[j]) * qt[k * cols + j];
+    }
+  }
+  for (size_t k = 0; k < KN; ++k) {
+    double s = 0;
+    for (size_t l = 0; l < kLanes; ++l) s += lanes[k][l];
+    p[k] = static_cast<float>(s);
+  }
+}
+
+// p[k] = sum over j of row[j] qt[k][j], k < rank.
+GRADD_CPU_CLONES void RowTimesQ(const float* row, const float* qt, size_t cols,
+                                size_t rank, float* p) {
+  size_t k = 0;
+  for (; k + kRankBlock <= rank; k += kRankBlock) {
+    DotBlock<kRankBlock>(row, qt + k * cols, cols, p + k);
+  }
+  for (; k < rank; ++k) DotBlock<1>(row, qt + k * cols, cols, p + k);
+}
+
+// q[j][k] = sum over rows i of m[i][j] p[i][k], for j in [begin, end):
+// q is cols x rank (torch's layout), `acc` scratch. Four rows per update
+// of an accumulator, added in row order (the same sums as one row at a
+// time).
+GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
+                                       size_t rows, size_t cols, size_t rank,
+                                       size_t begin, size_t end,
+                                       std::vector<double>& acc) {
+  for (size_t b = begin; b < end; b += kColumnBlock) {
+    const size_t e = std::min(end, b + kColumnBlock);
+    const size_t w = e - b;
+    acc.assign(rank * w, 0.0);
+    size_t i = 0;
+    for (; i + 4 <= rows; i += 4) {
+      const float* r0 = m + i * cols + b;
+      const float* r1 = r0 + cols;
+      const float* r2 = r1 + cols;
+      const float* r3 = r2 + cols;
+      for (size_t k = 0; k < rank; ++k) {
+        const double p0 = p[i * rank + k];
+        const double p1 = p[(i + 1) * rank + k];
+        const double p2 = p[(i + 2) * rank + k];
+        const double p3 = p[(i + 3) * rank + k];
+        double* a = acc.data() + k * w;
+        for (size_t j = 0; j < w; ++j) {
+          a[j] = a[j] + r0[j] * p0 + r1[j] * p1 + r2[j] * p2 + r3[j] * p3;
+        }
+      }
+    }
+    for (; i < rows; ++i) {
+      const float* row = m + i * cols + b;
+      for (size_t k = 0; k < rank; ++k) {
+        const double pk = p[i * rank + k];
+        double* a = acc.data() + k * w;
+        for (size_t j = 0; j < w; ++j) a[j] += row[j] * pk;
+      }
     }
     for (size_t k = 0; k < rank; ++k) {
-      p[i * rank + k] = static_cast<float>(acc[k]);
+      for (size_t j = 0; j < w; ++j) {
+        q[(b + j) * rank + k] = static_cast<float>(acc[k * w + j]);
+      }
     }
   }
 }
 
-// q (cols x rank) = m^T (cols x rows) p (rows x rank), q's rows (m's
-// columns) [begin, end).
-template <size_t R>
-void MulTransposedPFor(const float* m, const float* p, float* q, size_t rows,
-                       size_t cols, size_t rank_in, size_t begin, size_t end,
-                       std::vector<double>& acc) {
-  const size_t rank = Rank<R>()(rank_in);
-  acc.assign((end - begin) * rank, 0.0);
+// out[j] = sum over k of p[k] qt[k][j], j < cols, the terms added in order
+// of k; four columns of Q per sweep.
+GRADD_CPU_CLONES void RowApproximation(const float* p, const float* qt,
+                                       size_t cols, size_t rank, float* out) {
+  constexpr size_t kBlock = 256;
+  double acc[kBlock];
+  for (size_t b = 0; b < cols; b += kBlock) {
+    const size_t w = std::min(kBlock, cols - b);
+    for (size_t j = 0; j < w; ++j) acc[j] = 0.0;
+    size_t k = 0;
+    for (; k + 4 <= rank; k += 4) {
+      const double p0 = p[k], p1 = p[k + 1], p2 = p[k + 2], p3 = p[k + 3];
+      const float* q0 = qt + k * cols + b;
+      const float* q1 = q0 + cols;
+      const float* q2 = q1 + cols;
+      const float* q3 = q2 + cols;
+      for (size_t j = 0; j < w; ++j) {
+        acc[j] = acc[j] + p0 * q0[j] + p1 * q1[j] + p2 * q2[j] + p3 * q3[j];
+      }
+    }
+    for (; k < rank; ++k) {
+      const double pk = p[k];
+      const float* qk = qt + k * cols + b;
+      for (size_t j = 0; j < w; ++j) acc[j] += pk * qk[j];
+    }
+    for (size_t j = 0; j < w; ++j) out[b + j] = static_cast<float>(acc[j]);
+  }
+}
+
+// The result `v` (elements [at, at + len) of the padded bucket) into every
+// local rank's bucket (elements below `valid`), and the node's error
+// m = M - n * result.
+GRADD_CPU_CLONES void WriteResult(const float* v, size_t at, size_t len,
+                                  float* const* g, int n, size_t valid,
+                                  float* error) {
+  const size_t real = std::min(len, valid > at ? valid - at : 0);
+  for (int r = 0; r < n; ++r) std::copy(v, v + real, g[r] + at);
+  if (error != nullptr) {
+    const float nf = static_cast<float>(n);
+    float* e = error + at;
+    for (size_t j = 0; j < len; ++j) e[j] -= nf * v[j];
+  }
+}
+
+// x (rows x cols, row-major) transposed into out (cols x rows).
+void Transpose(const float* x, size_t rows, size_t cols, float* out) {
   for (size_t i = 0; i < rows; ++i) {
-    const float* row = m + i * cols;
-    double pi[Rank<R>::kMax];
-    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
-    double* aj = acc.data();
-    for (size_t j = begin; j < end; ++j, aj += rank) {
-      const double mij = row[j];
-      for (size_t k = 0; k < rank; ++k) aj[k] += mij * pi[k];
-    }
-  }
-  for (size_t i = 0; i < (end - begin) * rank; ++i) {
-    q[begin * rank + i] = static_cast<float>(acc[i]);
-  }
-}
-
-// out (rows x cols) = p (rows x rank) q^T (rank x cols), rows [begin, end).
-template <size_t R>
-void ApproximateFor(const float* p, const float* q, float* out, size_t cols,
-                    size_t rank_in, size_t begin, size_t end) {
-  const size_t rank = Rank<R>()(rank_in);
-  for (size_t i = begin; i < end; ++i) {
-    double pi[Rank<R>::kMax];
-    for (size_t k = 0; k < rank; ++k) pi[k] = p[i * rank + k];
-    float* row = out + i * cols;
-    for (size_t j = 0; j < cols; ++j) {
-      const float* qj = q + j * rank;
-      double s = 0;
-      for (size_t k = 0; k < rank; ++k) s += pi[k] * qj[k];
-      row[j] = static_cast<float>(s);
-    }
-  }
-}
-
-void MulQ(const float* m, const float* q, float* p, size_t cols, size_t rank,
-          size_t begin, size_t end) {
-  switch (rank) {
-    case 1:
-      return MulQFor<1>(m, q, p, cols, rank, begin, end);
-    case 2:
-      return MulQFor<2>(m, q, p, cols, rank, begin, end);
-    case 4:
-      return MulQFor<4>(m, q, p, cols, rank, begin, end);
-    case 8:
-      return MulQFor<8>(m, q, p, cols, rank, begin, end);
-    default:
-      return MulQFor<0>(m, q, p, cols, rank, begin, end);
-  }
-}
-
-void MulTransposedP(const float* m, const float* p, float* q, size_t rows,
-                    size_t cols, size_t rank, size_t begin, size_t end) {
-  std::vector<double> acc;
-  switch (rank) {
-    case 1:
-      return MulTransposedPFor<1>(m, p, q, rows, cols, rank, begin, end, acc);
-    case 2:
-      return MulTransposedPFor<2>(m, p, q, rows, cols, rank, begin, end, acc);
-    case 4:
-      return MulTransposedPFor<4>(m, p, q, rows, cols, rank, begin, end, acc);
-    case 8:
-      return MulTransposedPFor<8>(m, p, q, rows, cols, rank, begin, end, acc);
-    default:
-      return MulTransposedPFor<0>(m, p, q, rows, cols, rank, begin, end, acc);
-  }
-}
-
-void Approximate(const float* p, const float* q, float* out, size_t cols,
-                 size_t rank, size_t begin, size_t end) {
-  switch (rank) {
-    case 1:
-      return ApproximateFor<1>(p, q, out, cols, rank, begin, end);
-    case 2:
-      return ApproximateFor<2>(p, q, out, cols, rank, begin, end);
-    case 4:
-      return ApproximateFor<4>(p, q, out, cols, rank, begin, end);
-    case 8:
-      return ApproximateFor<8>(p, q, out, cols, rank, begin, end);
-    default:
-      return ApproximateFor<0>(p, q, out, cols, rank, begin, end);
+    for (size_t j = 0; j < cols; ++j) out[j * rows + i] = x[i * cols + j];
   }
 }
 
@@ -346,41 +404,38 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   const int n = static_cast<int>(buffers.size());
   const size_t count = layout.count;
   const size_t len = layout.padded;
+  std::vector<float*> grads(n);
+  for (int r = 0; r < n; ++r) grads[r] = static_cast<float*>(buffers[r]);
 
-  // M_r = grad_r (zero-padded) + e_r; M = sum of the node's M_r. One
-  // parallel pass over the bucket; with error feedback M_r is kept in e_r's
-  // memory (e_r = M_r - result at the end), without it M_r is not needed.
-  if (error_feedback_ && st.error.empty()) {
-    st.error.assign(n, std::vector<float>(len, 0.0f));
+  // M = the node's sum of the local ranks' M_r = grad_r + e_r. Only the
+  // sum matters: P = M Q and Q = M^T P are linear in M, and the result is
+  // the same for every rank, so the node keeps E = sum of its ranks'
+  // errors (= M - n * result) instead of one error per rank -- the same
+  // values, a third of the memory traffic. With error feedback M is kept
+  // in E's memory; without it in scratch.
+  float* m;
+  if (error_feedback_) {
+    if (st.error.size() != len) st.error.assign(len, 0.0f);
+    m = st.error.data();
+  } else {
+    m_sum_.resize(len);
+    m = m_sum_.data();
   }
-  m_sum_.resize(len);
-  out_.resize(len);
-  Split(pool_, len, len, [&](size_t b, size_t e) {
-    std::fill(m_sum_.begin() + b, m_sum_.begin() + e, 0.0f);
-    std::fill(out_.begin() + b, out_.begin() + e, 0.0f);
-    const size_t g_end = std::min(e, count);
-    for (int r = 0; r < n; ++r) {
-      const float* g = static_cast<const float*>(buffers[r]);
-      float* sum = m_sum_.data();
-      if (error_feedback_) {
-        float* m = st.error[r].data();
-        for (size_t i = b; i < g_end; ++i) m[i] += g[i];
-        for (size_t i = b; i < e; ++i) sum[i] += m[i];
-      } else {
-        for (size_t i = b; i < g_end; ++i) sum[i] += g[i];
-      }
-    }
-  });
+  float* const error = error_feedback_ ? m : nullptr;
+  auto sum_range = [&](size_t b, size_t e) {
+    SumInto(m, grads.data(), n, count, error_feedback_, b, e);
+  };
 
   // Uncompressed tensors: averaged as they are.
   size_t packed_size = 0;
   for (const auto& [offset, numel] : layout.uncompressed) packed_size += numel;
-  if (!batched_) {
+  if (!batched_ && packed_size > 0) {
     packed_.resize(packed_size);
     size_t at = 0;
     for (const auto& [offset, numel] : layout.uncompressed) {
-      std::copy(m_sum_.begin() + offset, m_sum_.begin() + offset + numel,
-                packed_.begin() + at);
+      Split(pool_, numel, numel,
+            [&](size_t b, size_t e) { sum_range(offset + b, offset + e); });
+      std::copy(m + offset, m + offset + numel, packed_.begin() + at);
       at += numel;
     }
     if (absl::Status s =
@@ -388,12 +443,12 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
         !s.ok()) {
       return s;
     }
-    at = 0;
     const float world = static_cast<float>(world_size_);
+    for (float& v : packed_) v /= world;
+    at = 0;
     for (const auto& [offset, numel] : layout.uncompressed) {
-      for (size_t i = 0; i < numel; ++i) {
-        out_[offset + i] = packed_[at + i] / world;
-      }
+      WriteResult(packed_.data() + at, offset, numel, grads.data(), n, count,
+                  error);
       at += numel;
     }
   }
@@ -408,34 +463,45 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
                     : static_cast<uint64_t>(work.iteration - 1 - start_iter_);
     torch_rng_.ManualSeed(
         static_cast<uint64_t>(Seed(round * layouts_.size() + work.bucket)));
-    for (const Matrix& m : layout.matrices) {
-      torch_rng_.Randn(st.q.data() + m.q_offset, m.cols * m.rank);
+    for (const Matrix& mat : layout.matrices) {
+      torch_rng_.Randn(st.q.data() + mat.q_offset, mat.cols * mat.rank);
     }
   }
-  for (const Matrix& m : layout.matrices) {
-    Orthogonalize(st.q.data() + m.q_offset, m.cols, m.rank, epsilon_);
+  qt_.resize(layout.q_size);
+  for (const Matrix& mat : layout.matrices) {
+    Orthogonalize(st.q.data() + mat.q_offset, mat.cols, mat.rank, epsilon_);
+    Transpose(st.q.data() + mat.q_offset, mat.cols, mat.rank,
+              qt_.data() + mat.q_offset);
   }
-  // P = M Q, summed over every rank.
-  for (const Matrix& m : layout.matrices) {
-    Split(pool_, m.rows, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
-      MulQ(m_sum_.data() + m.offset, st.q.data() + m.q_offset,
-           st.p.data() + m.p_offset, m.cols, m.rank, b, e);
-    });
+  // Pass 1: M row by row, and P = M Q (summed over every rank below).
+  for (const Matrix& mat : layout.matrices) {
+    Split(pool_, mat.rows, mat.rows * mat.cols * (mat.rank + n),
+          [&](size_t b, size_t e) {
+            for (size_t i = b; i < e; ++i) {
+              const size_t at = mat.offset + i * mat.cols;
+              sum_range(at, at + mat.cols);
+              RowTimesQ(m + at, qt_.data() + mat.q_offset, mat.cols, mat.rank,
+                        st.p.data() + mat.p_offset + i * mat.rank);
+            }
+          });
   }
   if (absl::Status s =
           net.AllreduceSum(st.p.data(), layout.p_size, DType::kFloat32);
       !s.ok()) {
     return s;
   }
-  for (const Matrix& m : layout.matrices) {
-    Orthogonalize(st.p.data() + m.p_offset, m.rows, m.rank, epsilon_);
+  for (const Matrix& mat : layout.matrices) {
+    Orthogonalize(st.p.data() + mat.p_offset, mat.rows, mat.rank, epsilon_);
   }
-  // Q = M^T P, summed over every rank, divided by the world size.
-  for (const Matrix& m : layout.matrices) {
-    Split(pool_, m.cols, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
-      MulTransposedP(m_sum_.data() + m.offset, st.p.data() + m.p_offset,
-                     st.q.data() + m.q_offset, m.rows, m.cols, m.rank, b, e);
-    });
+  // Pass 2: Q = M^T P, summed over every rank, divided by the world size.
+  for (const Matrix& mat : layout.matrices) {
+    Split(pool_, mat.cols, mat.rows * mat.cols * mat.rank,
+          [&](size_t b, size_t e) {
+            std::vector<double> acc;
+            TransposedTimesP(m + mat.offset, st.p.data() + mat.p_offset,
+                             st.q.data() + mat.q_offset, mat.rows, mat.cols,
+                             mat.rank, b, e, acc);
+          });
   }
   if (absl::Status s =
           net.AllreduceSum(st.q.data(), layout.q_size, DType::kFloat32);
@@ -444,29 +510,23 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   }
   const float world = static_cast<float>(world_size_);
   for (float& v : st.q) v /= world;
-  for (const Matrix& m : layout.matrices) {
-    Split(pool_, m.rows, m.rows * m.cols * m.rank, [&](size_t b, size_t e) {
-      Approximate(st.p.data() + m.p_offset, st.q.data() + m.q_offset,
-                  out_.data() + m.offset, m.cols, m.rank, b, e);
-    });
+  // Pass 3: the result P Q^T into every local rank's bucket, and the error.
+  for (const Matrix& mat : layout.matrices) {
+    Transpose(st.q.data() + mat.q_offset, mat.cols, mat.rank,
+              qt_.data() + mat.q_offset);
+    Split(pool_, mat.rows, mat.rows * mat.cols * (mat.rank + n),
+          [&](size_t b, size_t e) {
+            std::vector<float> row(mat.cols);
+            for (size_t i = b; i < e; ++i) {
+              RowApproximation(st.p.data() + mat.p_offset + i * mat.rank,
+                               qt_.data() + mat.q_offset, mat.cols, mat.rank,
+                               row.data());
+              WriteResult(row.data(), mat.offset + i * mat.cols, mat.cols,
+                          grads.data(), n, count, error);
+            }
+          });
   }
   st.has_memory = warm_start_;
-
-  // e_r = M_r - result and the result into every local rank's bucket, in
-  // one parallel pass.
-  Split(pool_, len, len, [&](size_t b, size_t e) {
-    const float* o = out_.data();
-    for (int r = 0; r < n; ++r) {
-      if (error_feedback_) {
-        float* m = st.error[r].data();
-        for (size_t i = b; i < e; ++i) m[i] -= o[i];
-      }
-      if (b < count) {
-        std::copy(o + b, o + std::min(e, count),
-                  static_cast<float*>(buffers[r]) + b);
-      }
-    }
-  });
   return absl::OkStatus();
 }
 

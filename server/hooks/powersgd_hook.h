@@ -1,6 +1,6 @@
 // PowerSGD (torch's powerSGD_hook.powerSGD_hook and batched_powerSGD_hook)
-// run by the daemon, with the hook's state -- each local rank's error
-// feedback, the P/Q memory of warm start, the iteration count and the
+// run by the daemon, with the hook's state -- the node's error feedback,
+// the P/Q memory of warm start, the iteration count and the
 // random generator -- kept per job here.
 //
 // Per bucket and iteration t (torch's state.iter is t - 1):
@@ -8,7 +8,9 @@
 //   t <= start_powersgd_iter   vanilla average (sum of the local ranks,
 //                              AllreduceSum, divide)
 //   afterwards                 M_r = grad_r + e_r (error feedback) for each
-//                              local rank r; M = sum of the node's M_r.
+//                              local rank r; M = sum of the node's M_r,
+//                              computed as E + sum of the grad_r, where
+//                              E = sum of the node's e_r (below).
 //     powerSGD: the bucket's parameters viewed as n x m matrices
 //       (shape[0] x rest); those worth compressing (torch's
 //       _should_compress with rank min(n, m, R)) in torch's order (grouped
@@ -24,9 +26,12 @@
 //       orthogonalised (Gram-Schmidt with epsilon; batched: epsilon 0).
 //     P = M Q, AllreduceSum(P), orthogonalise P; Q = M^T P, AllreduceSum(Q),
 //     Q /= world size; result = P Q^T in every local rank's bucket, and
-//     e_r = M_r - result.
+//     e_r = M_r - result, so E = M - (local ranks) x result.
 //   Since P and Q are linear in M, summing the node's ranks first and
-//   allreducing across nodes gives torch's sums over all ranks.
+//   allreducing across nodes gives torch's sums over all ranks; and since
+//   every rank gets the same result, the node needs only the sum E of its
+//   ranks' errors, never each e_r (a third of the memory traffic of
+//   keeping them apart). The bucket is read three times (powersgd_hook.cc).
 //
 // Differences from torch within rounding only: float32 products are
 // accumulated in double here (torch: its BLAS); for rank > 2 torch
@@ -99,7 +104,8 @@ class PowerSgdHook final : public CommHookInterface {
 
  private:
   struct BucketState {
-    std::vector<std::vector<float>> error;  // by local rank
+    // The node's error feedback: the sum of its local ranks' errors.
+    std::vector<float> error;
     std::vector<float> p;
     std::vector<float> q;
     bool has_memory = false;  // warm start: q holds last iteration's Q
@@ -126,11 +132,11 @@ class PowerSgdHook final : public CommHookInterface {
   uint64_t next_draw_ = 0;
   std::map<uint64_t, int64_t> drawn_;
 
-  // Scratch kept between calls: each local rank's M_r, the node's M and
-  // the result, the uncompressed pack.
+  // Scratch kept between calls: the node's M (without error feedback),
+  // the uncompressed pack, Q transposed.
   std::vector<float> m_sum_;
-  std::vector<float> out_;
   std::vector<float> packed_;
+  std::vector<float> qt_;
 };
 
 }  // namespace gradd
