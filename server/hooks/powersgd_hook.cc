@@ -9,6 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/reduce.h"
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 namespace gradd {
 namespace {
 
@@ -219,15 +223,41 @@ GRADD_CPU_CLONES void RowApproximation(const float* p, const float* qt,
 // m = M - n * result.
 GRADD_CPU_CLONES void WriteResult(const float* v, size_t at, size_t len,
                                   float* const* g, int n, size_t valid,
-                                  float* error) {
+                                  float* error, bool stream) {
   const size_t real = std::min(len, valid > at ? valid - at : 0);
-  for (int r = 0; r < n; ++r) std::copy(v, v + real, g[r] + at);
+  for (int r = 0; r < n; ++r) {
+    float* out = g[r] + at;
+    size_t j = 0;
+#if defined(__SSE2__)
+    if (stream) {
+      // Non-temporal stores: the ranks' buckets are not read again by
+      // this thread, and a bucket this large would only evict the cache;
+      // streaming also skips reading each line before it is written.
+      for (; j < real && reinterpret_cast<uintptr_t>(out + j) % 16 != 0; ++j) {
+        out[j] = v[j];
+      }
+      for (; j + 4 <= real; j += 4) _mm_stream_ps(out + j, _mm_loadu_ps(v + j));
+    }
+#endif
+    for (; j < real; ++j) out[j] = v[j];
+  }
   if (error != nullptr) {
     const float nf = static_cast<float>(n);
     float* e = error + at;
     for (size_t j = 0; j < len; ++j) e[j] -= nf * v[j];
   }
 }
+
+// Orders the streaming stores of WriteResult before whatever publishes the
+// buckets (the reducer's completion).
+void FenceStreamingStores() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// Buckets from this size on are written with streaming stores.
+constexpr size_t kStreamMinBytes = size_t{4} << 20;
 
 // x (rows x cols, row-major) transposed into out (cols x rows).
 void Transpose(const float* x, size_t rows, size_t cols, float* out) {
@@ -448,7 +478,7 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
     at = 0;
     for (const auto& [offset, numel] : layout.uncompressed) {
       WriteResult(packed_.data() + at, offset, numel, grads.data(), n, count,
-                  error);
+                  error, /*stream=*/false);
       at += numel;
     }
   }
@@ -511,6 +541,7 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   const float world = static_cast<float>(world_size_);
   for (float& v : st.q) v /= world;
   // Pass 3: the result P Q^T into every local rank's bucket, and the error.
+  const bool stream = count * sizeof(float) >= kStreamMinBytes;
   for (const Matrix& mat : layout.matrices) {
     Transpose(st.q.data() + mat.q_offset, mat.cols, mat.rank,
               qt_.data() + mat.q_offset);
@@ -522,8 +553,9 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
                                qt_.data() + mat.q_offset, mat.cols, mat.rank,
                                row.data());
               WriteResult(row.data(), mat.offset + i * mat.cols, mat.cols,
-                          grads.data(), n, count, error);
+                          grads.data(), n, count, error, stream);
             }
+            if (stream) FenceStreamingStores();  // on the thread that wrote
           });
   }
   st.has_memory = warm_start_;
