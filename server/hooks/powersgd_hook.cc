@@ -144,10 +144,44 @@ GRADD_CPU_CLONES void RowTimesQ(const float* row, const float* qt, size_t cols,
   for (; k < rank; ++k) DotBlock<1>(row, qt + k * cols, cols, p + k);
 }
 
+// acc[k][j] += sum over rows i of m[i][b + j] p[i][k0 + k], k < KN, j < w:
+// four rows per update of an accumulator, added in row order (the same
+// sums as one row at a time), each element of M converted once for all KN
+// columns.
+template <size_t KN>
+inline __attribute__((always_inline)) void AccumulateColumns(
+    const float* m, const float* p, size_t rows, size_t cols, size_t rank,
+    size_t k0, size_t b, size_t w, double* acc) {
+  size_t i = 0;
+  for (; i + 4 <= rows; i += 4) {
+    const float* r0 = m + i * cols + b;
+    const float* r1 = r0 + cols;
+    const float* r2 = r1 + cols;
+    const float* r3 = r2 + cols;
+    double pk[4][KN];
+    for (size_t t = 0; t < 4; ++t) {
+      for (size_t k = 0; k < KN; ++k) pk[t][k] = p[(i + t) * rank + k0 + k];
+    }
+    for (size_t j = 0; j < w; ++j) {
+      const double x0 = r0[j], x1 = r1[j], x2 = r2[j], x3 = r3[j];
+      for (size_t k = 0; k < KN; ++k) {
+        double* a = acc + k * w + j;
+        *a = *a + x0 * pk[0][k] + x1 * pk[1][k] + x2 * pk[2][k] + x3 * pk[3][k];
+      }
+    }
+  }
+  for (; i < rows; ++i) {
+    const float* row = m + i * cols + b;
+    for (size_t k = 0; k < KN; ++k) {
+      const double pk = p[i * rank + k0 + k];
+      double* a = acc + k * w;
+      for (size_t j = 0; j < w; ++j) a[j] += row[j] * pk;
+    }
+  }
+}
+
 // q[j][k] = sum over rows i of m[i][j] p[i][k], for j in [begin, end):
-// q is cols x rank (torch's layout), `acc` scratch. Four rows per update
-// of an accumulator, added in row order (the same sums as one row at a
-// time).
+// q is cols x rank (torch's layout), `acc` scratch.
 GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
                                        size_t rows, size_t cols, size_t rank,
                                        size_t begin, size_t end,
@@ -156,34 +190,17 @@ GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
     const size_t e = std::min(end, b + kColumnBlock);
     const size_t w = e - b;
     acc.assign(rank * w, 0.0);
-    size_t i = 0;
-    for (; i + 4 <= rows; i += 4) {
-      const float* r0 = m + i * cols + b;
-      const float* r1 = r0 + cols;
-      const float* r2 = r1 + cols;
-      const float* r3 = r2 + cols;
-      for (size_t k = 0; k < rank; ++k) {
-        const double p0 = p[i * rank + k];
-        const double p1 = p[(i + 1) * rank + k];
-        const double p2 = p[(i + 2) * rank + k];
-        const double p3 = p[(i + 3) * rank + k];
-        double* a = acc.data() + k * w;
-        for (size_t j = 0; j < w; ++j) {
-          a[j] = a[j] + r0[j] * p0 + r1[j] * p1 + r2[j] * p2 + r3[j] * p3;
-        }
-      }
+    size_t k = 0;
+    for (; k + kRankBlock <= rank; k += kRankBlock) {
+      AccumulateColumns<kRankBlock>(m, p, rows, cols, rank, k, b, w,
+                                    acc.data() + k * w);
     }
-    for (; i < rows; ++i) {
-      const float* row = m + i * cols + b;
-      for (size_t k = 0; k < rank; ++k) {
-        const double pk = p[i * rank + k];
-        double* a = acc.data() + k * w;
-        for (size_t j = 0; j < w; ++j) a[j] += row[j] * pk;
-      }
+    for (; k < rank; ++k) {
+      AccumulateColumns<1>(m, p, rows, cols, rank, k, b, w, acc.data() + k * w);
     }
-    for (size_t k = 0; k < rank; ++k) {
+    for (size_t k2 = 0; k2 < rank; ++k2) {
       for (size_t j = 0; j < w; ++j) {
-        q[(b + j) * rank + k] = static_cast<float>(acc[k * w + j]);
+        q[(b + j) * rank + k2] = static_cast<float>(acc[k2 * w + j]);
       }
     }
   }
