@@ -10,6 +10,7 @@
 #define GRADD_SERVER_BACKENDS_COLLECTIVE_BACKEND_H_
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ struct LocalAverage {
   size_t count = 0;
   // The job's global world size.
   double divisor = 1;
+  // What travels between the nodes: unset for `dtype` itself, or
+  // float16/bfloat16 (dtype float32 only) for the 16-bit compression hooks. A
+  // 16-bit wire carries each node's sum already divided by `divisor` and
+  // rounded to 16 bits; the nodes' values are summed in 16 bits (each addition
+  // in float32, rounded back, as AllreduceSum of a 16-bit buffer does) and the
+  // result is converted back into every buffer.
+  std::optional<DType> wire;
+  DType wire_dtype() const { return wire.value_or(dtype); }
 };
 
 // OK for float32/float64; otherwise INVALID_ARGUMENT naming `op`.
@@ -65,6 +74,11 @@ class CollectiveBackendInterface {
   // (GlooBackend does for large buckets). Same call order rules as
   // AllreduceSum; every node must pass the same count and dtype.
   [[nodiscard]] virtual absl::Status AllreduceAverage(const LocalAverage& work);
+  // True when AllreduceAverage fuses a 16-bit wire's compression into its
+  // network schedule (GlooBackend, several nodes): callers that pipeline
+  // the compression themselves (hooks/compress_hook.h) then hand the
+  // whole bucket over instead.
+  virtual bool FusesCompressedAverage() const { return false; }
   // In-place copy of `bytes` bytes from node `root_node` to every node.
   [[nodiscard]] virtual absl::Status Broadcast(void* data, size_t bytes,
                                                int root_node) = 0;

@@ -52,6 +52,20 @@ absl::Status Compress16Hook::Run(const CommHookWork& work,
     return absl::OkStatus();
   }
 
+  // A backend that fuses the compression into its ring (GlooBackend) takes
+  // a float32 bucket whole: the same values, with every pass overlapping
+  // the network segment by segment.
+  if (work.dtype == DType::kFloat32 && net.FusesCompressedAverage()) {
+    LocalAverage average;
+    average.dtype = DType::kFloat32;
+    average.buffers = buffers;
+    average.to_sum = n;
+    average.count = count;
+    average.divisor = world;
+    average.wire = wire_;
+    return net.AllreduceAverage(average);
+  }
+
   // float32 buckets sum in place into local rank 0's bucket; 16-bit buckets
   // into a private float32 accumulator.
   void* acc = buffers[0];

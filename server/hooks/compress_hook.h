@@ -9,7 +9,10 @@
 //   decompress the 16-bit result converted back into every local rank's
 //              bucket
 //
-// Large buckets go through the three stages in chunks, pipelined: the
+// Over GlooBackend (several nodes) a float32 bucket is handed to its fused
+// ring as a whole (LocalAverage::wire): the stages run segment by segment
+// inside the ring's schedule. Otherwise, large buckets go through the three
+// stages in chunks, pipelined: the
 // network carries one chunk while the next is compressed and the previous
 // one decompressed, so the compression passes overlap the transfer instead
 // of adding to it.

@@ -8,6 +8,7 @@
 #include <new>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -338,7 +339,7 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
 absl::Status GlooBackend::AllreduceAverage(const LocalAverage& work) {
   if (absl::Status s = CheckUsable(); !s.ok()) return s;
   if (absl::Status s = CheckLocalAverage(work); !s.ok()) return s;
-  const size_t bytes = work.count * DTypeSize(work.dtype);
+  const size_t bytes = work.count * DTypeSize(work.wire_dtype());
   if (num_nodes_ == 1 || bytes <= fused_min_bytes_) {
     return AverageThroughAllreduceSum(work);
   }
@@ -376,7 +377,7 @@ size_t GlooBackend::FusedSegmentElements(size_t count, size_t elem) const {
 }
 
 void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
-  const size_t elem = DTypeSize(work.dtype);
+  const size_t elem = DTypeSize(work.wire_dtype());
   const size_t count = work.count;
   const size_t per_segment = FusedSegmentElements(count, elem);
   const size_t slot_bytes = per_segment * elem;
@@ -389,8 +390,15 @@ void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
       throw std::bad_alloc();
     }
   }
+  // What the ring moves: the buckets' own values in local rank 0's bucket,
+  // or a 16-bit wire's values in a buffer of their own.
+  void* ring = work.buffers[0];
+  if (work.wire_dtype() != work.dtype) {
+    if (fused_wire_.size() < count) fused_wire_.resize(count);
+    ring = fused_wire_.data();
+  }
   std::unique_ptr<gloo::transport::UnboundBuffer> data =
-      context_->createUnboundBuffer(work.buffers[0], count * elem);
+      context_->createUnboundBuffer(ring, count * elem);
   std::unique_ptr<gloo::transport::UnboundBuffer> tmp =
       context_->createUnboundBuffer(fused_tmp_.get(), fused_tmp_bytes_);
   const uint64_t reduce_slot =
@@ -398,7 +406,7 @@ void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
   const uint64_t gather_slot =
       gloo::Slot::build(kFusedRingSlotPrefix, next_tag_++);
   try {
-    FusedRingSteps(work, deadline, data.get(), tmp.get(), reduce_slot,
+    FusedRingSteps(work, deadline, ring, data.get(), tmp.get(), reduce_slot,
                    gather_slot);
   } catch (...) {
     // Receives and sends may still be pending on both buffers, and Gloo's
@@ -413,7 +421,28 @@ void GlooBackend::FusedRing(const LocalAverage& work, absl::Time deadline) {
   }
 }
 
+namespace {
+
+// What FusedRingSteps does with a segment [b, e) of the bucket (element
+// indices) at each point of the ring.
+struct RingSegmentOps {
+  // Reduce-scatter step 0: this node's value of the segment into the ring
+  // buffer, to be sent.
+  absl::FunctionRef<void(size_t, size_t)> produce;
+  // A partial sum of the segment arrived (`recv`): this node's value added
+  // to it, into the ring buffer.
+  absl::FunctionRef<void(size_t, size_t, const void*)> combine;
+  // The ring buffer holds the finished segment: the reduce-scatter's last
+  // step made it here (`finish`), or the allgather brought it (`gathered`).
+  // Either way it goes into every local rank's bucket.
+  absl::FunctionRef<void(size_t, size_t)> finish;
+  absl::FunctionRef<void(size_t, size_t)> gathered;
+};
+
+}  // namespace
+
 void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
+                                 void* ring,
                                  gloo::transport::UnboundBuffer* data,
                                  gloo::transport::UnboundBuffer* tmp,
                                  uint64_t reduce_slot, uint64_t gather_slot) {
@@ -422,7 +451,8 @@ void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
   const int right = (me + 1) % nodes;
   const int left = (me + nodes - 1) % nodes;
   const DType dtype = work.dtype;
-  const size_t elem = DTypeSize(dtype);
+  const DType wire = work.wire_dtype();
+  const size_t elem = DTypeSize(wire);
   const size_t count = work.count;
   const int locals = static_cast<int>(work.buffers.size());
   const size_t per_shard = ((count + nodes - 1) / nodes + 63) / 64 * 64;
@@ -440,8 +470,12 @@ void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
     }
   };
   auto bytes = [&](const Segment& s) { return (s.end - s.begin) * elem; };
+  const size_t bucket_elem = DTypeSize(dtype);
   auto local = [&](int k, size_t element) {
-    return static_cast<char*>(work.buffers[k]) + element * elem;
+    return static_cast<char*>(work.buffers[k]) + element * bucket_elem;
+  };
+  auto at = [&](size_t element) {
+    return static_cast<char*>(ring) + element * elem;
   };
   auto wait_budget = [&]() {
     return ToMillis(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
@@ -486,47 +520,89 @@ void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
 
   // Reduce-scatter step 0 sends this node's sum of shard `me`, each segment
   // as soon as it is summed.
+  // The segment operations. The buckets' own type: the ring buffer is local
+  // rank 0's bucket, which doubles as the node's accumulator.
   std::vector<const void*> srcs(work.to_sum + 1);
+  std::vector<void*> outs(locals);
+  auto local_sum = [&](size_t b, size_t e) {
+    if (work.to_sum < 2) return;
+    for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, b);
+    SumToAccumulator(dtype, srcs.data(), work.to_sum, local(0, b), 0, e - b);
+  };
+  auto plain_combine = [&](size_t b, size_t e, const void* recv) {
+    for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, b);
+    srcs[work.to_sum] = recv;
+    SumToAccumulator(dtype, srcs.data(), work.to_sum + 1, local(0, b), 0,
+                     e - b);
+  };
+  auto plain_finish = [&](size_t b, size_t e) {
+    for (int k = 0; k < locals; ++k) outs[k] = local(k, b);
+    ScatterFromAccumulator(dtype, outs[0], work.divisor, outs.data(), locals, 0,
+                           e - b);
+  };
+  auto plain_gathered = [&](size_t b, size_t e) {
+    for (int k = 1; k < locals; ++k) {
+      std::memcpy(local(k, b), local(0, b), (e - b) * bucket_elem);
+    }
+  };
+  // A 16-bit wire: the node's float32 sum (in local rank 0's bucket) is
+  // divided and rounded into the ring buffer; a partial sum that arrives
+  // is added to it in float32 and rounded again (AllreduceSum's 16-bit
+  // addition); finished values are converted back into every bucket.
+  auto compress = [&](size_t b, size_t e) {
+    local_sum(b, e);
+    void* const to[1] = {at(b)};
+    ScatterFromAccumulator(wire, local(0, b), work.divisor, to, 1, 0, e - b);
+  };
+  auto compressed_combine = [&](size_t b, size_t e, const void* recv) {
+    compress(b, e);
+    const void* const both[2] = {at(b), recv};
+    SumToAccumulator(wire, both, 2, local(0, b), 0, e - b);
+    void* const to[1] = {at(b)};
+    ScatterFromAccumulator(wire, local(0, b), 1.0, to, 1, 0, e - b);
+  };
+  auto decompress = [&](size_t b, size_t e) {
+    const void* const from[1] = {at(b)};
+    for (int k = 0; k < locals; ++k) {
+      SumToAccumulator(wire, from, 1, local(k, b), 0, e - b);
+    }
+  };
+  const bool plain = wire == dtype;
+  const RingSegmentOps ops = plain
+                                 ? RingSegmentOps{local_sum, plain_combine,
+                                                  plain_finish, plain_gathered}
+                                 : RingSegmentOps{compress, compressed_combine,
+                                                  decompress, decompress};
+
   std::vector<Segment> own;
   add_segments(0, me, &own);
   for (const Segment& s : own) {
-    if (work.to_sum > 1) {
-      for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, s.begin);
-      SumToAccumulator(dtype, srcs.data(), work.to_sum, local(0, s.begin), 0,
-                       s.end - s.begin);
-    }
+    ops.produce(s.begin, s.end);
     send(reduce_slot, s);
   }
 
   // Each partial sum that arrives is added to this node's values in one
-  // pass and passed on; the last step's sums are final: divided, written
-  // to every local rank, and sent on as the allgather's first step.
-  std::vector<void*> outs(locals);
+  // pass and passed on; the last step's sums are final: written to every
+  // local rank and sent on as the allgather's first step.
   for (size_t i = 0; i < reduce_in.size(); ++i) {
     const Segment& s = reduce_in[i];
     tmp->waitRecv(wait_budget());
-    for (int k = 0; k < work.to_sum; ++k) srcs[k] = local(k, s.begin);
-    srcs[work.to_sum] = fused_tmp_.get() + (i % kFusedRecvSlots) * slot_bytes;
-    SumToAccumulator(dtype, srcs.data(), work.to_sum + 1, local(0, s.begin), 0,
-                     s.end - s.begin);
+    ops.combine(s.begin, s.end,
+                fused_tmp_.get() + (i % kFusedRecvSlots) * slot_bytes);
     post_reduce_recv();  // Into the slot just consumed.
     if (s.step + 2 < nodes) {
       send(reduce_slot, s);
     } else {
-      for (int k = 0; k < locals; ++k) outs[k] = local(k, s.begin);
-      ScatterFromAccumulator(dtype, outs[0], work.divisor, outs.data(), locals,
-                             0, s.end - s.begin);
+      ops.finish(s.begin, s.end);
       send(gather_slot, s);
     }
   }
 
-  // Allgather: copy each finished segment to the other local ranks and
-  // pass it on, except at the last step.
+  // Allgather: each finished segment into the local ranks, and passed on
+  // except at the last step.
   for (const Segment& s : gather_in) {
     data->waitRecv(wait_budget());
-    for (int k = 1; k < locals; ++k) {
-      std::memcpy(local(k, s.begin), local(0, s.begin), bytes(s));
-    }
+    ops.gathered(s.begin, s.end);
     if (s.step + 2 < nodes) send(gather_slot, s);
   }
   for (int i = 0; i < sends; ++i) data->waitSend(wait_budget());

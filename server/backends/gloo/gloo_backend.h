@@ -124,8 +124,15 @@ class GlooBackend final : public CollectiveBackendInterface {
   // lands. The data moved between nodes is the same as Gloo's ring; the
   // local passes overlap the network instead of preceding and following
   // it, and each byte is read and written fewer times.
+  // A 16-bit `wire` (LocalAverage::wire) rides the same ring: each segment
+  // is compressed just before it is first sent, a partial sum that arrives
+  // is added to this node's compressed values (in float32, rounded back to
+  // 16 bits), and finished segments are converted back into every local
+  // rank's bucket as they complete -- the compression passes overlap the
+  // network, and the link never waits for a whole chunk.
   [[nodiscard]] absl::Status AllreduceAverage(
       const LocalAverage& work) override;
+  bool FusesCompressedAverage() const override { return num_nodes_ > 1; }
   [[nodiscard]] absl::Status Broadcast(void* data, size_t bytes,
                                        int root_node) override;
   std::string NodeName(int node_rank) const override;
@@ -148,7 +155,7 @@ class GlooBackend final : public CollectiveBackendInterface {
   // buffers outlive Gloo's use of them on every path (see retired_buffers_).
   void FusedRing(const LocalAverage& work, absl::Time deadline);
   // The ring's schedule over the buffers FusedRing made.
-  void FusedRingSteps(const LocalAverage& work, absl::Time deadline,
+  void FusedRingSteps(const LocalAverage& work, absl::Time deadline, void* ring,
                       gloo::transport::UnboundBuffer* data,
                       gloo::transport::UnboundBuffer* tmp, uint64_t reduce_slot,
                       uint64_t gather_slot);
@@ -174,6 +181,8 @@ class GlooBackend final : public CollectiveBackendInterface {
   };
   std::unique_ptr<char, FreeDeleter> fused_tmp_;
   size_t fused_tmp_bytes_ = 0;
+  // The ring buffer of a 16-bit wire (network thread only).
+  std::vector<uint16_t> fused_wire_;
   std::vector<std::string> node_names_;
   // peer_addresses_[r]: the "host:port" texts by which Gloo errors name node r.
   std::vector<std::vector<std::string>> peer_addresses_;
