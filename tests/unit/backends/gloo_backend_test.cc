@@ -2,6 +2,7 @@
 // on loopback.
 #include "server/backends/gloo/gloo_backend.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -225,6 +226,101 @@ TEST_F(GlooBackendTest, AllreduceAverageIsExactForTwoNodes) {
   CheckAverage<float>(backends, {3, 1}, 1 << 20, DType::kFloat32, true);
   // One local rank each: nothing to sum or copy locally.
   CheckAverage<double>(backends, {1, 1}, 200003, DType::kFloat64, false);
+}
+
+// A 16-bit wire (the compression hooks) through the fused ring: each
+// node's float32 sum divided and rounded once to 16 bits, the nodes' values
+// summed in 16 bits -- shard c starting at node c, then c + 1, ... (the
+// ring's order) -- and converted back into every local rank's bucket.
+void CheckSixteenBitWire(std::vector<std::unique_ptr<GlooBackend>>& backends,
+                         const std::vector<int>& locals, size_t count,
+                         DType wire) {
+  const int n = static_cast<int>(backends.size());
+  auto to16 = [wire](float f) {
+    return wire == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+  };
+  auto from16 = [wire](uint16_t h) {
+    return wire == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+  };
+  int world = 0;
+  for (int l : locals) world += l;
+  auto value = [](int g, size_t i) {
+    return static_cast<float>(std::sin(0.001 * static_cast<double>(i) + g)) *
+           static_cast<float>(g + 1);
+  };
+  std::vector<std::vector<std::vector<float>>> buffers(n);
+  std::vector<std::vector<uint16_t>> own(n, std::vector<uint16_t>(count));
+  std::vector<LocalAverage> work(n);
+  int g = 0;
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> sum(count, 0.0f);
+    for (int k = 0; k < locals[r]; ++k, ++g) {
+      std::vector<float>& b = buffers[r].emplace_back(count);
+      for (size_t i = 0; i < count; ++i) {
+        b[i] = value(g, i);
+        sum[i] += b[i];
+      }
+    }
+    for (size_t i = 0; i < count; ++i) own[r][i] = to16(sum[i] / world);
+    work[r].dtype = DType::kFloat32;
+    for (auto& b : buffers[r]) work[r].buffers.push_back(b.data());
+    work[r].to_sum = locals[r];
+    work[r].count = count;
+    work[r].divisor = world;
+    work[r].wire = wire;
+  }
+  std::vector<absl::Status> status(n);
+  OnEachNode(
+      n, [&](int r) { status[r] = backends[r]->AllreduceAverage(work[r]); });
+  const size_t per_shard = ((count + n - 1) / n + 63) / 64 * 64;
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
+  for (size_t i = 0; i < count; ++i) {
+    const int shard = static_cast<int>(i / per_shard);
+    uint16_t acc = own[shard][i];
+    for (int t = 1; t < n; ++t) {
+      acc = to16(from16(acc) + from16(own[(shard + t) % n][i]));
+    }
+    const float expected = from16(acc);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < locals[r]; ++k) {
+        ASSERT_EQ(buffers[r][k][i], expected)
+            << DTypeName(wire) << " node " << r << " local rank " << k
+            << " element " << i << " of " << count;
+      }
+    }
+  }
+}
+
+TEST_F(GlooBackendTest, SixteenBitWireRidesTheFusedRing) {
+  // Many segments per shard, more than the receive slots; counts that do
+  // not split evenly. 300001 16-bit values are above fused_min_bytes (the
+  // fused ring), 1000 below it (compress, AllreduceSum, decompress).
+  base_options_.fused_segment_bytes = 64 << 10;
+  for (const std::vector<int>& locals :
+       {std::vector<int>{2, 2}, std::vector<int>{1, 3, 2}}) {
+    auto backends = Connect(static_cast<int>(locals.size()));
+    for (DType wire : {DType::kBFloat16, DType::kFloat16}) {
+      CheckSixteenBitWire(backends, locals, 300001, wire);
+      if (locals.size() == 2) CheckSixteenBitWire(backends, locals, 1000, wire);
+    }
+  }
+}
+
+TEST_F(GlooBackendTest, SixteenBitWireOnlyCarriesFloat32Buckets) {
+  auto backends = Connect(2);
+  std::vector<double> a(1 << 18), b(1 << 18);
+  LocalAverage work;
+  work.dtype = DType::kFloat64;
+  work.buffers = {a.data(), b.data()};
+  work.to_sum = 2;
+  work.count = a.size();
+  work.divisor = 4;
+  work.wire = DType::kBFloat16;
+  const absl::Status s = backends[0]->AllreduceAverage(work);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("float64"));
+  // Nothing was sent: both nodes still work together.
+  CheckSixteenBitWire(backends, {1, 1}, 300001, DType::kBFloat16);
 }
 
 TEST_F(GlooBackendTest, AllreduceAverageRejectsBadWork) {
