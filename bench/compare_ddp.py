@@ -175,10 +175,13 @@ def start_daemons(args, tmp):
     """One gradd per node; returns (processes, sockets, logs)."""
     gradd = find_gradd(args.gradd)
     config = None
-    if args.comm_hook:
+    if args.comm_hook or args.reduce_threads:
         config = os.path.join(tmp, "gradd.yaml")
         with open(config, "w") as f:
-            f.write(f"default_comm_hook:\n  name: {args.comm_hook}\n")
+            if args.reduce_threads:
+                f.write(f"reduce_threads: {args.reduce_threads}\n")
+            if args.comm_hook:
+                f.write(f"default_comm_hook:\n  name: {args.comm_hook}\n")
     rendezvous_port = free_port() if not args.node_exec else 29600
     daemons, sockets, logs = [], [], []
     for node in range(args.nodes):
@@ -243,6 +246,8 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     ap.add_argument("--nodes", type=int, default=1, help="gradd daemons (nodes), --procs each")
+    ap.add_argument("--reduce-threads", type=int, default=0,
+                    help="the daemons' reduce_threads (0: their default, every core)")
     ap.add_argument("--node-exec", default="",
                     help='command prefix of node {node}\'s processes, e.g. "ip netns exec ns{node}"')
     ap.add_argument("--master-addr", default="127.0.0.1",
