@@ -89,12 +89,15 @@ using FusedFn = void (*)(void* const*, int, size_t, size_t, double);
 using SumFn = void (*)(const void* const*, int, void*, size_t, size_t);
 using ScatterFn = void (*)(const void*, double, void* const*, int, size_t,
                            size_t);
+using CompressAddFn = void (*)(const float* const*, int, double,
+                               const uint16_t*, uint16_t*, size_t, size_t);
 
 // Indexed by DType value - 1.
 struct KernelTable {
   FusedFn fused[4];
   SumFn sum[4];
   ScatterFn scatter[4];
+  CompressAddFn compress_add[2];  // float16, bfloat16
 };
 
 namespace baseline {
@@ -164,6 +167,18 @@ void ScatterFromAccumulator(DType dtype, const void* acc, double divisor,
                             size_t end) {
   if (int i = Index(dtype); i >= 0) {
     Kernels().scatter[i](acc, divisor, outs, n, begin, end);
+  }
+}
+
+void CompressAdd16(DType wire, const float* const* srcs, int n, double divisor,
+                   const uint16_t* add, uint16_t* out, size_t begin,
+                   size_t end) {
+  if (wire == DType::kFloat16) {
+    Kernels().compress_add[0](srcs, n, divisor, add, out, begin, end);
+  } else if (wire == DType::kBFloat16) {
+    Kernels().compress_add[1](srcs, n, divisor, add, out, begin, end);
+  } else {
+    assert(false && "CompressAdd16 takes a 16-bit wire type");
   }
 }
 

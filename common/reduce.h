@@ -38,6 +38,18 @@ void SumToAccumulator(DType dtype, const void* const* srcs, int n, void* acc,
 void ScatterFromAccumulator(DType dtype, const void* acc, double divisor,
                             void* const* outs, int n, size_t begin, size_t end);
 
+// The 16-bit wire of the compression hooks (wire float16 or bfloat16),
+// float32 sources: out[i] = to16(float(to16(sum_k srcs[k][i] / divisor)) +
+// float(add[i])) for i in [begin, end), or to16(sum_k srcs[k][i] /
+// divisor) when `add` is null -- a node's compressed value, added to a
+// partial sum that arrived, in one pass with the roundings of
+// SumToAccumulator, ScatterFromAccumulator (to 16 bits), SumToAccumulator
+// of the two 16-bit values and ScatterFromAccumulator again. `out` may not
+// overlap the sources; it may be `add`.
+void CompressAdd16(DType wire, const float* const* srcs, int n, double divisor,
+                   const uint16_t* add, uint16_t* out, size_t begin,
+                   size_t end);
+
 // The kernel set in use: "avx2+f16c" (chosen at run time when the CPU has
 // it) or "baseline" (plain x86-64 / other CPUs). For logs and benchmarks.
 std::string_view ReduceKernelIsa();

@@ -545,21 +545,22 @@ void GlooBackend::FusedRingSteps(const LocalAverage& work, absl::Time deadline,
       std::memcpy(local(k, b), local(0, b), (e - b) * bucket_elem);
     }
   };
-  // A 16-bit wire: the node's float32 sum (in local rank 0's bucket) is
-  // divided and rounded into the ring buffer; a partial sum that arrives
-  // is added to it in float32 and rounded again (AllreduceSum's 16-bit
-  // addition); finished values are converted back into every bucket.
-  auto compress = [&](size_t b, size_t e) {
-    local_sum(b, e);
-    void* const to[1] = {at(b)};
-    ScatterFromAccumulator(wire, local(0, b), work.divisor, to, 1, 0, e - b);
-  };
+  // A 16-bit wire: the node's float32 sum is divided and rounded into the
+  // ring buffer; a partial sum that arrives is added to that in float32
+  // and rounded again (AllreduceSum's 16-bit addition) -- one pass over
+  // the local ranks' values either way; finished values are converted back
+  // into every bucket.
+  std::vector<const float*> fsrcs(work.to_sum);
   auto compressed_combine = [&](size_t b, size_t e, const void* recv) {
-    compress(b, e);
-    const void* const both[2] = {at(b), recv};
-    SumToAccumulator(wire, both, 2, local(0, b), 0, e - b);
-    void* const to[1] = {at(b)};
-    ScatterFromAccumulator(wire, local(0, b), 1.0, to, 1, 0, e - b);
+    for (int k = 0; k < work.to_sum; ++k) {
+      fsrcs[k] = reinterpret_cast<const float*>(local(k, b));
+    }
+    CompressAdd16(wire, fsrcs.data(), work.to_sum, work.divisor,
+                  static_cast<const uint16_t*>(recv),
+                  reinterpret_cast<uint16_t*>(at(b)), 0, e - b);
+  };
+  auto compress = [&](size_t b, size_t e) {
+    compressed_combine(b, e, nullptr);
   };
   auto decompress = [&](size_t b, size_t e) {
     const void* const from[1] = {at(b)};

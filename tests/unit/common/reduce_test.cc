@@ -504,6 +504,73 @@ TEST_P(ReduceTest, EmptyRangesAndZeroInputs) {
   EXPECT_EQ(acc, (std::vector<float>{0, 0, 0}));
 }
 
+// CompressAdd16 is the separate kernels' composition, bit for bit: sum in
+// float32, divide, round to 16 bits, add the 16-bit partial sum in float32,
+// round again -- on odd ranges, special values included.
+TEST_P(ReduceTest, CompressAddIsTheSeparatePassesInOne) {
+  constexpr size_t kLen = 3000;
+  for (DType wire : {DType::kFloat16, DType::kBFloat16}) {
+    for (int n : {1, 2, 3}) {
+      for (double divisor : {4.0, 6.0}) {
+        std::vector<std::vector<float>> src(n, std::vector<float>(kLen));
+        std::vector<uint16_t> add(kLen);
+        for (int k = 0; k < n; ++k) {
+          for (size_t i = 0; i < kLen; ++i) {
+            src[k][i] =
+                static_cast<float>(std::sin(0.37 * i + k) * (1 << (i % 20)));
+          }
+        }
+        src[0][5] = std::numeric_limits<float>::infinity();
+        src[0][7] = std::numeric_limits<float>::quiet_NaN();
+        for (size_t i = 0; i < kLen; ++i) {
+          const float v = static_cast<float>(std::cos(0.11 * i) * 3.0);
+          add[i] =
+              wire == DType::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
+        }
+        std::vector<const float*> fsrcs;
+        std::vector<const void*> vsrcs;
+        for (auto& v : src) {
+          fsrcs.push_back(v.data());
+          vsrcs.push_back(v.data());
+        }
+        const size_t begin = 3, end = kLen - 5;
+        // The separate passes.
+        std::vector<float> acc(kLen), sum2(kLen);
+        std::vector<uint16_t> own(kLen), want(kLen), want_plain(kLen);
+        SumToAccumulator(DType::kFloat32, vsrcs.data(), n, acc.data(), begin,
+                         end);
+        void* const own_out[1] = {own.data()};
+        ScatterFromAccumulator(wire, acc.data(), divisor, own_out, 1, begin,
+                               end);
+        want_plain = own;
+        const void* const both[2] = {own.data(), add.data()};
+        SumToAccumulator(wire, both, 2, sum2.data(), begin, end);
+        void* const want_out[1] = {want.data()};
+        ScatterFromAccumulator(wire, sum2.data(), 1.0, want_out, 1, begin, end);
+        // One pass.
+        std::vector<uint16_t> got(kLen, 0xABCD), got_plain(kLen, 0xABCD);
+        CompressAdd16(wire, fsrcs.data(), n, divisor, add.data(), got.data(),
+                      begin, end);
+        CompressAdd16(wire, fsrcs.data(), n, divisor, nullptr, got_plain.data(),
+                      begin, end);
+        for (size_t i = 0; i < kLen; ++i) {
+          const bool inside = i >= begin && i < end;
+          ASSERT_EQ(got[i], inside ? want[i] : 0xABCD)
+              << DTypeName(wire) << " n=" << n << " / " << divisor << " at "
+              << i;
+          ASSERT_EQ(got_plain[i], inside ? want_plain[i] : 0xABCD)
+              << DTypeName(wire) << " n=" << n << " / " << divisor << " at "
+              << i;
+        }
+        // In place: `out` may be `add`.
+        CompressAdd16(wire, fsrcs.data(), n, divisor, add.data(), add.data(),
+                      begin, end);
+        for (size_t i = begin; i < end; ++i) ASSERT_EQ(add[i], want[i]);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, ReduceTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Baseline" : "Best";
