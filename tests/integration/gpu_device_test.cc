@@ -2,8 +2,6 @@
 // no CUDA driver or device): the real daemon, cuMem memory and IPC events,
 // the fused device reducer, with test trainers copying their gradients in
 // and out through the driver. Two trainer processes share GPU 0.
-#include <signal.h>
-
 #include <string>
 #include <vector>
 
@@ -15,7 +13,6 @@
 namespace gradd::testing {
 namespace {
 
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class GpuDeviceTest : public GraddTest {
@@ -53,23 +50,7 @@ TEST_F(GpuDeviceTest, LargeBucketsEveryDtype) {
 }
 
 TEST_F(GpuDeviceTest, TrainerKilledMidIteration) {
-  Proc r0 =
-      SpawnTrainer("killed", 0, 2, {"--cuda", "true", "--iterations", "1000"});
-  Proc r1 = SpawnTrainer("killed", 1, 2,
-                         {"--cuda", "true", "--iterations", "1000", "--mode",
-                          "stall", "--stall-at", "3"});
-  ASSERT_TRUE(WaitForText(r1, "STALLED", milliseconds(60000)))
-      << ReadFile(r1.log);
-  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
-  Exit e = Wait(r0, milliseconds(60000));
-  EXPECT_EQ(e.code, 3) << e.output;
-  EXPECT_THAT(e.output,
-              AllOf(HasSubstr("local rank 1"), HasSubstr("iteration 3")));
-  Wait(r1, milliseconds(5000));
-  std::vector<Exit> next =
-      RunJob("after-kill", 2, {"--cuda", "true", "--iterations", "10"},
-             milliseconds(60000));
-  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+  ExpectKilledTrainerFailsItsJob({"--cuda", "true"}, milliseconds(60000));
 }
 
 }  // namespace

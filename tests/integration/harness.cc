@@ -279,4 +279,27 @@ void GraddTest::ExpectHealthyJob(const std::string& job) {
   }
 }
 
+void GraddTest::ExpectKilledTrainerFailsItsJob(
+    const std::vector<std::string>& flags, milliseconds timeout) {
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), flags.begin(), flags.end());
+    return extra;
+  };
+  Proc r0 = SpawnTrainer("killed", 0, 2, with({"--iterations", "1000"}));
+  Proc r1 = SpawnTrainer(
+      "killed", 1, 2,
+      with({"--iterations", "1000", "--mode", "stall", "--stall-at", "3"}));
+  ASSERT_TRUE(WaitForText(r1, "STALLED", timeout)) << ReadFile(r1.log);
+  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
+  Exit e = Wait(r0, timeout);
+  EXPECT_EQ(e.code, 3) << e.output;
+  EXPECT_NE(e.output.find("ERROR code="), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("local rank 1"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("iteration 3"), std::string::npos) << e.output;
+  Wait(r1, milliseconds(5000));
+  std::vector<Exit> next =
+      RunJob("after-kill", 2, with({"--iterations", "10"}), timeout);
+  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
 }  // namespace gradd::testing

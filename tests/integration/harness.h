@@ -80,6 +80,12 @@ class GraddTest : public ::testing::Test {
   std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout);
   // A short healthy 2-rank job: the daemon still serves after bad input.
   void ExpectHealthyJob(const std::string& job);
+  // Rank 1 of a 2-rank job stalls in iteration 3 and is SIGKILLed: rank 0
+  // fails with an error naming local rank 1 and iteration 3, and the
+  // daemon then runs a next 2-rank job. `flags` go to every trainer;
+  // `timeout` bounds each wait.
+  void ExpectKilledTrainerFailsItsJob(const std::vector<std::string>& flags,
+                                      milliseconds timeout);
 
   std::string dir_;
   std::string socket_;
