@@ -80,8 +80,9 @@ class StagingDeviceInterface {
   virtual void FreeHost(void* host) = 0;
   // Engine thread; never blocks. For each copy, in its device's stream
   // order: wait until the rank made `bucket` ready, then device -> host.
-  [[nodiscard]] virtual absl::Status CopyToHost(
-      int bucket, absl::Span<const Copy> copies, absl::string_view context) = 0;
+  [[nodiscard]] virtual absl::Status CopyToHost(int bucket,
+                                                absl::Span<const Copy> copies,
+                                                absl::string_view context) = 0;
   // Staging thread. Blocks until the copies of the last CopyToHost of
   // `bucket` have landed; DEADLINE_EXCEEDED after `deadline`.
   [[nodiscard]] virtual absl::Status WaitForHost(int bucket,

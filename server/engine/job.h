@@ -342,8 +342,9 @@ class Job {
   bool failed_ = false;
   JoinState join_;
   // active_buffers_[b]: bucket b of the ranks active in the running join
-  // iteration, active_ranks_[b] those ranks (BucketWork::ranks); join_areas_: their broadcast areas (nullptr for the others);
-  // phantom_*: the relay area of a node none of whose ranks is active.
+  // iteration, active_ranks_[b] those ranks (BucketWork::ranks); join_areas_:
+  // their broadcast areas (nullptr for the others); phantom_*: the relay area
+  // of a node none of whose ranks is active.
   std::vector<std::vector<void*>> active_buffers_;
   std::vector<std::vector<int>> active_ranks_;
   std::vector<void*> join_areas_;

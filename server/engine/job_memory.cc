@@ -42,9 +42,9 @@ absl::Status CheckJobMemory(const std::string& job_id,
   if (need.total() <= limit) return absl::OkStatus();
   std::string device;
   if (need.device_bytes() > 0) {
-    device = absl::StrCat(" and ", need.device_bytes(),
-                          " bytes of device memory (", need.device_per_rank,
-                          " x ", need.ranks, " ranks");
+    device =
+        absl::StrCat(" and ", need.device_bytes(), " bytes of device memory (",
+                     need.device_per_rank, " x ", need.ranks, " ranks");
     if (need.device_extra > 0) {
       absl::StrAppend(&device, " + ", need.device_extra,
                       " of per-GPU accumulators");
@@ -55,8 +55,7 @@ absl::Status CheckJobMemory(const std::string& job_id,
       "job '", job_id, "' needs ", need.shared_bytes(),
       " bytes of shared memory (", need.shared_per_rank, " x ", need.ranks,
       " ranks)", device, ", ", need.total(),
-      " in all; the daemon's per-job limit (max_job_memory_bytes) is ",
-      limit));
+      " in all; the daemon's per-job limit (max_job_memory_bytes) is ", limit));
 }
 
 }  // namespace gradd

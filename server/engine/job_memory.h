@@ -32,7 +32,9 @@ struct JobMemoryNeed {
   uint64_t device_extra = 0;
 
   uint64_t shared_bytes() const { return shared_per_rank * ranks; }
-  uint64_t device_bytes() const { return device_per_rank * ranks + device_extra; }
+  uint64_t device_bytes() const {
+    return device_per_rank * ranks + device_extra;
+  }
   uint64_t total() const { return shared_bytes() + device_bytes(); }
 };
 

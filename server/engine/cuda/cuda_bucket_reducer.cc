@@ -404,13 +404,13 @@ absl::Status CudaBucketReducer::CopyToHost(int bucket,
     RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
     for (const Copy& c : copies) {
       if (rank_group_[c.rank] != gi) continue;
-      const std::string at = absl::StrCat(context, " rank ", c.rank,
-                                          " device ", g.device);
-      RETURN_IF_ERROR(cuda::CuCheck(
-          *driver_,
-          driver_->cuStreamWaitEvent(g.stream.get(),
-                                     ready_[c.rank][bucket].get(), 0),
-          absl::StrCat(at, ": cuStreamWaitEvent")));
+      const std::string at =
+          absl::StrCat(context, " rank ", c.rank, " device ", g.device);
+      RETURN_IF_ERROR(
+          cuda::CuCheck(*driver_,
+                        driver_->cuStreamWaitEvent(
+                            g.stream.get(), ready_[c.rank][bucket].get(), 0),
+                        absl::StrCat(at, ": cuStreamWaitEvent")));
       RETURN_IF_ERROR(cuda::CuCheck(
           *driver_,
           driver_->cuMemcpyDtoHAsync(c.host,
@@ -446,8 +446,9 @@ absl::Status CudaBucketReducer::WaitForHost(int bucket,
       }
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
-            where, ": the copy of the bucket to host staging did not finish "
-                   "within the collective timeout (",
+            where,
+            ": the copy of the bucket to host staging did not finish "
+            "within the collective timeout (",
             timeout_.count(), " ms)"));
       }
       absl::SleepFor(nap);

@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -238,9 +238,8 @@ TEST_F(HostStagingTest, CopiesThatNeverLandTimeOutNamingTheBucket) {
   w.iteration = 9;
   absl::Status s = Run(w);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(s.message(),
-              AllOf(HasSubstr("job 'j'"), HasSubstr("bucket 4"),
-                    HasSubstr("iteration 9")));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("job 'j'"), HasSubstr("bucket 4"),
+                                 HasSubstr("iteration 9")));
   EXPECT_EQ(host_calls_.load(), 0);
 }
 

@@ -26,8 +26,7 @@ TEST(JobMemoryTest, DeviceBytesCountPerRank) {
   EXPECT_EQ(need.device_per_rank, MaxPlanBytes(Model(), DeviceKind::kCuda));
   EXPECT_GE(need.device_per_rank, 400000u + 10000u);
   EXPECT_EQ(need.device_extra, 0u);  // one GPU: the fused path, in place
-  EXPECT_EQ(need.total(),
-            2 * need.shared_per_rank + 2 * need.device_per_rank);
+  EXPECT_EQ(need.total(), 2 * need.shared_per_rank + 2 * need.device_per_rank);
 }
 
 TEST(JobMemoryTest, SeveralLocalGpusAddTheirAccumulators) {
@@ -64,10 +63,10 @@ TEST(JobMemoryTest, OverTheLimitNamesBothNumbers) {
   EXPECT_THAT(
       s.message(),
       AllOf(HasSubstr("job 'gpu-job'"),
-            HasSubstr(absl::StrCat(need.shared_bytes(),
-                                   " bytes of shared memory")),
-            HasSubstr(absl::StrCat(need.device_bytes(),
-                                   " bytes of device memory")),
+            HasSubstr(
+                absl::StrCat(need.shared_bytes(), " bytes of shared memory")),
+            HasSubstr(
+                absl::StrCat(need.device_bytes(), " bytes of device memory")),
             HasSubstr(absl::StrCat("max_job_memory_bytes) is ", limit))));
   EXPECT_TRUE(CheckJobMemory("gpu-job", need, need.total()).ok());
 }
