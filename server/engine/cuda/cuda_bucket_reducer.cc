@@ -395,35 +395,48 @@ absl::StatusOr<void*> CudaBucketReducer::AllocateHost(
 
 void CudaBucketReducer::FreeHost(void* host) { driver_->cuMemFreeHost(host); }
 
-absl::Status CudaBucketReducer::CopyToHost(int bucket,
-                                           absl::Span<const Copy> copies,
-                                           absl::string_view context) {
+absl::Status CudaBucketReducer::OnEachGroup(
+    int bucket, absl::Span<const Copy> copies, absl::string_view context,
+    absl::FunctionRef<absl::Status(const Group&, const Copy&,
+                                   const std::string&)>
+        per_copy,
+    std::vector<cuda::CudaEvent> Group::*then_record) {
   for (int gi : GroupsOf(copies)) {
     Group& g = groups_[gi];
     const std::string where = absl::StrCat(context, " device ", g.device);
     RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
     for (const Copy& c : copies) {
       if (rank_group_[c.rank] != gi) continue;
-      const std::string at =
-          absl::StrCat(context, " rank ", c.rank, " device ", g.device);
-      RETURN_IF_ERROR(
-          cuda::CuCheck(*driver_,
-                        driver_->cuStreamWaitEvent(
-                            g.stream.get(), ready_[c.rank][bucket].get(), 0),
-                        absl::StrCat(at, ": cuStreamWaitEvent")));
-      RETURN_IF_ERROR(cuda::CuCheck(
-          *driver_,
-          driver_->cuMemcpyDtoHAsync(c.host,
-                                     reinterpret_cast<CUdeviceptr>(c.device),
-                                     c.bytes, g.stream.get()),
-          absl::StrCat(at, ": cuMemcpyDtoHAsync")));
+      RETURN_IF_ERROR(per_copy(
+          g, c, absl::StrCat(context, " rank ", c.rank, " device ", g.device)));
     }
     RETURN_IF_ERROR(cuda::CuCheck(
         *driver_,
-        driver_->cuEventRecord(g.copied[bucket].get(), g.stream.get()),
+        driver_->cuEventRecord((g.*then_record)[bucket].get(), g.stream.get()),
         absl::StrCat(where, ": cuEventRecord")));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBucketReducer::CopyToHost(int bucket,
+                                           absl::Span<const Copy> copies,
+                                           absl::string_view context) {
+  return OnEachGroup(
+      bucket, copies, context,
+      [&](const Group& g, const Copy& c, const std::string& at) {
+        RETURN_IF_ERROR(
+            cuda::CuCheck(*driver_,
+                          driver_->cuStreamWaitEvent(
+                              g.stream.get(), ready_[c.rank][bucket].get(), 0),
+                          absl::StrCat(at, ": cuStreamWaitEvent")));
+        return cuda::CuCheck(
+            *driver_,
+            driver_->cuMemcpyDtoHAsync(c.host,
+                                       reinterpret_cast<CUdeviceptr>(c.device),
+                                       c.bytes, g.stream.get()),
+            absl::StrCat(at, ": cuMemcpyDtoHAsync"));
+      },
+      &Group::copied);
 }
 
 absl::Status CudaBucketReducer::WaitForHost(int bucket,
@@ -461,24 +474,16 @@ absl::Status CudaBucketReducer::WaitForHost(int bucket,
 absl::Status CudaBucketReducer::CopyToDevice(int bucket,
                                              absl::Span<const Copy> copies,
                                              absl::string_view context) {
-  for (int gi : GroupsOf(copies)) {
-    Group& g = groups_[gi];
-    const std::string where = absl::StrCat(context, " device ", g.device);
-    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
-    for (const Copy& c : copies) {
-      if (rank_group_[c.rank] != gi) continue;
-      RETURN_IF_ERROR(cuda::CuCheck(
-          *driver_,
-          driver_->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(c.device),
-                                     c.host, c.bytes, g.stream.get()),
-          absl::StrCat(context, " rank ", c.rank, " device ", g.device,
-                       ": cuMemcpyHtoDAsync")));
-    }
-    RETURN_IF_ERROR(cuda::CuCheck(
-        *driver_, driver_->cuEventRecord(g.done[bucket].get(), g.stream.get()),
-        absl::StrCat(where, ": cuEventRecord")));
-  }
-  return absl::OkStatus();
+  return OnEachGroup(
+      bucket, copies, context,
+      [&](const Group& g, const Copy& c, const std::string& at) {
+        return cuda::CuCheck(
+            *driver_,
+            driver_->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(c.device),
+                                       c.host, c.bytes, g.stream.get()),
+            absl::StrCat(at, ": cuMemcpyHtoDAsync"));
+      },
+      &Group::done);
 }
 
 ReducerStats CudaBucketReducer::stats() const {

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/driver.h"
@@ -126,6 +127,15 @@ class CudaBucketReducer final : public BucketReducerInterface,
   bool Staged(const BucketWork& work) const;
   // The groups the copies' ranks are on, in order of first appearance.
   std::vector<int> GroupsOf(absl::Span<const Copy> copies) const;
+  // For each GPU the copies touch, with its context current: per_copy(g,
+  // c, "<context> rank r device d") for its copies, then records
+  // (g.*then_record)[bucket] on its daemon stream.
+  absl::Status OnEachGroup(int bucket, absl::Span<const Copy> copies,
+                           absl::string_view context,
+                           absl::FunctionRef<absl::Status(
+                               const Group&, const Copy&, const std::string&)>
+                               per_copy,
+                           std::vector<cuda::CudaEvent> Group::*then_record);
   // StagingDeviceInterface (host_staging.h), on the CUDA driver.
   absl::StatusOr<void*> AllocateHost(int rank, size_t bytes,
                                      absl::string_view context) override;
