@@ -57,6 +57,7 @@ class FakeStagingDevice final : public StagingDeviceInterface {
                            absl::Time deadline,
                            absl::string_view context) override {
     absl::MutexLock lock(&mu_);
+    ++waits_;
     auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&go), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(context, ": stuck"));
@@ -87,6 +88,7 @@ class FakeStagingDevice final : public StagingDeviceInterface {
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int frees_ ABSL_GUARDED_BY(mu_) = 0;
   int done_marks_ ABSL_GUARDED_BY(mu_) = 0;
+  int waits_ ABSL_GUARDED_BY(mu_) = 0;  // WaitForHost calls entered
   std::vector<Copy> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<int> to_host_ranks_ ABSL_GUARDED_BY(mu_);
   std::vector<int> to_device_ranks_ ABSL_GUARDED_BY(mu_);
@@ -297,6 +299,15 @@ TEST_F(HostStagingTest, StopCancelsQueuedBucketsAndLaterStarts) {
       results[b] = s;
       ++completed;
     });
+  }
+  {
+    // The staging thread has taken bucket 0 and waits for its copies.
+    absl::MutexLock lock(&device_.mu_);
+    auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_.mu_) {
+      return device_.waits_ == 1;
+    };
+    ASSERT_TRUE(device_.mu_.AwaitWithTimeout(absl::Condition(&waiting),
+                                             absl::Seconds(10)));
   }
   std::thread stopper([&] { staging_->Stop(); });
   // Once Stop has been asked for, Start completes inline with CANCELLED;
