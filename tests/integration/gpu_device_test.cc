@@ -13,6 +13,7 @@
 namespace gradd::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class GpuDeviceTest : public GraddTest {
@@ -47,6 +48,25 @@ TEST_F(GpuDeviceTest, LargeBucketsEveryDtype) {
               "--bucket-cap-mb", "1", "--first-bucket-cap-mb", "1"},
              milliseconds(120000));
   for (const Exit& e : exits) EXPECT_EQ(e.code, 0) << e.output;
+}
+
+// Two daemons with one trainer each, both on GPU 0: a multi-node CUDA job,
+// its buckets staged through pinned host memory and Gloo between the
+// daemons (server/engine/host_staging.h; NCCL cannot put two ranks on one
+// GPU). Every dtype, every value checked against the global world size.
+TEST_F(GpuDeviceTest, TwoDaemonsOneTrainerEachStageThroughHost) {
+  std::vector<std::string> sockets = StartNodeDaemons(2);
+  ASSERT_EQ(sockets.size(), 2u);
+  std::vector<Exit> exits = RunOneTrainerPerNode(
+      sockets, "two-nodes",
+      {"--cuda", "true", "--iterations", "100", "--seed", "9"},
+      milliseconds(120000));
+  for (const Exit& e : exits) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    // Global ranks 0 and 1 of 2: the job spans both daemons.
+    EXPECT_THAT(e.output, AllOf(HasSubstr(" world=2 "),
+                                HasSubstr("PASS iterations=100")));
+  }
 }
 
 TEST_F(GpuDeviceTest, TrainerKilledMidIteration) {

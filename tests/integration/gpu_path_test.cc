@@ -95,6 +95,23 @@ TEST_F(GpuPathTest, DeviceMemoryCountsAgainstTheJobLimit) {
   ExpectHealthyJob("small");
 }
 
+// Two daemons with one trainer each on the (fake) GPU: a multi-node CUDA
+// job, every value checked against the global world size. On a real GPU
+// the same job goes through the host staging (gpu_device_test).
+TEST_F(GpuPathTest, TwoDaemonsOneTrainerEach) {
+  std::vector<std::string> sockets = StartNodeDaemons(2);
+  ASSERT_EQ(sockets.size(), 2u);
+  std::vector<Exit> exits = RunOneTrainerPerNode(
+      sockets, "two-nodes", {"--cuda", "true", "--iterations", "50"},
+      milliseconds(60000));
+  for (const Exit& e : exits) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    // Global ranks 0 and 1 of 2: the job spans both daemons.
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr(" world=2 "), HasSubstr("PASS iterations=50")));
+  }
+}
+
 // The C ABI's GPU calls (param_devices, cuda_device, the _on_stream
 // calls), from C.
 TEST_F(GpuPathTest, CAbi) {
