@@ -64,6 +64,10 @@ struct BucketWork {
   // whose ranks all joined contributes zeros to the network collective).
   // Only these buffers are written.
   const std::vector<void*>* rank_buffers = nullptr;
+  // The local rank of each entry of rank_buffers (join mode, where only the
+  // active ranks contribute); null: entry k is local rank k's. A device
+  // reducer needs it to wait on the right ranks' events.
+  const std::vector<int>* ranks = nullptr;
   // What the sum is divided by; 0: the reducer's own (the world size).
   // Join mode sets it per iteration (initial world size or active ranks).
   double divisor = 0;

@@ -117,6 +117,7 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
             spec_.global_world_size(), spec_.num_nodes),
       active_buffers_(spec_.plan.buckets.size()),
+      active_ranks_(spec_.plan.buckets.size()),
       hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook),
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
@@ -329,7 +330,8 @@ bool Job::Scan() {
 }
 
 void Job::StartBucket(size_t b, uint64_t iteration,
-                      const std::vector<void*>* buffers, double divisor) {
+                      const std::vector<void*>* buffers, double divisor,
+                      const std::vector<int>* ranks) {
   const Bucket& bucket = plan_.buckets[b];
   BucketWork work;
   work.bucket = static_cast<int>(b);
@@ -339,6 +341,7 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.internal = bucket.internal;
   work.device = bucket.device;
   work.rank_buffers = buffers;
+  work.ranks = ranks;
   work.divisor = divisor;
   BucketTrace& trace = traces_[b];
   trace.iteration = iteration;

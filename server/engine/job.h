@@ -266,8 +266,10 @@ class Job {
   // Hands bucket `b` of `iteration` to the reducer: the sum over `buffers`
   // (which must stay put until Complete) divided by `divisor` (0: the
   // reducer's own); Complete follows.
+  // `ranks`: the local rank of each buffer (null: every rank, in order).
   void StartBucket(size_t b, uint64_t iteration,
-                   const std::vector<void*>* buffers, double divisor);
+                   const std::vector<void*>* buffers, double divisor,
+                   const std::vector<int>* ranks = nullptr);
   void Complete(int bucket, uint64_t iteration, absl::Status status);
   // Engine thread, in the scan: local rank r has made bucket b ready for
   // `iteration`; `now` is the scan's clock reading (0: not read yet).
@@ -340,9 +342,11 @@ class Job {
   bool failed_ = false;
   JoinState join_;
   // active_buffers_[b]: bucket b of the ranks active in the running join
-  // iteration; join_areas_: their broadcast areas (nullptr for the others);
-  // phantom_*: the relay area of a node none of whose ranks is active.
+  // iteration, active_ranks_[b] those ranks (BucketWork::ranks); join_areas_:
+  // their broadcast areas (nullptr for the others); phantom_*: the relay area
+  // of a node none of whose ranks is active.
   std::vector<std::vector<void*>> active_buffers_;
+  std::vector<std::vector<int>> active_ranks_;
   std::vector<void*> join_areas_;
   std::vector<char> phantom_scratch_;
   std::vector<void*> phantom_areas_;

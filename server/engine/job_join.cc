@@ -215,13 +215,17 @@ bool Job::ScanJoinBuckets() {
     // The job's hook is settled before its first bucket, join or not.
     if (!hook_resolved_ && !ResolveCommHook()) return false;
     std::vector<void*>& buffers = active_buffers_[b];
+    std::vector<int>& ranks = active_ranks_[b];
     buffers.clear();
+    ranks.clear();
     for (int r = 0; r < world; ++r) {
-      if (current.local_active[r]) buffers.push_back(bucket_buffers_[b][r]);
+      if (!current.local_active[r]) continue;
+      buffers.push_back(bucket_buffers_[b][r]);
+      ranks.push_back(r);
     }
     started_[b] = it;
     progress = true;
-    StartBucket(b, it, &buffers, current.divisor);
+    StartBucket(b, it, &buffers, current.divisor, &ranks);
   }
   return progress;
 }

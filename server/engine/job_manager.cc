@@ -19,6 +19,7 @@
 #include "server/engine/device_attach.h"
 #include "server/engine/device_reducer.h"
 #include "server/engine/hierarchical_reducer.h"
+#include "server/engine/job_memory.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
 #include "server/rendezvous/host_addresses.h"
@@ -673,15 +674,16 @@ void JobManager::FormJob(const std::string& job_id) {
                                                   plan.status().message())));
     return;
   }
-  // Room for any later plan (bucket rebuild) is reserved up front.
-  const uint64_t per_rank =
-      std::max(plan->total_bytes, MaxPlanBytes(first.params)) +
-      first.request.broadcast_bytes();
-  if (per_rank * p.world > config_.max_job_memory_bytes()) {
-    FailPending(job_id, absl::ResourceExhaustedError(absl::StrCat(
-                            "job '", job_id, "' needs ", per_rank, " bytes x ",
-                            p.world, " ranks; the daemon's per-job limit is ",
-                            config_.max_job_memory_bytes())));
+  // Shared and device memory together (job_memory.h).
+  std::vector<int> rank_devices;
+  for (const auto& r : p.ranks) rank_devices.push_back(r->device);
+  if (absl::Status s = CheckJobMemory(
+          job_id,
+          JobMemoryNeedOf(first.params, *plan, first.request.broadcast_bytes(),
+                          rank_devices, NumNodes(first.request)),
+          config_.max_job_memory_bytes());
+      !s.ok()) {
+    FailPending(job_id, s);
     return;
   }
 
@@ -715,7 +717,7 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.devices = devices_;
   spec.collective_timeout =
       std::chrono::milliseconds(config_.rendezvous().collective_timeout_ms());
-  for (const auto& r : p.ranks) spec.rank_devices.push_back(r->device);
+  spec.rank_devices = std::move(rank_devices);
   if (NumNodes(first.request) > 1) {
     StartNodeFormation(job_id, std::move(spec));
     return;

@@ -110,6 +110,7 @@ bool Job::TrySwitchPlan() {
   started_.assign(plan_.buckets.size(), k);
   // Join's per-bucket scratch follows the plan (it is rebuilt per round).
   active_buffers_.assign(plan_.buckets.size(), {});
+  active_ranks_.assign(plan_.buckets.size(), {});
   // Every bucket of the new plan starts at the boundary: done and ready
   // for k on every rank, so Scan's "done or done + 1" rule holds for them.
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {

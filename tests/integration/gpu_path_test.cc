@@ -4,9 +4,9 @@
 // protocol is the real one: device parameters in the attach, the device
 // memory's fd as the fifth fd, gradients as views into it, MarkReadyOn /
 // WaitAllOn. The same trainers on a real GPU: gpu_device_test (label gpu).
-#include <signal.h>
 #include <stdlib.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -64,24 +64,52 @@ TEST_F(GpuPathTest, AGpuTheDaemonDoesNotHaveIsRefusedAtAttach) {
 // rank), the daemon releases the job's device memory and serves the next
 // job on the same GPU.
 TEST_F(GpuPathTest, TrainerKilledMidIteration) {
-  Proc r0 =
-      SpawnTrainer("killed", 0, 2, {"--cuda", "true", "--iterations", "1000"});
-  Proc r1 = SpawnTrainer("killed", 1, 2,
-                         {"--cuda", "true", "--iterations", "1000", "--mode",
-                          "stall", "--stall-at", "3"});
-  ASSERT_TRUE(WaitForText(r1, "STALLED", milliseconds(20000)))
-      << ReadFile(r1.log);
-  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
-  Exit e = Wait(r0, milliseconds(20000));
-  EXPECT_EQ(e.code, 3) << e.output;
-  EXPECT_THAT(e.output,
-              AllOf(HasSubstr("ERROR code="), HasSubstr("local rank 1"),
-                    HasSubstr("iteration 3")));
-  Wait(r1, milliseconds(5000));
-  std::vector<Exit> next =
-      RunJob("after-kill", 2, {"--cuda", "true", "--iterations", "10"},
-             milliseconds(30000));
-  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+  ExpectKilledTrainerFailsItsJob({"--cuda", "true"}, milliseconds(30000));
+}
+
+// Device memory counts against max_job_memory_bytes (job_memory.h): the
+// large model's ~3.2 MB per rank fits the limit as parameters and as
+// shared memory (one page per rank, every parameter on the GPU), but not
+// twice over on the device.
+TEST_F(GpuPathTest, DeviceMemoryCountsAgainstTheJobLimit) {
+  ASSERT_TRUE(StopDaemon().has_value());
+  const std::string config = dir_ + "/limit.yaml";
+  {
+    std::ofstream f(config);
+    f << "max_job_memory_bytes: 5000000\n";
+  }
+  daemon_flags_.insert(daemon_flags_.end(), {"--config", config});
+  ASSERT_TRUE(StartDaemon());
+  std::vector<Exit> exits = RunJob(
+      "too-big", 2, {"--cuda", "true", "--model", "large", "--iterations", "2"},
+      milliseconds(30000));
+  for (const Exit& e : exits) {
+    EXPECT_EQ(e.code, 3) << e.output;
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr("ERROR code=8"),  // RESOURCE_EXHAUSTED
+                      HasSubstr("bytes of shared memory (4096 x 2 ranks)"),
+                      HasSubstr("bytes of device memory"),
+                      HasSubstr("max_job_memory_bytes) is 5000000")));
+  }
+  // A job that fits still runs.
+  ExpectHealthyJob("small");
+}
+
+// Two daemons with one trainer each on the (fake) GPU: a multi-node CUDA
+// job, every value checked against the global world size. On a real GPU
+// the same job goes through the host staging (gpu_device_test).
+TEST_F(GpuPathTest, TwoDaemonsOneTrainerEach) {
+  std::vector<std::string> sockets = StartNodeDaemons(2);
+  ASSERT_EQ(sockets.size(), 2u);
+  std::vector<Exit> exits = RunOneTrainerPerNode(
+      sockets, "two-nodes", {"--cuda", "true", "--iterations", "50"},
+      milliseconds(60000));
+  for (const Exit& e : exits) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    // Global ranks 0 and 1 of 2: the job spans both daemons.
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr(" world=2 "), HasSubstr("PASS iterations=50")));
+  }
 }
 
 // The C ABI's GPU calls (param_devices, cuda_device, the _on_stream

@@ -279,4 +279,90 @@ void GraddTest::ExpectHealthyJob(const std::string& job) {
   }
 }
 
+std::vector<std::string> GraddTest::StartNodeDaemons(
+    int n, const std::vector<std::string>& flags) {
+  std::vector<std::string> sockets;
+  std::string coordinator;
+  const std::string port_file = dir_ + "/nodes.port";
+  for (int k = 0; k < n; ++k) {
+    const std::string id = absl::StrCat("node-", k);
+    const std::string socket = absl::StrCat(dir_, "/", id, "/gradd.sock");
+    std::vector<std::string> argv = {DaemonBinary(), "--socket", socket,
+                                     "--node-id", id};
+    argv.insert(argv.end(), daemon_flags_.begin(), daemon_flags_.end());
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    if (k == 0) {
+      argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",
+                               "--rendezvous-port-file", port_file});
+    } else {
+      argv.insert(argv.end(), {"--coordinator", coordinator});
+    }
+    Proc p = Spawn(absl::StrCat("gradd-", id), argv);
+    const auto deadline = Clock::now() + milliseconds(10000);
+    bool up = false;
+    while (!up && Clock::now() < deadline) {
+      up = Exists(socket) && Exists(socket + ".session");
+      if (up && k == 0) {
+        const std::string text = ReadFile(port_file);
+        const long port = std::strtol(text.c_str(), nullptr, 10);
+        up = port > 0;
+        if (up) coordinator = absl::StrCat("127.0.0.1:", port);
+      }
+      if (!up) std::this_thread::sleep_for(milliseconds(10));
+    }
+    if (!up) {
+      ADD_FAILURE() << id << " did not come up within 10 s:\n"
+                    << ReadFile(p.log);
+      return {};
+    }
+    sockets.push_back(socket);
+  }
+  return sockets;
+}
+
+std::vector<Exit> GraddTest::RunOneTrainerPerNode(
+    const std::vector<std::string>& sockets, const std::string& job,
+    const std::vector<std::string>& extra, milliseconds timeout) {
+  std::vector<Proc> ps;
+  for (size_t k = 0; k < sockets.size(); ++k) {
+    std::vector<std::string> argv = {TrainerBinary(),
+                                     "--socket",
+                                     sockets[k],
+                                     "--job",
+                                     job,
+                                     "--local-rank",
+                                     "0",
+                                     "--local-world-size",
+                                     "1",
+                                     "--num-nodes",
+                                     absl::StrCat(sockets.size())};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ps.push_back(Spawn(absl::StrCat(job, ".node", k), argv));
+  }
+  return WaitAll(ps, timeout);
+}
+
+void GraddTest::ExpectKilledTrainerFailsItsJob(
+    const std::vector<std::string>& flags, milliseconds timeout) {
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), flags.begin(), flags.end());
+    return extra;
+  };
+  Proc r0 = SpawnTrainer("killed", 0, 2, with({"--iterations", "1000"}));
+  Proc r1 = SpawnTrainer(
+      "killed", 1, 2,
+      with({"--iterations", "1000", "--mode", "stall", "--stall-at", "3"}));
+  ASSERT_TRUE(WaitForText(r1, "STALLED", timeout)) << ReadFile(r1.log);
+  ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
+  Exit e = Wait(r0, timeout);
+  EXPECT_EQ(e.code, 3) << e.output;
+  EXPECT_NE(e.output.find("ERROR code="), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("local rank 1"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("iteration 3"), std::string::npos) << e.output;
+  Wait(r1, milliseconds(5000));
+  std::vector<Exit> next =
+      RunJob("after-kill", 2, with({"--iterations", "10"}), timeout);
+  for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
 }  // namespace gradd::testing

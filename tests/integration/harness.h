@@ -80,6 +80,23 @@ class GraddTest : public ::testing::Test {
   std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout);
   // A short healthy 2-rank job: the daemon still serves after bad input.
   void ExpectHealthyJob(const std::string& job);
+  // `n` more daemons on loopback for multi-node jobs: node-0 is the
+  // rendezvous coordinator (OS-chosen port), the others point at it; each
+  // gets daemon_flags_ and `flags`. Their sockets in node order, or empty
+  // (with a failure) if one is not up within 10 s. SIGKILLed at TearDown.
+  std::vector<std::string> StartNodeDaemons(
+      int n, const std::vector<std::string>& flags = {});
+  // One trainer per node socket (local rank 0 of 1, --num-nodes the number
+  // of sockets) running `job` with `extra`; waits for all within `timeout`.
+  std::vector<Exit> RunOneTrainerPerNode(
+      const std::vector<std::string>& sockets, const std::string& job,
+      const std::vector<std::string>& extra, milliseconds timeout);
+  // Rank 1 of a 2-rank job stalls in iteration 3 and is SIGKILLed: rank 0
+  // fails with an error naming local rank 1 and iteration 3, and the
+  // daemon then runs a next 2-rank job. `flags` go to every trainer;
+  // `timeout` bounds each wait.
+  void ExpectKilledTrainerFailsItsJob(const std::vector<std::string>& flags,
+                                      milliseconds timeout);
 
   std::string dir_;
   std::string socket_;

@@ -6,7 +6,8 @@ compares gradients and parameters. Prints one JSON line.
 Args: HOOK GLOO_INIT_FILE STEPS [POWERSGD_JSON]. HOOK: allreduce, fp16,
 bf16, builtin_fp16, powerSGD, batched_powerSGD. POWERSGD_JSON: keyword
 arguments of PowerSGDState. Rank/world from RANK/WORLD_SIZE..., daemon from
-GRADD_SOCKET, job from GRADD_JOB.
+GRADD_SOCKET, job from GRADD_JOB, device from GRADD_TEST_DEVICE
+(parity_util.test_device).
 """
 import copy
 import json
@@ -19,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 import models
-from parity_util import init_gloo, rel_err
+from parity_util import device_ids, init_gloo, rel_err, test_device
 
 CAP_MB = 0.01  # ~10 KB: several buckets for the MLP
 
@@ -102,9 +103,12 @@ def main():
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * (1 << 20))
     torch.manual_seed(1000 + rank)  # different initial weights per rank
     model, make_input, loss_fn = models.build("mlp")
-    ref = TorchDDP(copy.deepcopy(model), bucket_cap_mb=CAP_MB)
+    dev = test_device()
+    model = model.to(dev)
+    ref = TorchDDP(copy.deepcopy(model), device_ids=device_ids(dev), bucket_cap_mb=CAP_MB)
     ours = gradd.torch.DistributedDataParallel(
-        copy.deepcopy(model), bucket_cap_mb=CAP_MB, first_bucket_cap_mb=CAP_MB
+        copy.deepcopy(model), device_ids=device_ids(dev), bucket_cap_mb=CAP_MB,
+        first_bucket_cap_mb=CAP_MB
     )
     register(hook, ref, ours, psgd)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05)
@@ -114,8 +118,8 @@ def main():
     grads_16bit = True
     for step in range(steps):
         g = torch.Generator().manual_seed(step * 100 + rank)  # each rank its own data
-        x = make_input(g)
-        y = torch.randint(0, 10, (x.shape[0],), generator=g)
+        x = make_input(g).to(dev)
+        y = torch.randint(0, 10, (x.shape[0],), generator=g).to(dev)
         for ddp, opt in ((ref, opt_ref), (ours, opt_ours)):
             opt.zero_grad()
             loss_fn(ddp(x), y).backward()
@@ -125,7 +129,8 @@ def main():
         # error is that of the parts, not of the small average.
         local = copy.deepcopy(ref.module)
         local_grads = torch.autograd.grad(loss_fn(local(x), y), list(local.parameters()))
-        scales = torch.tensor([lg.abs().max().item() for lg in local_grads], dtype=torch.float64)
+        scales = torch.tensor([lg.abs().max().item() for lg in local_grads],
+                              dtype=torch.float64, device=dev)
         dist.all_reduce(scales, op=dist.ReduceOp.MAX)
         grad_err = max(
             (q.grad.double() - p.grad.double()).abs().max().item() / max(s.item(), 1e-30)
@@ -156,6 +161,7 @@ def main():
         "per_step": per_step,
         "grads_16bit": grads_16bit,
         "param0": flat[:8].tolist(),
+        "grads_on_device": all(q.grad.device == dev for q in ours.module.parameters()),
     }))
     ours.shutdown()
     dist.destroy_process_group()

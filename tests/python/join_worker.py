@@ -9,6 +9,7 @@ Rank r gets 3 + 2r batches (or 3 each with enable=0). Prints one JSON line.
 
 Args: MODEL GLOO_INIT_FILE API DIVIDE THROW ENABLE
   API: "method" (model.join(...)) or "generic" (torch's Join([model], ...)).
+Device from GRADD_TEST_DEVICE (parity_util.test_device).
 """
 import copy
 import json
@@ -22,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 import models
-from parity_util import rel_err
+from parity_util import device_ids, rel_err, test_device
 
 CAP_MB = 0.002  # several buckets even for the small models
 
@@ -50,14 +51,15 @@ def context(ddp, api, divide, throw, enable):
 
 def train(ddp, make_input, loss_fn, batches, rank, api, divide, throw, enable, on_step):
     """Runs the loop under join; returns (steps done, error text or None)."""
+    dev = test_device()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     done = 0
     try:
         with context(ddp, api, divide, throw, enable):
             for step in range(batches):
                 g = torch.Generator().manual_seed(step * 100 + rank)
-                x = make_input(g)
-                y = torch.randint(0, 10, (x.shape[0],), generator=g)
+                x = make_input(g).to(dev)
+                y = torch.randint(0, 10, (x.shape[0],), generator=g).to(dev)
                 opt.zero_grad()
                 loss_fn(ddp(x), y).backward()
                 grads = [p.grad.detach().clone() for p in ddp.module.parameters()]
@@ -78,10 +80,12 @@ def main():
 
     torch.manual_seed(1000 + rank)  # different initial weights per rank
     model, make_input, loss_fn = models.build(name)
+    dev = test_device()
+    model = model.to(dev)
 
     # -- phase 1: torch --------------------------------------------------
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    ref = TorchDDP(copy.deepcopy(model), bucket_cap_mb=CAP_MB)
+    ref = TorchDDP(copy.deepcopy(model), device_ids=device_ids(dev), bucket_cap_mb=CAP_MB)
     record = []
 
     def keep(step, grads, ddp):
@@ -99,7 +103,8 @@ def main():
     assert not dist.is_initialized()
     from torch.distributed.algorithms.join import Joinable
     ours = gradd.torch.DistributedDataParallel(
-        copy.deepcopy(model), bucket_cap_mb=CAP_MB, first_bucket_cap_mb=CAP_MB
+        copy.deepcopy(model), device_ids=device_ids(dev), bucket_cap_mb=CAP_MB,
+        first_bucket_cap_mb=CAP_MB
     )
     assert isinstance(ours, Joinable)
     per_step = []
@@ -130,6 +135,8 @@ def main():
         "in_join_after": ours.client.in_join,
         "authoritative": getattr(ours, "_authoritative_rank", None),
         "checksum": flat.sum().item(),
+        "grads_on_device": all(p.grad is None or p.grad.device == dev
+                               for p in ours.module.parameters()),
     }))
     ours.shutdown()
 

@@ -22,6 +22,18 @@ def rel_err(a, b):
     return diff / scale if scale > 0 else diff
 
 
+def test_device():
+    """The device the parity workers train on: GRADD_TEST_DEVICE (cpu, or
+    cuda for the GPU tests: every rank on GPU 0, where torch's reference
+    uses Gloo with CUDA tensors since NCCL refuses two ranks on one GPU)."""
+    return torch.device(os.environ.get("GRADD_TEST_DEVICE", "cpu"))
+
+
+def device_ids(device):
+    """DDP's device_ids for a module on `device` (both torch's and gradd's)."""
+    return [device.index or 0] if device.type == "cuda" else None
+
+
 def init_gloo(init_file):
     """One intra-op thread (the machine runs several ranks), then torch's
     Gloo process group of RANK / WORLD_SIZE over the file `init_file`;

@@ -105,7 +105,8 @@ def _pack(tensors: List[torch.Tensor]) -> Optional[torch.Tensor]:
     if not tensors:
         return None
     flat = [t.detach().reshape(-1).contiguous().view(torch.uint8) for t in tensors]
-    return torch.cat(flat)
+    # Host bytes: the broadcast area is shared memory (CUDA buffers too).
+    return torch.cat(flat).cpu()
 
 
 def _unpack(staging: torch.Tensor, tensors: List[torch.Tensor]) -> None:

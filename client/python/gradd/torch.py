@@ -473,10 +473,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         enable: bool = True,
         throw_on_early_termination: bool = False,
     ):
-        if self._device.type != "cpu":
-            raise NotImplementedError(
-                "gradd.torch: join() for CUDA modules is not supported yet"
-            )
+        # CUDA modules too: the daemon stages join iterations' buckets
+        # through host memory (server/engine/host_staging.h).
         return _join.GraddJoin(
             [self],
             enable,

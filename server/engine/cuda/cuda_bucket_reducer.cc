@@ -1,10 +1,12 @@
 #include "server/engine/cuda/cuda_bucket_reducer.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/device_reduce.h"
 #include "common/status_macros.h"
+#include "server/logging.h"
 
 namespace gradd {
 
@@ -25,14 +27,9 @@ CudaBucketReducer::Create(const JobSpec& spec,
   if (spec.rank_devices.size() != static_cast<size_t>(spec.local_world_size)) {
     return absl::InternalError(absl::StrCat(job, ": no device per rank"));
   }
-  if (spec.num_nodes > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat(job, " spans ", spec.num_nodes,
-                     " nodes with CUDA parameters; the "
-                     "NCCL path between nodes is not wired yet"));
-  }
   std::unique_ptr<CudaBucketReducer> r(
       new CudaBucketReducer(spec, driver, std::move(host)));
+  r->stage_all_ = spec.num_nodes > 1;
   // Groups in order of first appearance: the NCCL rank of a GPU is its
   // group's index, the same on every run of the same job.
   r->rank_group_.resize(spec.local_world_size);
@@ -49,7 +46,8 @@ CudaBucketReducer::Create(const JobSpec& spec,
     r->rank_group_[k] = static_cast<int>(it - r->groups_.begin());
   }
   for (const Group& g : r->groups_) {
-    if (g.ranks.size() > static_cast<size_t>(cuda::kMaxDeviceBuffers)) {
+    if (!r->stage_all_ &&
+        g.ranks.size() > static_cast<size_t>(cuda::kMaxDeviceBuffers)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           job, ": ", g.ranks.size(), " ranks share device ", g.device,
           "; the device reducer takes at most ", cuda::kMaxDeviceBuffers));
@@ -74,8 +72,12 @@ CudaBucketReducer::Create(const JobSpec& spec,
       ASSIGN_OR_RETURN(std::string handle, e.IpcHandle(at));
       g.done.push_back(std::move(e));
       g.done_handles.push_back(std::move(handle));
+      ASSIGN_OR_RETURN(
+          cuda::CudaEvent copied,
+          cuda::CudaEvent::Create(driver, /*interprocess=*/false, at));
+      g.copied.push_back(std::move(copied));
     }
-    if (r->groups_.size() > 1 && acc_bytes > 0) {
+    if (!r->stage_all_ && r->groups_.size() > 1 && acc_bytes > 0) {
       if (spec.devices == nullptr) {
         return absl::InternalError(absl::StrCat(where, ": no allocator"));
       }
@@ -97,7 +99,23 @@ CudaBucketReducer::Create(const JobSpec& spec,
       r->ready_handles_[k].push_back(std::move(handle));
     }
   }
-  if (r->groups_.size() > 1) {
+  HostStaging::Options staging;
+  staging.job_id = spec.job_id;
+  staging.local_world_size = spec.local_world_size;
+  staging.copy_timeout = absl::FromChrono(spec.collective_timeout);
+  r->staging_ = std::make_unique<HostStaging>(
+      std::move(staging), static_cast<StagingDeviceInterface*>(r.get()),
+      [p = r.get()](const BucketWork& work, Completion done) {
+        absl::MutexLock lock(&p->host_mu_);
+        p->host_->Start(work, std::move(done));
+      });
+  if (r->stage_all_) {
+    spdlog::info(
+        "{} spans {} nodes with CUDA parameters: its CUDA buckets are staged "
+        "through pinned host memory and reduced by the host path (Gloo "
+        "between the nodes); NCCL between nodes is not built",
+        job, spec.num_nodes);
+  } else if (r->groups_.size() > 1) {
     absl::StatusOr<const nccl::NcclLibrary*> lib = nccl::NcclLibrary::Get();
     if (!lib.ok()) {
       return absl::FailedPreconditionError(
@@ -121,41 +139,55 @@ CudaBucketReducer::Create(const JobSpec& spec,
 }
 
 CudaBucketReducer::~CudaBucketReducer() {
+  // No new host work, then the host reducer completes (or cancels) what it
+  // holds -- its completions copy back through our streams, still alive.
+  if (staging_ != nullptr) staging_->Stop();
+  host_.reset();
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
   if (watchdog_.joinable()) watchdog_.join();
   // Work still queued reads the ranks' memory, which the Job frees after
-  // us: let it drain (bounded: the watchdog aborted anything stuck).
+  // us, and the pinned staging buffers: let it drain (bounded: the
+  // watchdog aborted anything stuck), then free the staging.
   for (Group& g : groups_) {
     if (g.stream.get() != nullptr &&
         cuda::UseDevice(*driver_, g.device, "shutdown").ok()) {
       driver_->cuStreamSynchronize(g.stream.get());
     }
   }
+  staging_.reset();
 }
 
 std::string CudaBucketReducer::Where(int bucket) const {
   return absl::StrCat("job '", job_id_, "' bucket ", bucket);
 }
 
+bool CudaBucketReducer::Staged(const BucketWork& work) const {
+  return stage_all_ || (hooked_ && !work.internal) || work.ranks != nullptr ||
+         work.rank_buffers->size() != static_cast<size_t>(world_);
+}
+
 void CudaBucketReducer::Start(const BucketWork& work, Completion done) {
   if (work.device != DeviceKind::kCuda) {
+    absl::MutexLock lock(&host_mu_);
     host_->Start(work, std::move(done));
+    return;
+  }
+  if (work.bucket < 0 ||
+      static_cast<size_t>(work.bucket) >= groups_[0].done.size()) {
+    std::move(done)(absl::InternalError(
+        absl::StrCat(Where(work.bucket), ": no event slot")));
+    return;
+  }
+  if (Staged(work)) {
+    staging_->Start(work, std::move(done));
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s;
-  if (work.bucket < 0 ||
-      static_cast<size_t>(work.bucket) >= groups_[0].done.size()) {
-    s = absl::InternalError(
-        absl::StrCat(Where(work.bucket), ": no event slot"));
-  } else if (work.rank_buffers->size() != static_cast<size_t>(world_)) {
-    s = absl::UnimplementedError(absl::StrCat(
-        Where(work.bucket), ": ", work.rank_buffers->size(), " of ", world_,
-        " ranks contribute (join); join is not supported for CUDA buckets"));
-  } else if (groups_.size() == 1) {
+  if (groups_.size() == 1) {
     s = StartFused(work);
   } else {
     s = StartCollective(work);
@@ -314,8 +346,148 @@ void CudaBucketReducer::Watch() {
   }
 }
 
+void CudaBucketReducer::StartBroadcast(const BroadcastWork& work,
+                                       Completion done) {
+  absl::MutexLock lock(&host_mu_);
+  host_->StartBroadcast(work, std::move(done));
+}
+
+void CudaBucketReducer::StartJoinRound(JoinRoundWork work,
+                                       RoundCompletion done) {
+  absl::MutexLock lock(&host_mu_);
+  host_->StartJoinRound(std::move(work), std::move(done));
+}
+
+void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
+  staging_->Replan();
+  absl::MutexLock lock(&host_mu_);
+  host_->Replan(first_iteration, num_buckets);
+}
+
+absl::Status CudaBucketReducer::AgreeCommHook(const std::string& description) {
+  absl::MutexLock lock(&host_mu_);
+  return host_->AgreeCommHook(description);
+}
+
+std::vector<int> CudaBucketReducer::GroupsOf(
+    absl::Span<const Copy> copies) const {
+  std::vector<int> out;
+  for (const Copy& c : copies) {
+    const int g = rank_group_[c.rank];
+    if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  }
+  return out;
+}
+
+absl::StatusOr<void*> CudaBucketReducer::AllocateHost(
+    int rank, size_t bytes, absl::string_view context) {
+  const std::string where =
+      absl::StrCat(context, " device ", groups_[rank_group_[rank]].device);
+  RETURN_IF_ERROR(
+      cuda::UseDevice(*driver_, groups_[rank_group_[rank]].device, where));
+  void* p = nullptr;
+  // Portable: pinned for every GPU's context, whichever stream copies.
+  RETURN_IF_ERROR(cuda::CuCheck(
+      *driver_, driver_->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
+      absl::StrCat(where, ": cuMemHostAlloc of ", bytes, " bytes")));
+  return p;
+}
+
+void CudaBucketReducer::FreeHost(void* host) { driver_->cuMemFreeHost(host); }
+
+absl::Status CudaBucketReducer::OnEachGroup(
+    int bucket, absl::Span<const Copy> copies, absl::string_view context,
+    absl::FunctionRef<absl::Status(const Group&, const Copy&,
+                                   const std::string&)>
+        per_copy,
+    std::vector<cuda::CudaEvent> Group::*then_record) {
+  for (int gi : GroupsOf(copies)) {
+    Group& g = groups_[gi];
+    const std::string where = absl::StrCat(context, " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
+    for (const Copy& c : copies) {
+      if (rank_group_[c.rank] != gi) continue;
+      RETURN_IF_ERROR(per_copy(
+          g, c, absl::StrCat(context, " rank ", c.rank, " device ", g.device)));
+    }
+    RETURN_IF_ERROR(cuda::CuCheck(
+        *driver_,
+        driver_->cuEventRecord((g.*then_record)[bucket].get(), g.stream.get()),
+        absl::StrCat(where, ": cuEventRecord")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBucketReducer::CopyToHost(int bucket,
+                                           absl::Span<const Copy> copies,
+                                           absl::string_view context) {
+  return OnEachGroup(
+      bucket, copies, context,
+      [&](const Group& g, const Copy& c, const std::string& at) {
+        RETURN_IF_ERROR(
+            cuda::CuCheck(*driver_,
+                          driver_->cuStreamWaitEvent(
+                              g.stream.get(), ready_[c.rank][bucket].get(), 0),
+                          absl::StrCat(at, ": cuStreamWaitEvent")));
+        return cuda::CuCheck(
+            *driver_,
+            driver_->cuMemcpyDtoHAsync(c.host,
+                                       reinterpret_cast<CUdeviceptr>(c.device),
+                                       c.bytes, g.stream.get()),
+            absl::StrCat(at, ": cuMemcpyDtoHAsync"));
+      },
+      &Group::copied);
+}
+
+absl::Status CudaBucketReducer::WaitForHost(int bucket,
+                                            absl::Span<const Copy> copies,
+                                            absl::Time deadline,
+                                            absl::string_view context) {
+  for (int gi : GroupsOf(copies)) {
+    Group& g = groups_[gi];
+    const std::string where = absl::StrCat(context, " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
+    // Polled rather than cuEventSynchronize: bounded by the deadline, and
+    // no spinning of the driver's on a core the trainers need.
+    absl::Duration nap = absl::Microseconds(10);
+    while (true) {
+      const CUresult q = driver_->cuEventQuery(g.copied[bucket].get());
+      if (q == CUDA_SUCCESS) break;
+      if (q != CUDA_ERROR_NOT_READY) {
+        return cuda::CuCheck(*driver_, q,
+                             absl::StrCat(where, ": copy to host staging"));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            where,
+            ": the copy of the bucket to host staging did not finish "
+            "within the collective timeout (",
+            timeout_.count(), " ms)"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBucketReducer::CopyToDevice(int bucket,
+                                             absl::Span<const Copy> copies,
+                                             absl::string_view context) {
+  return OnEachGroup(
+      bucket, copies, context,
+      [&](const Group& g, const Copy& c, const std::string& at) {
+        return cuda::CuCheck(
+            *driver_,
+            driver_->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(c.device),
+                                       c.host, c.bytes, g.stream.get()),
+            absl::StrCat(at, ": cuMemcpyHtoDAsync"));
+      },
+      &Group::done);
+}
+
 ReducerStats CudaBucketReducer::stats() const {
-  ReducerStats s = host_->stats();
+  ReducerStats s = host_ != nullptr ? host_->stats() : ReducerStats();
   s.buckets += buckets_.load(std::memory_order_relaxed);
   s.local_reduce_ns += enqueue_ns_.load(std::memory_order_relaxed);
   return s;
@@ -323,11 +495,11 @@ ReducerStats CudaBucketReducer::stats() const {
 
 absl::Status CudaBucketReducer::SetCommHook(
     std::unique_ptr<CommHookInterface> hook) {
-  if (hook == nullptr) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat("job '", job_id_,
-                   "' has CUDA parameters; communication hooks run on "
-                   "host memory and are not supported for CUDA buckets yet"));
+  const bool hooked = hook != nullptr;
+  absl::MutexLock lock(&host_mu_);
+  RETURN_IF_ERROR(host_->SetCommHook(std::move(hook)));
+  hooked_ = hooked;
+  return absl::OkStatus();
 }
 
 void CudaBucketReducer::DescribeDevice(int rank,

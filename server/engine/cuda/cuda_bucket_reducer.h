@@ -19,18 +19,42 @@
 // every rank's bucket; a watchdog thread completes the bucket once every
 // GPU's done event has fired, and fails it (aborting the communicators)
 // when NCCL reports an error or the collective timeout passes, so a stuck
-// collective never hangs the job. Several nodes: UNIMPLEMENTED until the
-// NCCL unique id travels through the rendezvous store (the engine's
-// multi-node formation owns the store).
+// collective never hangs the job.
+//
+// Staged (host_staging.h): the buckets whose semantics only the host
+// reducers implement go through pinned host memory and the wrapped host
+// reducer, which writes the result back; the daemon streams wait on the
+// ready events before the copies out and record the done events after the
+// copies back, so the trainers' side of the handshake is unchanged:
+//   - communication hooks (SetCommHook with a hook): every non-internal
+//     CUDA bucket from then on (fp16/bf16 compression, PowerSGD run by
+//     server/hooks/ exactly as on CPU);
+//   - join epochs (BucketWork::ranks set): only the active ranks' buckets
+//     are copied, waited on and written back, with the round's divisor;
+//   - several nodes: every CUDA bucket, through the HierarchicalReducer
+//     (Gloo between the daemons). Chosen for now over NCCL between nodes
+//     because NCCL needs a distinct GPU per rank across the whole job (two
+//     daemons on one GPU, as in the tests, cannot use it) and every node
+//     must issue its collectives in plan order, which the host reducer
+//     already guarantees; the NCCL inter-node path (unique id through the
+//     rendezvous store) is not built.
+// The staging thread is the reducer's own, so the engine thread never
+// waits for a copy.
 //
 // An event is re-recorded only after every wait on its previous record was
 // enqueued (the engine starts bucket b of i + 1 only after every rank
 // published i + 1, which each does after its stream waited on done of i).
-// Communication hooks and join: UNIMPLEMENTED for CUDA buckets.
 //
 // Threads: Start / DescribeDevice on the engine thread (and JobManager's
-// before Start); completions inline (one GPU) or on the watchdog thread.
-// Errors name job, device and bucket.
+// before Start); completions inline (one GPU), on the watchdog thread
+// (several GPUs) or on the host reducer's completion thread (staged). Host
+// reducer calls are serialised by host_mu_ (the engine thread's and the
+// staging thread's). Errors name job, rank, device and bucket.
+//
+// None of this has run on a GPU yet in this form: the staging bookkeeping
+// is unit-tested over a fake device (tests/unit/server/host_staging_test),
+// the CUDA calls only compiled (tests/gpu and tests/python GPU tests carry
+// the checks for a machine with one).
 #ifndef GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 #define GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 
@@ -44,6 +68,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/driver.h"
@@ -51,29 +76,27 @@
 #include "common/device_memory.h"
 #include "server/backends/nccl/nccl_library.h"
 #include "server/engine/bucket_reducer.h"
+#include "server/engine/host_staging.h"
 #include "server/engine/job.h"
 
 namespace gradd {
 
-class CudaBucketReducer final : public BucketReducerInterface {
+class CudaBucketReducer final : public BucketReducerInterface,
+                                private StagingDeviceInterface {
  public:
   static absl::StatusOr<std::unique_ptr<BucketReducerInterface>> Create(
       const JobSpec& spec, std::unique_ptr<BucketReducerInterface> host);
   ~CudaBucketReducer() override;
 
   void Start(const BucketWork& work, Completion done) override;
-  void StartBroadcast(const BroadcastWork& work, Completion done) override {
-    host_->StartBroadcast(work, std::move(done));
-  }
-  void StartJoinRound(JoinRoundWork work, RoundCompletion done) override {
-    host_->StartJoinRound(std::move(work), std::move(done));
-  }
+  void StartBroadcast(const BroadcastWork& work, Completion done) override;
+  void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
-  void Replan(uint64_t first_iteration, int num_buckets) override {
-    host_->Replan(first_iteration, num_buckets);
-  }
+  void Replan(uint64_t first_iteration, int num_buckets) override;
   [[nodiscard]] absl::Status SetCommHook(
       std::unique_ptr<CommHookInterface> hook) override;
+  [[nodiscard]] absl::Status AgreeCommHook(
+      const std::string& description) override;
   void DescribeDevice(int rank, v1::AttachResponse* response) const override;
 
  private:
@@ -84,6 +107,8 @@ class CudaBucketReducer final : public BucketReducerInterface {
     cuda::CudaStream stream;
     std::vector<cuda::CudaEvent> done;  // by bucket slot
     std::vector<std::string> done_handles;
+    // Staged: the copies to host of a bucket slot have landed.
+    std::vector<cuda::CudaEvent> copied;
     // Several GPUs: the accumulator (largest bucket, accumulator type).
     std::unique_ptr<DeviceMemoryInterface> acc;
   };
@@ -99,12 +124,43 @@ class CudaBucketReducer final : public BucketReducerInterface {
   absl::Status StartFused(const BucketWork& work);
   absl::Status StartCollective(const BucketWork& work);
   void Watch();
+  bool Staged(const BucketWork& work) const;
+  // The groups the copies' ranks are on, in order of first appearance.
+  std::vector<int> GroupsOf(absl::Span<const Copy> copies) const;
+  // For each GPU the copies touch, with its context current: per_copy(g,
+  // c, "<context> rank r device d") for its copies, then records
+  // (g.*then_record)[bucket] on its daemon stream.
+  absl::Status OnEachGroup(int bucket, absl::Span<const Copy> copies,
+                           absl::string_view context,
+                           absl::FunctionRef<absl::Status(
+                               const Group&, const Copy&, const std::string&)>
+                               per_copy,
+                           std::vector<cuda::CudaEvent> Group::*then_record);
+  // StagingDeviceInterface (host_staging.h), on the CUDA driver.
+  absl::StatusOr<void*> AllocateHost(int rank, size_t bytes,
+                                     absl::string_view context) override;
+  void FreeHost(void* host) override;
+  absl::Status CopyToHost(int bucket, absl::Span<const Copy> copies,
+                          absl::string_view context) override;
+  absl::Status WaitForHost(int bucket, absl::Span<const Copy> copies,
+                           absl::Time deadline,
+                           absl::string_view context) override;
+  absl::Status CopyToDevice(int bucket, absl::Span<const Copy> copies,
+                            absl::string_view context) override;
 
   const std::string job_id_;
   const int world_;
   const std::chrono::milliseconds timeout_;
   const cuda::CudaDriver* const driver_;
+  // Calls into host_ (engine and staging threads) hold host_mu_; stats()
+  // reads it from any thread (its own atomics).
+  absl::Mutex host_mu_;
   std::unique_ptr<BucketReducerInterface> host_;
+  // Every CUDA bucket is staged (several nodes).
+  bool stage_all_ = false;
+  // A hook is installed (engine thread).
+  bool hooked_ = false;
+  std::unique_ptr<HostStaging> staging_;
   std::vector<Group> groups_;
   std::vector<int> rank_group_;  // local rank -> index into groups_
   // ready_[r][slot], made on rank r's GPU; handles exported once.

@@ -23,6 +23,7 @@
 namespace gradd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 const std::string kGpu0(16, '\xa0');
@@ -127,6 +128,32 @@ TEST_F(DeviceJobTest, ModelsOnDifferentDevicesDoNotMatch) {
 // Two ranks sharing one (fake) GPU for 100 iterations: each rank's CUDA
 // buckets arrive as a fifth fd, the plan keeps CUDA and CPU parameters in
 // separate buckets and memories, and every value is the average.
+// Device memory counts against max_job_memory_bytes with the shared memory:
+// a job whose shared memory alone fits but whose device buckets do not is
+// refused, naming both.
+TEST_F(DeviceJobTest, DeviceMemoryCountsAgainstTheJobLimit) {
+  // Shared: a page of CPU buckets per rank; device: "w" and "b" (each
+  // padded to 256 bytes, 4352 rounded up to two pages) per rank. 3 pages
+  // fit the shared memory of both ranks but not the device memory too.
+  config_.set_max_job_memory_bytes(3 * 4096);
+  FakeDeviceAllocator fake({kGpu0});
+  std::vector<std::shared_ptr<PendingAttach>> pending;
+  for (int r = 0; r < 2; ++r) {
+    pending.push_back(StartAttach(manager(&fake), Request(r, 2, kGpu0)));
+  }
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<v1::AttachResponse> resp = pending[r]->Get();
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kResourceExhausted)
+        << resp.status();
+    EXPECT_THAT(resp.status().message(),
+                AllOf(HasSubstr("job 'gpu-job' needs 8192 bytes of shared "
+                                "memory (4096 x 2 ranks) and 16384 bytes of "
+                                "device memory (8192 x 2 ranks)"),
+                      HasSubstr("max_job_memory_bytes) is 12288")));
+  }
+  EXPECT_EQ(fake.live_allocations(), 0);
+}
+
 TEST_F(DeviceJobTest, TwoRanksOnOneGpuAverageThroughDeviceMemory) {
   FakeDeviceAllocator fake({kGpu0});
   const int world = 2;
