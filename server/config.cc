@@ -49,6 +49,7 @@ constexpr uint32_t kDefaultSessionIdleTimeoutMs = 30000;
 constexpr uint32_t kDefaultHeartbeatIntervalMs = 250;
 constexpr uint32_t kDefaultStallWarningMs = 10000;
 constexpr uint32_t kDefaultTimelineEvents = 16384;
+constexpr int32_t kDefaultNice = -10;  // server/scheduling.h
 constexpr uint32_t kMaxTimelineEvents = 1 << 24;
 
 // sockaddr_un.sun_path holds 108 bytes including the NUL.
@@ -263,6 +264,7 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (!c->has_stall_warning_ms()) {
     c->set_stall_warning_ms(kDefaultStallWarningMs);
   }
+  if (!c->has_nice()) c->set_nice(kDefaultNice);
   if (c->timeline_events() == 0) {
     c->set_timeline_events(kDefaultTimelineEvents);
   }
@@ -301,6 +303,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " = ", v, " is out of range (0, 1048576] MiB"));
     }
+  }
+  if (c.nice() < -20 || c.nice() > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nice = ", c.nice(), " is outside [-20, 19]"));
   }
   if (c.reduce_threads() > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -22,6 +22,7 @@
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/logging.h"
+#include "server/scheduling.h"
 #include "server/systemd_notify.h"
 #include "server/usage.h"
 
@@ -190,6 +191,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_print_config)) {
     std::cout << gradd::ConfigToText(config) << "\n";
     return 0;
+  }
+
+  // Before any thread starts: threads inherit the niceness.
+  if (absl::Status nice = gradd::ApplyNiceness(config.nice()); !nice.ok()) {
+    spdlog::warn("nice: {}; running at niceness {}", nice.message(),
+                 gradd::CurrentNiceness());
   }
 
   // A no-op unless systemd (Type=notify) started us.

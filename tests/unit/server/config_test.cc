@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -234,6 +235,24 @@ TEST(ConfigTest, StallShutdownBelowWarningIsRejected) {
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.set_timeline_events(1u << 30);
   EXPECT_THAT(Message(ValidateConfig(c)), HasSubstr("timeline_events"));
+}
+
+TEST(ConfigTest, NiceDefaultsToMinusTenAndIsChecked) {
+  auto c = ParseConfigYaml("", "t");
+  ASSERT_TRUE(c.ok());
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->nice(), -10);
+  // An explicit 0 is kept (the niceness the daemon was started with).
+  c = ParseConfigYaml("nice: 0\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->nice(), 0);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  for (int bad : {-21, 20}) {
+    c->set_nice(bad);
+    EXPECT_THAT(Message(ValidateConfig(*c)),
+                HasSubstr(absl::StrCat("nice = ", bad, " is outside")));
+  }
 }
 
 TEST(ConfigTest, MetricsListenAddressIsChecked) {
