@@ -78,6 +78,8 @@
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/host_staging.h"
 #include "server/engine/job.h"
+#include "server/engine/nccl_job_setup.h"
+#include "server/engine/plan_order_gate.h"
 
 namespace gradd {
 
@@ -121,6 +123,11 @@ class CudaBucketReducer final : public BucketReducerInterface,
   CudaBucketReducer(const JobSpec& spec, const cuda::CudaDriver* driver,
                     std::unique_ptr<BucketReducerInterface> host);
   std::string Where(int bucket) const;
+  // NCCL between nodes: a bucket that goes another way only moves the
+  // plan-order cursor.
+  void PassGate(const BucketWork& work);
+  // The bucket on the GPUs now: fused (one GPU, one node) or collective.
+  void StartOnDevice(const BucketWork& work, Completion done);
   absl::Status StartFused(const BucketWork& work);
   absl::Status StartCollective(const BucketWork& work);
   void Watch();
@@ -150,6 +157,11 @@ class CudaBucketReducer final : public BucketReducerInterface,
 
   const std::string job_id_;
   const int world_;
+  const int node_rank_;
+  const int num_nodes_;
+  // What a bucket's sum is divided by unless the work says (the job's
+  // global world size).
+  const double divisor_;
   const std::chrono::milliseconds timeout_;
   const cuda::CudaDriver* const driver_;
   // Calls into host_ (engine and staging threads) hold host_mu_; stats()
@@ -166,9 +178,16 @@ class CudaBucketReducer final : public BucketReducerInterface,
   // ready_[r][slot], made on rank r's GPU; handles exported once.
   std::vector<std::vector<cuda::CudaEvent>> ready_;
   std::vector<std::vector<std::string>> ready_handles_;
-  // Several GPUs.
+  // Several GPUs, or NCCL between nodes: the communicators (one per group,
+  // by group index), this node's own (several local GPUs, one node) or the
+  // formation's (between_nodes_ keeps them alive). Null: fused path.
   const nccl::NcclLibrary* nccl_ = nullptr;
-  std::optional<nccl::NcclCommunicators> comms_;
+  std::optional<nccl::NcclCommunicators> own_comms_;
+  std::shared_ptr<NcclJobSetup> between_nodes_;
+  nccl::NcclCommunicators* comms_ = nullptr;
+  // NCCL between nodes: collectives in plan order on every node (engine
+  // thread).
+  std::optional<PlanOrderGate> gate_;
   absl::Mutex mu_;
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
