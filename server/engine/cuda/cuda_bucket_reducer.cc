@@ -342,11 +342,12 @@ absl::Status CudaBucketReducer::StartCollective(const BucketWork& work) {
     issued = cuda::UseDevice(*driver_, g.device, where);
     if (issued.ok()) {
       void* acc = reinterpret_cast<void*>(g.acc->address());
+      ncclResult_t r = nccl_->ncclAllReduce(acc, acc, work.count, type, ncclSum,
+                                            comms_->comm(static_cast<int>(i)),
+                                            g.stream.get());
+      if (r == ncclInProgress && comms_->nonblocking()) r = ncclSuccess;
       issued = nccl::NcclCheck(
-          *nccl_,
-          nccl_->ncclAllReduce(acc, acc, work.count, type, ncclSum,
-                               comms_->comm(static_cast<int>(i)),
-                               g.stream.get()),
+          *nccl_, r,
           absl::StrCat(where, " device ", g.device, ": ncclAllReduce"));
     }
   }
