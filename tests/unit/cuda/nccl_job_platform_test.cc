@@ -2,7 +2,7 @@
 // GPU: a node whose NCCL did not load offers none, and the whole job is
 // staged with that reason (SetUpNcclJob over the in-memory store); a
 // non-blocking communicator needs ncclCommInitRankConfig, which the
-// toolkit's NCCL has.
+// toolkit's NCCL has; a malformed unique id is refused before NCCL sees it.
 #include "server/engine/cuda/nccl_job_platform.h"
 
 #include <memory>
@@ -71,16 +71,14 @@ TEST(CudaNcclJobPlatformTest, EveryNodeStagesWhenOneLacksNccl) {
   EXPECT_THAT(out[0]->staged_because, HasSubstr("cannot load"));
 }
 
-TEST(CudaNcclJobPlatformTest,
-     TheToolkitNcclHasNonBlockingInitAndMakesAUniqueId) {
+// Between nodes the communicators are non-blocking (created with a
+// timeout, aborted when it passes): the toolkit's NCCL has the entry point.
+// (ncclGetUniqueId is not called here: it starts NCCL's bootstrap thread,
+// which outlives the test.)
+TEST(CudaNcclJobPlatformTest, TheToolkitNcclHasNonBlockingInit) {
   absl::StatusOr<const nccl::NcclLibrary*> lib = nccl::NcclLibrary::Get();
   if (!lib.ok()) GTEST_SKIP() << lib.status();
   EXPECT_NE((*lib)->ncclCommInitRankConfig, nullptr);
-  // A unique id needs no device: node rank 0's part of the agreement.
-  CudaNcclJobPlatform platform(*lib, cuda::CudaDriver::Get());
-  absl::StatusOr<std::string> id = platform.MakeUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  EXPECT_EQ(id->size(), sizeof(ncclUniqueId));
 }
 
 TEST(CudaNcclJobPlatformTest, AMalformedUniqueIdIsRefused) {
