@@ -9,6 +9,10 @@
 //       GPU, ordered by interprocess events (no host syncs);
 //   otherwise: FAILED_PRECONDITION (a daemon built without CUDA never gets
 //       this far: its NoDeviceAllocator refuses the attach).
+//
+// DaemonNcclJobPlatform: what a multi-node CUDA job's formation sets NCCL
+// between the nodes up with (nccl_job_setup.h): the process's NCCL and
+// driver on real GPUs, null in a daemon built without CUDA.
 #ifndef GRADD_SERVER_ENGINE_DEVICE_REDUCER_H_
 #define GRADD_SERVER_ENGINE_DEVICE_REDUCER_H_
 
@@ -17,11 +21,19 @@
 #include "absl/status/statusor.h"
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/job.h"
+#include "server/engine/nccl_job_setup.h"
 
 namespace gradd {
 
 absl::StatusOr<std::unique_ptr<BucketReducerInterface>> WrapDeviceReducer(
     const JobSpec& spec, std::unique_ptr<BucketReducerInterface> host);
+
+// Whether WrapDeviceReducer gives `spec`'s job a device reducer (CUDA
+// parameters on real GPUs).
+bool UsesDeviceReducer(const JobSpec& spec);
+
+// Process-wide, never freed; any thread.
+NcclJobPlatformInterface* DaemonNcclJobPlatform();
 
 }  // namespace gradd
 

@@ -82,6 +82,8 @@
 
 namespace gradd {
 
+struct NcclJobSetup;
+
 struct JobSpec {
   std::string job_id;
   int local_world_size = 1;
@@ -125,6 +127,10 @@ struct JobSpec {
   // Bound on one device collective (NCCL) before the job fails and its
   // communicators are aborted (rendezvous.collective_timeout_ms).
   std::chrono::milliseconds collective_timeout{30000};
+  // Multi-node CUDA jobs: what the formation set up for the CUDA buckets
+  // between the nodes (nccl_job_setup.h): NCCL communicators, or why they
+  // are staged through host memory; null: not set up (staged).
+  std::shared_ptr<NcclJobSetup> nccl_between_nodes;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;

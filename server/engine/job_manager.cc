@@ -759,6 +759,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   }
   const uint64_t formation = next_formation_++;
   p.formation = formation;
+  NcclJobPlatformInterface* nccl =
+      UsesDeviceReducer(spec) ? DaemonNcclJobPlatform() : nullptr;
   // The rendezvous blocks (up to the join timeout) and so may finding the
   // coordinator (name resolution); both run on a thread of their own and
   // post back through the mailbox, which outlives this object, as does the
@@ -766,7 +768,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   std::thread([mailbox = mailbox_, options = std::move(options),
                requested = request.coordinator(), selector = coordinators_,
                advertise = rv.advertise_host(), ifname = rv.interface(),
-               spec = std::move(spec), job_id, formation]() mutable {
+               spec = std::move(spec), job_id, formation, nccl,
+               limit = limit - kFormationMargin]() mutable {
     absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
       absl::StatusOr<std::string> found = selector->Resolve(requested);
       if (!found.ok()) {
@@ -796,11 +799,27 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                        RendezvousClient::Create(client_options));
       ASSIGN_OR_RETURN(options.prefix, OpenRound(*client, job_id));
       absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
+      FormedNodes out;
+      if (formed.ok() && nccl != nullptr) {
+        NcclJobSetupOptions setup;
+        setup.job_id = job_id;
+        setup.prefix = options.prefix;
+        setup.node_rank = formed->layout.node_rank;
+        setup.num_nodes = formed->layout.num_nodes;
+        setup.timeout = options.collective_timeout;
+        absl::StatusOr<std::shared_ptr<NcclJobSetup>> set_up =
+            SetUpNcclBetweenNodes(*client, *nccl, std::move(setup),
+                                  spec.rank_devices, limit);
+        if (set_up.ok()) {
+          out.nccl = *std::move(set_up);
+        } else {
+          formed = set_up.status();
+        }
+      }
       CloseRound(*client, job_id, options.prefix,
                  formed.ok() ? std::string("formed")
                              : std::string(formed.status().message()));
       if (!formed.ok()) return formed.status();
-      FormedNodes out;
       out.formation = *std::move(formed);
       out.store = std::move(client);
       out.coordinator = coordinator;
@@ -838,6 +857,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.node_ids = layout.NodeIds();
   spec.coordinator = result->coordinator;
   spec.round_prefix = result->round_prefix;
+  spec.nccl_between_nodes = std::move(result->nccl);
   HierarchicalReducer::Options options;
   options.pool = pool_;
   options.num_buckets = static_cast<int>(spec.plan.buckets.size());

@@ -54,6 +54,7 @@
 #include "server/engine/job_events.h"
 #include "server/engine/job_snapshot.h"
 #include "server/engine/loop_watchdog.h"
+#include "server/engine/nccl_job_setup.h"
 #include "server/engine/node_formation.h"
 #include "server/engine/rebuild.h"
 #include "server/engine/session_registry.h"
@@ -169,6 +170,8 @@ class JobManager final : public NodeHandlerInterface,
     std::unique_ptr<RendezvousStoreInterface> store;
     std::string coordinator;
     std::string round_prefix;
+    // CUDA jobs on real GPUs: NCCL between the nodes, or why not.
+    std::shared_ptr<NcclJobSetup> nccl;
   };
   using Task = absl::AnyInvocable<void() &&>;
 

@@ -19,10 +19,9 @@
 // the store name the node waited for. Any thread (it only talks to the
 // store).
 //
-// Status: tested over the in-memory store (tests/unit/server/
-// nccl_job_agreement_test.cc); the reducer does not call it yet, because
-// the NCCL reduction between nodes (collectives issued in plan order on
-// every node) is not built: several-node CUDA jobs are staged.
+// Called by SetUpNcclJob (nccl_job_setup.h) on the formation thread;
+// tested over the in-memory store (tests/unit/server/
+// nccl_job_agreement_test.cc).
 #ifndef GRADD_SERVER_ENGINE_NCCL_JOB_AGREEMENT_H_
 #define GRADD_SERVER_ENGINE_NCCL_JOB_AGREEMENT_H_
 

@@ -99,6 +99,30 @@ def test_cuda_two_daemons_match_torch(two_daemons, job_id, tmp_path, dtype):
             assert err <= tol, f"rank {r['rank']} step {step}: {err}"
 
 
+def test_cuda_two_daemons_on_one_gpu_fall_back_to_staging(two_daemons, job_id, tmp_path):
+    """The NCCL setup between the nodes (server/engine/nccl_job_setup.h)
+    sees both daemons offer the same GPU: every node logs that it stages,
+    naming the shared GPU (or the node without NCCL), and the values still
+    match torch's DDP."""
+    job = job_id + "-fallback"
+    rs = _two_nodes(two_daemons, job, "cuda_ddp_worker.py",
+                    ["mlp", "float32", str(tmp_path / "gloo-f"), "4"])
+    for r in rs:
+        assert len(r["per_step"]) == 4
+        for step, err in enumerate(r["per_step"]):
+            assert err <= 1e-5, f"rank {r['rank']} step {step}: {err}"
+    for k, node in enumerate(two_daemons.nodes):
+        with open(node.log_path, "rb") as f:
+            log = f.read().decode(errors="replace")
+        lines = [l for l in log.splitlines()
+                 if f"job '{job}' node rank" in l and "NCCL between the nodes is not used" in l]
+        assert lines, f"node {k} logged no staging reason for {job}:\n{log[-4000:]}"
+        # Where libnccl.so.2 loads, the shared GPU is the reason; where it
+        # does not (it is looked up on the library path), the missing NCCL.
+        assert ("serves node ranks 0 and 1 (NCCL needs a GPU per rank)" in lines[-1]
+                or "has no NCCL" in lines[-1]), lines[-1]
+
+
 def test_cuda_two_daemons_hook_and_join(two_daemons, job_id, tmp_path):
     check_hook(_two_nodes(two_daemons, job_id + "-hook", "comm_hook_worker.py",
                           ["powerSGD", str(tmp_path / "gloo-h"), str(STEPS),

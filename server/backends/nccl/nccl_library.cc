@@ -2,9 +2,11 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cuda/owners.h"
 #include "common/status_macros.h"
 
@@ -41,6 +43,9 @@ absl::StatusOr<NcclLibrary> NcclLibrary::Load(const char* library) {
     return absl::FailedPreconditionError(
         absl::StrCat(library, " lacks ", missing));
   }
+  lib.ncclCommInitRankConfig =
+      reinterpret_cast<decltype(lib.ncclCommInitRankConfig)>(
+          ::dlsym(handle, "ncclCommInitRankConfig"));
   lib.ncclGetVersion(&lib.version);
   return lib;
 }
@@ -86,10 +91,21 @@ absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
 absl::StatusOr<NcclCommunicators> NcclCommunicators::Create(
     const NcclLibrary* nccl, const cuda::CudaDriver* driver,
     const ncclUniqueId& id, int world, int first_rank,
-    const std::vector<int>& devices, absl::string_view context) {
+    const std::vector<int>& devices, absl::string_view context,
+    absl::Duration timeout) {
   NcclCommunicators out;
   out.nccl_ = nccl;
   out.comms_.assign(devices.size(), nullptr);
+  out.nonblocking_ = timeout != absl::InfiniteDuration();
+  if (out.nonblocking_ && nccl->ncclCommInitRankConfig == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        context, ": NCCL ", nccl->version,
+        " has no ncclCommInitRankConfig (non-blocking communicators need "
+        "NCCL 2.14 or later)"));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   RETURN_IF_ERROR(NcclCheck(*nccl, nccl->ncclGroupStart(),
                             absl::StrCat(context, ": ncclGroupStart")));
   absl::Status first_error;
@@ -98,17 +114,27 @@ absl::StatusOr<NcclCommunicators> NcclCommunicators::Create(
         absl::StrCat(context, " device ", devices[i], " (NCCL rank ",
                      first_rank + static_cast<int>(i), " of ", world, ")");
     absl::Status s = cuda::UseDevice(*driver, devices[i], where);
+    const int rank = first_rank + static_cast<int>(i);
     if (s.ok()) {
-      s = NcclCheck(*nccl,
-                    nccl->ncclCommInitRank(&out.comms_[i], world, id,
-                                           first_rank + static_cast<int>(i)),
-                    absl::StrCat(where, ": ncclCommInitRank"));
+      ncclResult_t r =
+          out.nonblocking_
+              ? nccl->ncclCommInitRankConfig(&out.comms_[i], world, id, rank,
+                                             &config)
+              : nccl->ncclCommInitRank(&out.comms_[i], world, id, rank);
+      if (out.nonblocking_ && r == ncclInProgress) r = ncclSuccess;
+      s = NcclCheck(*nccl, r, absl::StrCat(where, ": ncclCommInitRank"));
     }
     if (!s.ok() && first_error.ok()) first_error = s;
   }
-  absl::Status end = NcclCheck(*nccl, nccl->ncclGroupEnd(),
-                               absl::StrCat(context, ": ncclGroupEnd"));
+  ncclResult_t ended = nccl->ncclGroupEnd();
+  if (out.nonblocking_ && ended == ncclInProgress) ended = ncclSuccess;
+  absl::Status end =
+      NcclCheck(*nccl, ended, absl::StrCat(context, ": ncclGroupEnd"));
   if (first_error.ok()) first_error = end;
+  if (first_error.ok() && out.nonblocking_) {
+    first_error = out.WaitIssued(
+        deadline, absl::StrCat(context, ": creating the NCCL communicators"));
+  }
   if (!first_error.ok()) {
     out.Abort();
     return first_error;
@@ -119,7 +145,8 @@ absl::StatusOr<NcclCommunicators> NcclCommunicators::Create(
 NcclCommunicators::NcclCommunicators(NcclCommunicators&& o) noexcept
     : nccl_(o.nccl_),
       comms_(std::move(o.comms_)),
-      aborted_(std::exchange(o.aborted_, false)) {
+      aborted_(o.aborted_.exchange(false)),
+      nonblocking_(o.nonblocking_) {
   o.comms_.clear();
 }
 
@@ -130,7 +157,8 @@ NcclCommunicators& NcclCommunicators::operator=(
     nccl_ = o.nccl_;
     comms_ = std::move(o.comms_);
     o.comms_.clear();
-    aborted_ = std::exchange(o.aborted_, false);
+    aborted_ = o.aborted_.exchange(false);
+    nonblocking_ = o.nonblocking_;
   }
   return *this;
 }
@@ -138,8 +166,12 @@ NcclCommunicators& NcclCommunicators::operator=(
 NcclCommunicators::~NcclCommunicators() { Release(); }
 
 void NcclCommunicators::Release() {
-  // After Abort the communicators are freed already.
-  if (!aborted_) {
+  // After Abort the communicators are freed already. Non-blocking ones
+  // (between nodes) are aborted rather than destroyed: destroying waits
+  // for peers, which may be gone, and the reducer has drained its work.
+  if (!aborted_ && nonblocking_) {
+    Abort();
+  } else if (!aborted_) {
     for (ncclComm_t c : comms_) {
       if (c != nullptr) nccl_->ncclCommDestroy(c);
     }
@@ -148,6 +180,10 @@ void NcclCommunicators::Release() {
 }
 
 absl::Status NcclCommunicators::AsyncError(absl::string_view context) const {
+  if (aborted_) {
+    return absl::AbortedError(
+        absl::StrCat(context, ": the NCCL communicators were aborted"));
+  }
   for (size_t i = 0; i < comms_.size(); ++i) {
     if (comms_[i] == nullptr) continue;
     ncclResult_t async = ncclSuccess;
@@ -162,9 +198,39 @@ absl::Status NcclCommunicators::AsyncError(absl::string_view context) const {
   return absl::OkStatus();
 }
 
+absl::Status NcclCommunicators::WaitIssued(absl::Time deadline,
+                                           absl::string_view context) const {
+  absl::Duration nap = absl::Microseconds(5);
+  for (size_t i = 0; i < comms_.size(); ++i) {
+    if (comms_[i] == nullptr) continue;
+    while (true) {
+      if (aborted_) {
+        return absl::AbortedError(
+            absl::StrCat(context, ": the NCCL communicators were aborted"));
+      }
+      ncclResult_t state = ncclSuccess;
+      RETURN_IF_ERROR(
+          NcclCheck(*nccl_, nccl_->ncclCommGetAsyncError(comms_[i], &state),
+                    absl::StrCat(context, ": ncclCommGetAsyncError")));
+      if (state == ncclSuccess) break;
+      if (state != ncclInProgress) {
+        return NcclCheck(*nccl_, state,
+                         absl::StrCat(context, " communicator ", i));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            context, ": communicator ", i,
+            " still in progress at the deadline (a peer did not arrive)"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void NcclCommunicators::Abort() {
-  if (aborted_) return;
-  aborted_ = true;
+  if (aborted_.exchange(true)) return;
   for (ncclComm_t c : comms_) {
     if (c != nullptr) nccl_->ncclCommAbort(c);
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda/device_reduce.h"
 #include "common/status_macros.h"
+#include "server/engine/cuda/nccl_job_platform.h"
 #include "server/logging.h"
 
 namespace gradd {
@@ -15,6 +16,9 @@ CudaBucketReducer::CudaBucketReducer(
     std::unique_ptr<BucketReducerInterface> host)
     : job_id_(spec.job_id),
       world_(spec.local_world_size),
+      node_rank_(spec.node_rank),
+      num_nodes_(spec.num_nodes),
+      divisor_(spec.global_world_size()),
       timeout_(spec.collective_timeout),
       driver_(driver),
       host_(std::move(host)) {}
@@ -29,7 +33,26 @@ CudaBucketReducer::Create(const JobSpec& spec,
   }
   std::unique_ptr<CudaBucketReducer> r(
       new CudaBucketReducer(spec, driver, std::move(host)));
-  r->stage_all_ = spec.num_nodes > 1;
+  // Several nodes: NCCL between them when the formation connected it on
+  // every node (nccl_job_setup.h), else every CUDA bucket is staged. The
+  // setup's outcome is the same on every node, so all take the same path.
+  NcclJobComms* between = nullptr;
+  std::string staged_because;
+  if (spec.num_nodes > 1) {
+    const NcclJobSetup* setup = spec.nccl_between_nodes.get();
+    if (setup == nullptr) {
+      staged_because = "NCCL between the nodes was not set up";
+    } else if (setup->comms == nullptr) {
+      staged_because = setup->staged_because;
+    } else {
+      between = dynamic_cast<NcclJobComms*>(setup->comms.get());
+      if (between == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            job, ": the NCCL communicators between the nodes are not CUDA's"));
+      }
+    }
+  }
+  r->stage_all_ = spec.num_nodes > 1 && between == nullptr;
   // Groups in order of first appearance: the NCCL rank of a GPU is its
   // group's index, the same on every run of the same job.
   r->rank_group_.resize(spec.local_world_size);
@@ -77,7 +100,8 @@ CudaBucketReducer::Create(const JobSpec& spec,
           cuda::CudaEvent::Create(driver, /*interprocess=*/false, at));
       g.copied.push_back(std::move(copied));
     }
-    if (!r->stage_all_ && r->groups_.size() > 1 && acc_bytes > 0) {
+    if (!r->stage_all_ && (r->groups_.size() > 1 || between != nullptr) &&
+        acc_bytes > 0) {
       if (spec.devices == nullptr) {
         return absl::InternalError(absl::StrCat(where, ": no allocator"));
       }
@@ -109,12 +133,35 @@ CudaBucketReducer::Create(const JobSpec& spec,
         absl::MutexLock lock(&p->host_mu_);
         p->host_->Start(work, std::move(done));
       });
-  if (r->stage_all_) {
+  if (between != nullptr) {
+    if (between->comms().size() != r->groups_.size()) {
+      return absl::InternalError(
+          absl::StrCat(job, ": ", between->comms().size(),
+                       " NCCL communicators for ", r->groups_.size(), " GPUs"));
+    }
+    r->nccl_ = between->library();
+    r->comms_ = &between->comms();
+    r->between_nodes_ = spec.nccl_between_nodes;
+    std::vector<bool> ordered;
+    for (const Bucket& b : spec.plan.buckets) {
+      ordered.push_back(b.device == DeviceKind::kCuda);
+    }
+    r->gate_.emplace(std::move(ordered));
     spdlog::info(
-        "{} spans {} nodes with CUDA parameters: its CUDA buckets are staged "
-        "through pinned host memory and reduced by the host path (Gloo "
-        "between the nodes); NCCL between nodes is not built",
-        job, spec.num_nodes);
+        "{} node rank {} of {}: CUDA buckets are reduced on the GPUs, NCCL "
+        "between the nodes ({} local GPUs as NCCL ranks {}..{} of {})",
+        job, spec.node_rank, spec.num_nodes, r->groups_.size(),
+        spec.nccl_between_nodes->first_rank,
+        spec.nccl_between_nodes->first_rank +
+            static_cast<int>(r->groups_.size()) - 1,
+        spec.nccl_between_nodes->world);
+    r->watchdog_ = std::thread([p = r.get()] { p->Watch(); });
+  } else if (r->stage_all_) {
+    spdlog::info(
+        "{} node rank {} of {} with CUDA parameters: its CUDA buckets are "
+        "staged through pinned host memory and reduced by the host path "
+        "(Gloo between the nodes), because {}",
+        job, spec.node_rank, spec.num_nodes, staged_because);
   } else if (r->groups_.size() > 1) {
     absl::StatusOr<const nccl::NcclLibrary*> lib = nccl::NcclLibrary::Get();
     if (!lib.ok()) {
@@ -132,7 +179,8 @@ CudaBucketReducer::Create(const JobSpec& spec,
                      nccl::NcclCommunicators::Create(
                          r->nccl_, driver, id, static_cast<int>(devices.size()),
                          /*first_rank=*/0, devices, job));
-    r->comms_.emplace(std::move(comms));
+    r->own_comms_.emplace(std::move(comms));
+    r->comms_ = &*r->own_comms_;
     r->watchdog_ = std::thread([p = r.get()] { p->Watch(); });
   }
   return std::unique_ptr<BucketReducerInterface>(std::move(r));
@@ -141,6 +189,11 @@ CudaBucketReducer::Create(const JobSpec& spec,
 CudaBucketReducer::~CudaBucketReducer() {
   // No new host work, then the host reducer completes (or cancels) what it
   // holds -- its completions copy back through our streams, still alive.
+  // Buckets held for plan order never reached the GPU: answered now.
+  if (gate_.has_value()) {
+    gate_->Cancel(absl::CancelledError(
+        absl::StrCat("job '", job_id_, "' stopped before the bucket's turn")));
+  }
   if (staging_ != nullptr) staging_->Stop();
   host_.reset();
   {
@@ -161,7 +214,15 @@ CudaBucketReducer::~CudaBucketReducer() {
 }
 
 std::string CudaBucketReducer::Where(int bucket) const {
+  if (num_nodes_ > 1) {
+    return absl::StrCat("job '", job_id_, "' node rank ", node_rank_,
+                        " bucket ", bucket);
+  }
   return absl::StrCat("job '", job_id_, "' bucket ", bucket);
+}
+
+void CudaBucketReducer::PassGate(const BucketWork& work) {
+  if (gate_.has_value()) gate_->Arrive(work.iteration, work.bucket, nullptr);
 }
 
 bool CudaBucketReducer::Staged(const BucketWork& work) const {
@@ -171,8 +232,11 @@ bool CudaBucketReducer::Staged(const BucketWork& work) const {
 
 void CudaBucketReducer::Start(const BucketWork& work, Completion done) {
   if (work.device != DeviceKind::kCuda) {
-    absl::MutexLock lock(&host_mu_);
-    host_->Start(work, std::move(done));
+    {
+      absl::MutexLock lock(&host_mu_);
+      host_->Start(work, std::move(done));
+    }
+    PassGate(work);
     return;
   }
   if (work.bucket < 0 ||
@@ -183,21 +247,36 @@ void CudaBucketReducer::Start(const BucketWork& work, Completion done) {
   }
   if (Staged(work)) {
     staging_->Start(work, std::move(done));
+    PassGate(work);
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s;
-  if (groups_.size() == 1) {
-    s = StartFused(work);
-  } else {
-    s = StartCollective(work);
+  if (!gate_.has_value()) {
+    StartOnDevice(work, std::move(done));
+    return;
   }
+  // NCCL between nodes: in plan order (plan_order_gate.h).
+  gate_->Arrive(
+      work.iteration, work.bucket,
+      [this, work, done = std::move(done)](absl::Status s) mutable {
+        if (!s.ok()) {
+          std::move(done)(absl::Status(
+              s.code(), absl::StrCat(Where(work.bucket), ": ", s.message())));
+          return;
+        }
+        StartOnDevice(work, std::move(done));
+      });
+}
+
+void CudaBucketReducer::StartOnDevice(const BucketWork& work, Completion done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool fused = comms_ == nullptr;
+  absl::Status s = fused ? StartFused(work) : StartCollective(work);
   buckets_.fetch_add(1, std::memory_order_relaxed);
   enqueue_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now() - t0)
                             .count(),
                         std::memory_order_relaxed);
-  if (!s.ok() || groups_.size() == 1) {
+  if (!s.ok() || fused) {
     std::move(done)(std::move(s));
     return;
   }
@@ -219,7 +298,7 @@ absl::Status CudaBucketReducer::StartFused(const BucketWork& work) {
                           g.stream.get(), ready_[k][work.bucket].get(), 0),
                       absl::StrCat(where, " rank ", k, ": cuStreamWaitEvent")));
   }
-  const double divisor = work.divisor > 0 ? work.divisor : world_;
+  const double divisor = work.divisor > 0 ? work.divisor : divisor_;
   RETURN_IF_ERROR(
       cuda::DeviceFusedAverage(work.dtype, work.rank_buffers->data(), world_,
                                work.count, divisor, g.stream.get(), where));
@@ -251,8 +330,9 @@ absl::Status CudaBucketReducer::StartCollective(const BucketWork& work) {
         reinterpret_cast<void*>(g.acc->address()), work.count, g.stream.get(),
         where));
   }
-  // 2. One allreduce across the GPUs, each driven as a rank of the group
-  // call on its own stream.
+  // 2. One allreduce across the GPUs (this node's, and with NCCL between
+  // nodes every node's), each driven as a rank of the group call on its
+  // own stream.
   const std::string where = Where(work.bucket);
   RETURN_IF_ERROR(nccl::NcclCheck(*nccl_, nccl_->ncclGroupStart(),
                                   absl::StrCat(where, ": ncclGroupStart")));
@@ -262,20 +342,29 @@ absl::Status CudaBucketReducer::StartCollective(const BucketWork& work) {
     issued = cuda::UseDevice(*driver_, g.device, where);
     if (issued.ok()) {
       void* acc = reinterpret_cast<void*>(g.acc->address());
+      ncclResult_t r = nccl_->ncclAllReduce(acc, acc, work.count, type, ncclSum,
+                                            comms_->comm(static_cast<int>(i)),
+                                            g.stream.get());
+      if (r == ncclInProgress && comms_->nonblocking()) r = ncclSuccess;
       issued = nccl::NcclCheck(
-          *nccl_,
-          nccl_->ncclAllReduce(acc, acc, work.count, type, ncclSum,
-                               comms_->comm(static_cast<int>(i)),
-                               g.stream.get()),
+          *nccl_, r,
           absl::StrCat(where, " device ", g.device, ": ncclAllReduce"));
     }
   }
-  absl::Status ended = nccl::NcclCheck(*nccl_, nccl_->ncclGroupEnd(),
+  ncclResult_t end = nccl_->ncclGroupEnd();
+  // Non-blocking communicators (between nodes) may still be enqueueing.
+  const bool enqueueing = end == ncclInProgress && comms_->nonblocking();
+  absl::Status ended = nccl::NcclCheck(*nccl_, enqueueing ? ncclSuccess : end,
                                        absl::StrCat(where, ": ncclGroupEnd"));
   RETURN_IF_ERROR(issued);
   RETURN_IF_ERROR(ended);
+  if (enqueueing) {
+    RETURN_IF_ERROR(comms_->WaitIssued(
+        absl::Now() + absl::FromChrono(timeout_),
+        absl::StrCat(where, ": enqueueing the NCCL allreduce")));
+  }
   // 3. Per GPU: the average into every rank's bucket, then done.
-  const double divisor = work.divisor > 0 ? work.divisor : world_;
+  const double divisor = work.divisor > 0 ? work.divisor : divisor_;
   for (Group& g : groups_) {
     const std::string at = absl::StrCat(where, " device ", g.device);
     RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, at));
@@ -360,6 +449,11 @@ void CudaBucketReducer::StartJoinRound(JoinRoundWork work,
 
 void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
   staging_->Replan();
+  // The new plan's devices are not known here: every bucket in the
+  // sequence (CPU ones pass through PassGate, so this only orders more).
+  if (gate_.has_value()) {
+    gate_->Replan(first_iteration, std::vector<bool>(num_buckets, true));
+  }
   absl::MutexLock lock(&host_mu_);
   host_->Replan(first_iteration, num_buckets);
 }

@@ -21,6 +21,18 @@
 // when NCCL reports an error or the collective timeout passes, so a stuck
 // collective never hangs the job.
 //
+// Several nodes, NCCL between them (JobSpec::nccl_between_nodes connected
+// on every node at formation, nccl_job_setup.h): the same collective path
+// over the formation's communicators, which span every GPU of the job on
+// every node (this node's GPUs are NCCL ranks first_rank.. in group
+// order), divided by the global world size. The engine starts a bucket as
+// soon as its local ranks are ready, which can differ between nodes, so
+// the CUDA buckets go through a PlanOrderGate (plan_order_gate.h): each
+// node issues its allreduces in (iteration, plan index) order. The
+// communicators are non-blocking (created with a timeout): a group call
+// that answers ncclInProgress is polled until enqueued, bounded by the
+// collective timeout.
+//
 // Staged (host_staging.h): the buckets whose semantics only the host
 // reducers implement go through pinned host memory and the wrapped host
 // reducer, which writes the result back; the daemon streams wait on the
@@ -31,13 +43,14 @@
 //     server/hooks/ exactly as on CPU);
 //   - join epochs (BucketWork::ranks set): only the active ranks' buckets
 //     are copied, waited on and written back, with the round's divisor;
-//   - several nodes: every CUDA bucket, through the HierarchicalReducer
-//     (Gloo between the daemons). Chosen for now over NCCL between nodes
-//     because NCCL needs a distinct GPU per rank across the whole job (two
-//     daemons on one GPU, as in the tests, cannot use it) and every node
-//     must issue its collectives in plan order, which the host reducer
-//     already guarantees; the NCCL inter-node path (unique id through the
-//     rendezvous store) is not built.
+//   - several nodes without NCCL between them: every CUDA bucket, through
+//     the HierarchicalReducer (Gloo between the daemons), when the
+//     formation's setup staged the job (a node without NCCL, a GPU two
+//     daemons share -- NCCL needs a distinct GPU per rank across the job,
+//     so the one-GPU test machine's two daemons always stage -- or NCCL
+//     failing to connect on some node); the reason is logged. Hooks and
+//     join epochs stay staged with NCCL between nodes too; the staged
+//     buckets only move the plan-order gate's cursor.
 // The staging thread is the reducer's own, so the engine thread never
 // waits for a copy.
 //
@@ -53,8 +66,11 @@
 //
 // None of this has run on a GPU yet in this form: the staging bookkeeping
 // is unit-tested over a fake device (tests/unit/server/host_staging_test),
-// the CUDA calls only compiled (tests/gpu and tests/python GPU tests carry
-// the checks for a machine with one).
+// the plan-order gate and the NCCL setup's decisions over fakes
+// (plan_order_gate_test, nccl_job_setup_test, nccl_job_platform_test), the
+// CUDA calls only compiled (tests/gpu and tests/python GPU tests carry the
+// checks for a machine with one). The NCCL path between nodes has never
+// run on a GPU, nor on any machine: it needs two nodes with a GPU each.
 #ifndef GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 #define GRADD_SERVER_ENGINE_CUDA_CUDA_BUCKET_REDUCER_H_
 
@@ -78,6 +94,8 @@
 #include "server/engine/bucket_reducer.h"
 #include "server/engine/host_staging.h"
 #include "server/engine/job.h"
+#include "server/engine/nccl_job_setup.h"
+#include "server/engine/plan_order_gate.h"
 
 namespace gradd {
 
@@ -121,6 +139,11 @@ class CudaBucketReducer final : public BucketReducerInterface,
   CudaBucketReducer(const JobSpec& spec, const cuda::CudaDriver* driver,
                     std::unique_ptr<BucketReducerInterface> host);
   std::string Where(int bucket) const;
+  // NCCL between nodes: a bucket that goes another way only moves the
+  // plan-order cursor.
+  void PassGate(const BucketWork& work);
+  // The bucket on the GPUs now: fused (one GPU, one node) or collective.
+  void StartOnDevice(const BucketWork& work, Completion done);
   absl::Status StartFused(const BucketWork& work);
   absl::Status StartCollective(const BucketWork& work);
   void Watch();
@@ -150,6 +173,11 @@ class CudaBucketReducer final : public BucketReducerInterface,
 
   const std::string job_id_;
   const int world_;
+  const int node_rank_;
+  const int num_nodes_;
+  // What a bucket's sum is divided by unless the work says (the job's
+  // global world size).
+  const double divisor_;
   const std::chrono::milliseconds timeout_;
   const cuda::CudaDriver* const driver_;
   // Calls into host_ (engine and staging threads) hold host_mu_; stats()
@@ -166,9 +194,16 @@ class CudaBucketReducer final : public BucketReducerInterface,
   // ready_[r][slot], made on rank r's GPU; handles exported once.
   std::vector<std::vector<cuda::CudaEvent>> ready_;
   std::vector<std::vector<std::string>> ready_handles_;
-  // Several GPUs.
+  // Several GPUs, or NCCL between nodes: the communicators (one per group,
+  // by group index), this node's own (several local GPUs, one node) or the
+  // formation's (between_nodes_ keeps them alive). Null: fused path.
   const nccl::NcclLibrary* nccl_ = nullptr;
-  std::optional<nccl::NcclCommunicators> comms_;
+  std::optional<nccl::NcclCommunicators> own_comms_;
+  std::shared_ptr<NcclJobSetup> between_nodes_;
+  nccl::NcclCommunicators* comms_ = nullptr;
+  // NCCL between nodes: collectives in plan order on every node (engine
+  // thread).
+  std::optional<PlanOrderGate> gate_;
   absl::Mutex mu_;
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
