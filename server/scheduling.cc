@@ -24,8 +24,8 @@ absl::Status ApplyNiceness(int nice) {
   if (setpriority(PRIO_PROCESS, 0, nice) != 0) {
     const int err = errno;
     const std::string why =
-        absl::StrCat("cannot set the daemon's niceness from ", current,
-                     " to ", nice, ": ", std::strerror(err));
+        absl::StrCat("cannot set the daemon's niceness from ", current, " to ",
+                     nice, ": ", std::strerror(err));
     if (err == EPERM || err == EACCES) {
       return absl::PermissionDeniedError(absl::StrCat(
           why, " (needs CAP_SYS_NICE, or Nice= in the systemd unit)"));

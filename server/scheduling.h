@@ -22,9 +22,9 @@
 
 namespace gradd {
 
-// Sets the calling thread's niceness to `nice` (-20..19). Threads inherit their creator's niceness on
-// Linux, so call it before the daemon starts any thread. PERMISSION_DENIED
-// (without CAP_SYS_NICE) says so; nothing changes then.
+// Sets the calling thread's niceness to `nice` (-20..19). Threads inherit their
+// creator's niceness on Linux, so call it before the daemon starts any thread.
+// PERMISSION_DENIED (without CAP_SYS_NICE) says so; nothing changes then.
 absl::Status ApplyNiceness(int nice);
 
 // The calling thread's niceness.
