@@ -15,13 +15,33 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("GRADD_BUILD_DIR", REPO / "build"))
 
 
-def cuda_build():
-    cache = BUILD / "CMakeCache.txt"
-    return cache.exists() and (BUILD / "tests" / "device_reduce_gpu_test").exists()
+def cache_entries():
+    try:
+        text = (BUILD / "CMakeCache.txt").read_text()
+    except OSError:
+        return {}
+    entries = {}
+    for line in text.splitlines():
+        if "=" in line and ":" in line.split("=", 1)[0] and not line.startswith(("//", "#")):
+            key, value = line.split("=", 1)
+            entries[key.split(":", 1)[0]] = value
+    return entries
 
 
-pytestmark = pytest.mark.skipif(
-    not cuda_build(), reason=f"{BUILD} is not a CUDA build (GRADD_WITH_CUDA found no toolkit)")
+def skip_reason():
+    cache = cache_entries()
+    if not cache or not (BUILD / "tests" / "device_reduce_gpu_test").exists():
+        return f"{BUILD} is not a CUDA build (GRADD_WITH_CUDA found no toolkit)"
+    # The bundle carries the Release build to the GPU machine: a sanitizer
+    # build (scripts/test --sanitize) has no benchmarks and is not shipped.
+    if cache.get("GRADD_SANITIZE"):
+        return f"{BUILD} is a sanitizer build ({cache['GRADD_SANITIZE']}); bundles pack Release builds"
+    if cache.get("GRADD_BUILD_BENCH", "ON").upper() in ("OFF", "0", "FALSE", "NO"):
+        return f"{BUILD} has no benchmarks (GRADD_BUILD_BENCH=OFF); the bundle needs gradd-bench"
+    return None
+
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 
 @pytest.fixture(scope="module")
