@@ -311,23 +311,6 @@ TEST_F(GlooBackendTest, SixteenBitWireRidesTheFusedRingOnThreeNodes) {
   }
 }
 
-TEST_F(GlooBackendTest, SixteenBitWireOnlyCarriesFloat32Buckets) {
-  auto backends = Connect(2);
-  std::vector<double> a(1 << 18), b(1 << 18);
-  LocalAverage work;
-  work.dtype = DType::kFloat64;
-  work.buffers = {a.data(), b.data()};
-  work.to_sum = 2;
-  work.count = a.size();
-  work.divisor = 4;
-  work.wire = DType::kBFloat16;
-  const absl::Status s = backends[0]->AllreduceAverage(work);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("float64"));
-  // Nothing was sent: both nodes still work together.
-  CheckSixteenBitWire(backends, {1, 1}, 300001, DType::kBFloat16);
-}
-
 TEST_F(GlooBackendTest, AllreduceAverageRejectsBadWork) {
   auto backends = Connect(2);
   std::vector<float> a(1 << 20), b(1 << 20);
@@ -347,8 +330,17 @@ TEST_F(GlooBackendTest, AllreduceAverageRejectsBadWork) {
   work.divisor = 0;
   EXPECT_EQ(backends[0]->AllreduceAverage(work).code(),
             absl::StatusCode::kInvalidArgument);
+  // A 16-bit wire carries float32 buckets only.
+  work.divisor = 4;
+  work.dtype = DType::kFloat64;
+  work.count = a.size() / 2;
+  work.wire = DType::kBFloat16;
+  const absl::Status s = backends[0]->AllreduceAverage(work);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("float64"));
   // Nothing was sent: both nodes still work together.
   CheckAverage<float>(backends, {2, 2}, 1 << 18, DType::kFloat32, false);
+  CheckSixteenBitWire(backends, {1, 1}, 300001, DType::kBFloat16);
 }
 
 TEST_F(GlooBackendTest, RejectsNonWireDType) {
