@@ -118,7 +118,8 @@ ABSL_FLAG(int64_t, matrix_cols, 0,
           "vector");
 ABSL_FLAG(double, tolerance, 1e-6,
           "Relative error allowed in the checked average (raise it for lossy "
-          "comm hooks such as PowerSGD)");
+          "comm hooks such as PowerSGD; with --matrix_cols, relative to the "
+          "largest element of the expected matrix)");
 // Internal: how the bench runs its trainer processes.
 ABSL_FLAG(int, worker, -1, "(internal) run as trainer process of this rank");
 ABSL_FLAG(std::string, barrier, "", "(internal) per-iteration barrier file");
@@ -247,10 +248,13 @@ float Pattern(size_t row, size_t col) {
   return v;
 }
 
+// Relative to max(|want|, floor): floor 1 for a constant gradient; for a
+// pattern, the largest |value| of the expected matrix, since a low-rank
+// reconstruction's rounding is that of the matrix's scale (a zero of the
+// pattern comes back as the rounding of sums of its large terms).
 absl::Status CheckValue(float got, float want, uint64_t size, int iteration,
-                        size_t index, double tolerance) {
-  // Relative, with 1 as the smallest scale (the pattern has zeros).
-  if (std::fabs(got - want) <= tolerance * std::max(1.0f, std::fabs(want))) {
+                        size_t index, double tolerance, float floor = 1.0f) {
+  if (std::fabs(got - want) <= tolerance * std::max(floor, std::fabs(want))) {
     return absl::OkStatus();
   }
   return absl::InternalError(absl::StrFormat(
@@ -322,6 +326,8 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
     for (size_t k = 0; k < numel; ++k) pattern[k] = Pattern(k / cols, k % cols);
   }
   auto scale = [&](size_t k) { return pattern.empty() ? 1.0f : pattern[k]; };
+  float pattern_max = 1.0f;
+  for (float v : pattern) pattern_max = std::max(pattern_max, std::fabs(v));
   std::vector<Stamp> stamps;
   stamps.reserve(s.iters);
   const int total = s.warmup + s.iters;
@@ -353,13 +359,13 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
           CheckValue(back[numel - 1], want, size, i, numel - 1, s.tolerance));
     } else if (i + 1 < total) {
       for (size_t k : {size_t{0}, numel / 2, numel - 1}) {
-        RETURN_IF_ERROR(
-            CheckValue(grad[k], want * scale(k), size, i, k, s.tolerance));
+        RETURN_IF_ERROR(CheckValue(grad[k], want * scale(k), size, i, k,
+                                   s.tolerance, std::fabs(want) * pattern_max));
       }
     } else {
       for (size_t k = 0; k < numel; ++k) {
-        RETURN_IF_ERROR(
-            CheckValue(grad[k], want * scale(k), size, i, k, s.tolerance));
+        RETURN_IF_ERROR(CheckValue(grad[k], want * scale(k), size, i, k,
+                                   s.tolerance, std::fabs(want) * pattern_max));
       }
     }
   }

@@ -60,21 +60,26 @@ void Split(ThreadPool* pool, size_t n, size_t work,
 //
 // The bucket is read and written in three passes, each a single sweep over
 // M (a bucket of float32 is far larger than the caches):
-//   1. M = sum of the local gradients (+ the node's error), row by row, and
-//      P = M Q from each row while it is still in L1;
+//   1. M = sum of the local gradients (+ the node's error, after last
+//      iteration's deferred update), row by row, and P = M Q from each row
+//      while it is still in L1;
 //   2. Q = M^T P, over blocks of columns (the accumulators stay in L1);
 //   3. the result P Q^T, row by row, straight into every local rank's
-//      bucket, with the error update in the same sweep.
-// Products are accumulated in double: a product of two floats is exact in
-// double, so fused multiply-adds and vector widths change nothing, and the
-// sums run in a fixed order -- the results do not depend on the pool's
-// split or the CPU. Q is used transposed (rank x cols, `qt`) so every inner
-// loop runs over contiguous memory and vectorises.
+//      bucket.
+// Arithmetic is float32, as torch's matmuls, with every multiply-add an
+// explicit fused one (std::fma, correctly rounded) and every sum in a fixed
+// order: kLanes partial sums per dot product, whatever the vector width,
+// and no other contraction or reassociation. So the results are the same
+// to the bit on every CPU and for every split across the pool -- the nodes
+// of a job must compute the same result from the same P and Q. (These
+// kernels were double precision, which converts every element twice;
+// float32 with FMA does the same sweeps in a third of the time.)
 
 // Each kernel is compiled for baseline x86-64 and for x86-64-v3 (AVX2 +
 // FMA) and v4 (AVX-512), picked by the loader on the CPU that runs it
 // (GCC's target_clones); the binaries still run on any x86-64. The vector
-// widths change no result (see above).
+// widths change no result (see above); on CPUs older than x86-64-v3 (no
+// FMA instruction) std::fma is libm's, correct but slow.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GRADD_CPU_CLONES \
   __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
@@ -82,7 +87,7 @@ void Split(ThreadPool* pool, size_t n, size_t work,
 #define GRADD_CPU_CLONES
 #endif
 
-constexpr size_t kLanes = 8;          // partial sums per column of a dot
+constexpr size_t kLanes = 16;         // partial sums per column of a dot
 constexpr size_t kColumnBlock = 512;  // pass 2: columns per accumulator
 constexpr size_t kSumBlock = 2048;    // pass 1: elements per rank sweep
 
@@ -104,78 +109,178 @@ GRADD_CPU_CLONES void SumInto(float* m, const float* const* g, int n,
 }
 
 constexpr size_t kRankBlock = 4;  // columns of P / Q per sweep
+// Rows of M per sweep of Q: each element of Q loaded from L2 once for
+// this many rows (Q^T of a 4096-column matrix at rank 4 is 64 KiB, more
+// than L1). Every row's sums are the same whatever the blocking.
+constexpr size_t kRowBlock = 4;
 
-// p[k] = sum over j of row[j] q[k][j] for KN columns of Q at once: KN x
-// kLanes independent partial sums, so the sweep is not bound by the
-// latency of one chain of additions.
-template <size_t KN>
-inline __attribute__((always_inline)) void DotBlock(const float* row,
-                                                    const float* qt,
-                                                    size_t cols, float* p) {
-  double lanes[KN][kLanes] = {};
+// p[r][k] = sum over j of m[r][j] q[k][j], r < R, k < KN (rows of m
+// `stride` apart, p's rows `prank` apart): R x KN x kLanes independent
+// partial sums (element j goes to lane j % kLanes), so the sweep is not
+// bound by the latency of one chain of additions; the lanes are then
+// added in order.
+template <size_t R, size_t KN>
+inline __attribute__((always_inline)) void DotRows(const float* m,
+                                                   size_t stride,
+                                                   const float* qt, size_t cols,
+                                                   float* p, size_t prank) {
+  float lanes[R][KN][kLanes] = {};
   const size_t whole = cols / kLanes * kLanes;
   for (size_t j = 0; j < whole; j += kLanes) {
-    for (size_t k = 0; k < KN; ++k) {
-      const float* q = qt + k * cols + j;
-      for (size_t l = 0; l < kLanes; ++l) {
-        lanes[k][l] += static_cast<double>(row[j + l]) * q[l];
+    for (size_t r = 0; r < R; ++r) {
+      const float* row = m + r * stride + j;
+      for (size_t k = 0; k < KN; ++k) {
+        const float* q = qt + k * cols + j;
+        for (size_t l = 0; l < kLanes; ++l) {
+          lanes[r][k][l] = std::fma(row[l], q[l], lanes[r][k][l]);
+        }
       }
     }
   }
   for (size_t j = whole; j < cols; ++j) {
-    for (size_t k = 0; k < KN; ++k) {
-      lanes[k][j - whole] += static_cast<double>(row[j]) * qt[k * cols + j];
+    for (size_t r = 0; r < R; ++r) {
+      for (size_t k = 0; k < KN; ++k) {
+        lanes[r][k][j - whole] = std::fma(m[r * stride + j], qt[k * cols + j],
+                                          lanes[r][k][j - whole]);
+      }
     }
   }
-  for (size_t k = 0; k < KN; ++k) {
-    double s = 0;
-    for (size_t l = 0; l < kLanes; ++l) s += lanes[k][l];
-    p[k] = static_cast<float>(s);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t k = 0; k < KN; ++k) {
+      float s = 0;
+      for (size_t l = 0; l < kLanes; ++l) s += lanes[r][k][l];
+      p[r * prank + k] = s;
+    }
   }
 }
 
-// p[k] = sum over j of row[j] qt[k][j], k < rank.
-GRADD_CPU_CLONES void RowTimesQ(const float* row, const float* qt, size_t cols,
-                                size_t rank, float* p) {
+// p[r][k] = sum over j of m[r][j] qt[k][j], r < R, k < rank: R
+// consecutive rows of a row-major matrix and their rows of P.
+template <size_t R>
+inline __attribute__((always_inline)) void RowsTimesQ(const float* m,
+                                                      const float* qt,
+                                                      size_t cols, size_t rank,
+                                                      float* p) {
   size_t k = 0;
   for (; k + kRankBlock <= rank; k += kRankBlock) {
-    DotBlock<kRankBlock>(row, qt + k * cols, cols, p + k);
+    DotRows<R, kRankBlock>(m, cols, qt + k * cols, cols, p + k, rank);
   }
-  for (; k < rank; ++k) DotBlock<1>(row, qt + k * cols, cols, p + k);
+  for (; k < rank; ++k)
+    DotRows<R, 1>(m, cols, qt + k * cols, cols, p + k, rank);
 }
 
-// acc[k][j] += sum over rows i of m[i][b + j] p[i][k0 + k], k < KN, j < w:
-// four rows per update of an accumulator, added in row order (the same
-// sums as one row at a time), each element of M converted once for all KN
-// columns.
+// out[r][j] = sum over k of p[r][k] qt[k][j], r < R, j < cols (out's rows
+// `stride` apart), the terms added in order of k; four columns of Q per
+// sweep, over blocks of columns whose sums stay in L1.
+template <size_t R>
+inline __attribute__((always_inline)) void RowsApproximation(
+    const float* p, const float* qt, size_t cols, size_t rank, float* out,
+    size_t stride) {
+  constexpr size_t kBlock = 128;
+  float acc[R][kBlock];
+  for (size_t b = 0; b < cols; b += kBlock) {
+    const size_t w = std::min(kBlock, cols - b);
+    for (size_t r = 0; r < R; ++r) std::fill(acc[r], acc[r] + w, 0.0f);
+    size_t k = 0;
+    for (; k + 4 <= rank; k += 4) {
+      float pr[R][4];
+      for (size_t r = 0; r < R; ++r) {
+        for (size_t t = 0; t < 4; ++t) pr[r][t] = p[r * rank + k + t];
+      }
+      const float* q0 = qt + k * cols + b;
+      const float* q1 = q0 + cols;
+      const float* q2 = q1 + cols;
+      const float* q3 = q2 + cols;
+      for (size_t j = 0; j < w; ++j) {
+        const float x0 = q0[j], x1 = q1[j], x2 = q2[j], x3 = q3[j];
+        for (size_t r = 0; r < R; ++r) {
+          acc[r][j] = std::fma(
+              pr[r][3], x3,
+              std::fma(
+                  pr[r][2], x2,
+                  std::fma(pr[r][1], x1, std::fma(pr[r][0], x0, acc[r][j]))));
+        }
+      }
+    }
+    for (; k < rank; ++k) {
+      const float* qk = qt + k * cols + b;
+      for (size_t r = 0; r < R; ++r) {
+        const float pk = p[r * rank + k];
+        for (size_t j = 0; j < w; ++j)
+          acc[r][j] = std::fma(pk, qk[j], acc[r][j]);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) {
+      std::copy(acc[r], acc[r] + w, out + r * stride + b);
+    }
+  }
+}
+
+// The kernels for `rows` (1 to kRowBlock) consecutive rows at once, one
+// clone set each.
+GRADD_CPU_CLONES void BlockTimesQ(const float* m, size_t rows, const float* qt,
+                                  size_t cols, size_t rank, float* p) {
+  switch (rows) {
+    case 4:
+      return RowsTimesQ<4>(m, qt, cols, rank, p);
+    case 3:
+      return RowsTimesQ<3>(m, qt, cols, rank, p);
+    case 2:
+      return RowsTimesQ<2>(m, qt, cols, rank, p);
+    default:
+      return RowsTimesQ<1>(m, qt, cols, rank, p);
+  }
+}
+
+GRADD_CPU_CLONES void BlockApproximation(const float* p, size_t rows,
+                                         const float* qt, size_t cols,
+                                         size_t rank, float* out) {
+  switch (rows) {
+    case 4:
+      return RowsApproximation<4>(p, qt, cols, rank, out, cols);
+    case 3:
+      return RowsApproximation<3>(p, qt, cols, rank, out, cols);
+    case 2:
+      return RowsApproximation<2>(p, qt, cols, rank, out, cols);
+    default:
+      return RowsApproximation<1>(p, qt, cols, rank, out, cols);
+  }
+}
+
+// acc[k][j] += sum over rows i of m[i][b + j] p[i][k0 + k], k < KN, j < w,
+// added in row order; four rows per load and store of an accumulator.
 template <size_t KN>
 inline __attribute__((always_inline)) void AccumulateColumns(
-    const float* m, const float* p, size_t rows, size_t cols, size_t rank,
-    size_t k0, size_t b, size_t w, double* acc) {
+    const float* __restrict m, const float* __restrict p, size_t rows,
+    size_t cols, size_t rank, size_t k0, size_t b, size_t w,
+    float* __restrict acc) {
   size_t i = 0;
   for (; i + 4 <= rows; i += 4) {
     const float* r0 = m + i * cols + b;
     const float* r1 = r0 + cols;
     const float* r2 = r1 + cols;
     const float* r3 = r2 + cols;
-    double pk[4][KN];
+    float pk[4][KN];
     for (size_t t = 0; t < 4; ++t) {
       for (size_t k = 0; k < KN; ++k) pk[t][k] = p[(i + t) * rank + k0 + k];
     }
     for (size_t j = 0; j < w; ++j) {
-      const double x0 = r0[j], x1 = r1[j], x2 = r2[j], x3 = r3[j];
+      const float x0 = r0[j], x1 = r1[j], x2 = r2[j], x3 = r3[j];
       for (size_t k = 0; k < KN; ++k) {
-        double* a = acc + k * w + j;
-        *a = *a + x0 * pk[0][k] + x1 * pk[1][k] + x2 * pk[2][k] + x3 * pk[3][k];
+        float* a = acc + k * w + j;
+        *a = std::fma(
+            x3, pk[3][k],
+            std::fma(x2, pk[2][k],
+                     std::fma(x1, pk[1][k], std::fma(x0, pk[0][k], *a))));
       }
     }
   }
   for (; i < rows; ++i) {
     const float* row = m + i * cols + b;
     for (size_t k = 0; k < KN; ++k) {
-      const double pk = p[i * rank + k0 + k];
-      double* a = acc + k * w;
-      for (size_t j = 0; j < w; ++j) a[j] += row[j] * pk;
+      const float pk = p[i * rank + k0 + k];
+      float* a = acc + k * w;
+      for (size_t j = 0; j < w; ++j) a[j] = std::fma(row[j], pk, a[j]);
     }
   }
 }
@@ -185,11 +290,11 @@ inline __attribute__((always_inline)) void AccumulateColumns(
 GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
                                        size_t rows, size_t cols, size_t rank,
                                        size_t begin, size_t end,
-                                       std::vector<double>& acc) {
+                                       std::vector<float>& acc) {
   for (size_t b = begin; b < end; b += kColumnBlock) {
     const size_t e = std::min(end, b + kColumnBlock);
     const size_t w = e - b;
-    acc.assign(rank * w, 0.0);
+    acc.assign(rank * w, 0.0f);
     size_t k = 0;
     for (; k + kRankBlock <= rank; k += kRankBlock) {
       AccumulateColumns<kRankBlock>(m, p, rows, cols, rank, k, b, w,
@@ -199,39 +304,8 @@ GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
       AccumulateColumns<1>(m, p, rows, cols, rank, k, b, w, acc.data() + k * w);
     }
     for (size_t k2 = 0; k2 < rank; ++k2) {
-      for (size_t j = 0; j < w; ++j) {
-        q[(b + j) * rank + k2] = static_cast<float>(acc[k2 * w + j]);
-      }
+      for (size_t j = 0; j < w; ++j) q[(b + j) * rank + k2] = acc[k2 * w + j];
     }
-  }
-}
-
-// out[j] = sum over k of p[k] qt[k][j], j < cols, the terms added in order
-// of k; four columns of Q per sweep.
-GRADD_CPU_CLONES void RowApproximation(const float* p, const float* qt,
-                                       size_t cols, size_t rank, float* out) {
-  constexpr size_t kBlock = 256;
-  double acc[kBlock];
-  for (size_t b = 0; b < cols; b += kBlock) {
-    const size_t w = std::min(kBlock, cols - b);
-    for (size_t j = 0; j < w; ++j) acc[j] = 0.0;
-    size_t k = 0;
-    for (; k + 4 <= rank; k += 4) {
-      const double p0 = p[k], p1 = p[k + 1], p2 = p[k + 2], p3 = p[k + 3];
-      const float* q0 = qt + k * cols + b;
-      const float* q1 = q0 + cols;
-      const float* q2 = q1 + cols;
-      const float* q3 = q2 + cols;
-      for (size_t j = 0; j < w; ++j) {
-        acc[j] = acc[j] + p0 * q0[j] + p1 * q1[j] + p2 * q2[j] + p3 * q3[j];
-      }
-    }
-    for (; k < rank; ++k) {
-      const double pk = p[k];
-      const float* qk = qt + k * cols + b;
-      for (size_t j = 0; j < w; ++j) acc[j] += pk * qk[j];
-    }
-    for (size_t j = 0; j < w; ++j) out[b + j] = static_cast<float>(acc[j]);
   }
 }
 
@@ -261,8 +335,15 @@ GRADD_CPU_CLONES void WriteResult(const float* v, size_t at, size_t len,
   if (error != nullptr) {
     const float nf = static_cast<float>(n);
     float* e = error + at;
-    for (size_t j = 0; j < len; ++j) e[j] -= nf * v[j];
+    for (size_t j = 0; j < len; ++j) e[j] = std::fma(-nf, v[j], e[j]);
   }
+}
+
+// m[j] -= nf * v[j], j < len: last iteration's result taken out of its M,
+// which leaves the node's error (the update WriteResult defers).
+GRADD_CPU_CLONES void SubtractResult(float* m, const float* v, size_t len,
+                                     float nf) {
+  for (size_t j = 0; j < len; ++j) m[j] = std::fma(-nf, v[j], m[j]);
 }
 
 // Orders the streaming stores of WriteResult before whatever publishes the
@@ -460,9 +541,19 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   // errors (= M - n * result) instead of one error per rank -- the same
   // values, a third of the memory traffic. With error feedback M is kept
   // in E's memory; without it in scratch.
+  //
+  // The error of the compressed matrices is updated one iteration late:
+  // pass 3 leaves this iteration's M in E's memory and keeps P and Q^T, and
+  // the next pass 1 subtracts n * P Q^T row by row -- the same operations
+  // on the same values as subtracting it in pass 3, so the same E to the
+  // bit, but pass 3 then only writes the ranks' buckets (it reads no M and
+  // writes no E: a fifth of the bytes the hook moves, on a 2-rank node).
   float* m;
   if (error_feedback_) {
-    if (st.error.size() != len) st.error.assign(len, 0.0f);
+    if (st.error.size() != len) {
+      st.error.assign(len, 0.0f);
+      st.deferred = false;
+    }
     m = st.error.data();
   } else {
     m_sum_.resize(len);
@@ -520,17 +611,30 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
     Transpose(st.q.data() + mat.q_offset, mat.cols, mat.rank,
               qt_.data() + mat.q_offset);
   }
-  // Pass 1: M row by row, and P = M Q (summed over every rank below).
+  // Pass 1: M row by row (after last iteration's deferred error update),
+  // and P = M Q (summed over every rank below).
+  const bool deferred = st.deferred;
+  st.deferred = false;  // from here on E's memory holds the new M
+  const float prev_n = static_cast<float>(st.deferred_ranks);
   for (const Matrix& mat : layout.matrices) {
-    Split(pool_, mat.rows, mat.rows * mat.cols * (mat.rank + n),
-          [&](size_t b, size_t e) {
-            for (size_t i = b; i < e; ++i) {
-              const size_t at = mat.offset + i * mat.cols;
-              sum_range(at, at + mat.cols);
-              RowTimesQ(m + at, qt_.data() + mat.q_offset, mat.cols, mat.rank,
-                        st.p.data() + mat.p_offset + i * mat.rank);
+    const size_t terms = (deferred ? 2 * mat.rank : mat.rank) + n;
+    Split(
+        pool_, mat.rows, mat.rows * mat.cols * terms, [&](size_t b, size_t e) {
+          std::vector<float> rows(deferred ? kRowBlock * mat.cols : 0);
+          for (size_t i = b; i < e; i += kRowBlock) {
+            const size_t r = std::min(kRowBlock, e - i);
+            const size_t at = mat.offset + i * mat.cols;
+            if (deferred) {
+              BlockApproximation(st.prev_p.data() + mat.p_offset + i * mat.rank,
+                                 r, st.prev_qt.data() + mat.q_offset, mat.cols,
+                                 mat.rank, rows.data());
+              SubtractResult(m + at, rows.data(), r * mat.cols, prev_n);
             }
-          });
+            sum_range(at, at + r * mat.cols);
+            BlockTimesQ(m + at, r, qt_.data() + mat.q_offset, mat.cols,
+                        mat.rank, st.p.data() + mat.p_offset + i * mat.rank);
+          }
+        });
   }
   if (absl::Status s =
           net.AllreduceSum(st.p.data(), layout.p_size, DType::kFloat32);
@@ -544,7 +648,7 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
   for (const Matrix& mat : layout.matrices) {
     Split(pool_, mat.cols, mat.rows * mat.cols * mat.rank,
           [&](size_t b, size_t e) {
-            std::vector<double> acc;
+            std::vector<float> acc;
             TransposedTimesP(m + mat.offset, st.p.data() + mat.p_offset,
                              st.q.data() + mat.q_offset, mat.rows, mat.cols,
                              mat.rank, b, e, acc);
@@ -564,16 +668,25 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
               qt_.data() + mat.q_offset);
     Split(pool_, mat.rows, mat.rows * mat.cols * (mat.rank + n),
           [&](size_t b, size_t e) {
-            std::vector<float> row(mat.cols);
-            for (size_t i = b; i < e; ++i) {
-              RowApproximation(st.p.data() + mat.p_offset + i * mat.rank,
-                               qt_.data() + mat.q_offset, mat.cols, mat.rank,
-                               row.data());
-              WriteResult(row.data(), mat.offset + i * mat.cols, mat.cols,
-                          grads.data(), n, count, error, stream);
+            std::vector<float> rows(kRowBlock * mat.cols);
+            for (size_t i = b; i < e; i += kRowBlock) {
+              const size_t r = std::min(kRowBlock, e - i);
+              BlockApproximation(st.p.data() + mat.p_offset + i * mat.rank, r,
+                                 qt_.data() + mat.q_offset, mat.cols, mat.rank,
+                                 rows.data());
+              // The error update is deferred to the next pass 1 (above).
+              WriteResult(rows.data(), mat.offset + i * mat.cols, r * mat.cols,
+                          grads.data(), n, count,
+                          /*error=*/nullptr, stream);
             }
             if (stream) FenceStreamingStores();  // on the thread that wrote
           });
+  }
+  if (error_feedback_) {
+    st.prev_p = st.p;
+    st.prev_qt = qt_;
+    st.deferred_ranks = n;
+    st.deferred = true;
   }
   st.has_memory = warm_start_;
   return absl::OkStatus();

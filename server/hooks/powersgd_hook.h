@@ -31,10 +31,14 @@
 //   allreducing across nodes gives torch's sums over all ranks; and since
 //   every rank gets the same result, the node needs only the sum E of its
 //   ranks' errors, never each e_r (a third of the memory traffic of
-//   keeping them apart). The bucket is read three times (powersgd_hook.cc).
+//   keeping them apart). The bucket is read three times (powersgd_hook.cc),
+//   and the error of the compressed matrices is updated one iteration
+//   late (the next pass 1 subtracts the kept P Q^T: the same E, without
+//   reading M again after the result).
 //
-// Differences from torch within rounding only: float32 products are
-// accumulated in double here (torch: its BLAS); for rank > 2 torch
+// Differences from torch within rounding only: products are float32 fused
+// multiply-adds summed in a fixed order (torch: its BLAS), so every CPU
+// computes the same bits; for rank > 2 torch
 // orthogonalises by QR, which may flip column signs of P and Q -- the
 // result P Q^T is the same -- and ignores epsilon. Buckets must be
 // float32 (MakePowerSgdHook says otherwise). Thread-compatible
@@ -109,6 +113,14 @@ class PowerSgdHook final : public CommHookInterface {
     std::vector<float> p;
     std::vector<float> q;
     bool has_memory = false;  // warm start: q holds last iteration's Q
+    // Error feedback, deferred (powersgd_hook.cc, Run): `error` holds the
+    // last M of the compressed matrices; their error is that M minus
+    // deferred_ranks * prev_p prev_qt (P, and Q^T divided by the world
+    // size, as the result was computed).
+    bool deferred = false;
+    int deferred_ranks = 0;
+    std::vector<float> prev_p;
+    std::vector<float> prev_qt;
   };
 
   absl::Status Vanilla(const CommHookWork& work,

@@ -427,7 +427,7 @@ TEST(PowerSgdHookTest, TwoNodesMatchOneNodeWithEveryRank) {
 
 // Large products are split across the reduce pool: same values.
 TEST(PowerSgdHookTest, PoolSplitGivesTheSameResult) {
-  std::vector<ParamInfo> params = {{"w", {700, 400}, DType::kFloat32}};
+  std::vector<ParamInfo> params = {{"w", {701, 400}, DType::kFloat32}};
   BucketPlan plan;
   Bucket b;
   b.dtype = DType::kFloat32;
