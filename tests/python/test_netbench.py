@@ -81,6 +81,28 @@ def test_cluster_is_built_shaped_connected_and_removed():
             host = subprocess.run(["tc", "qdisc", "show", "dev", f"gnb{run_id}v{k}"],
                                   capture_output=True, text=True, check=True, env=_ENV).stdout
             assert "tbf" in host and "200Mbit" in host, host
+        # Each node's processes run in its namespace, on its share of the CPUs.
+        assert len(info["cpus"]) == 3
+        for k, cpus in enumerate(info["cpus"]):
+            prefix = info["node_exec"].replace("{node}", str(k)).split()
+            got = subprocess.run(
+                prefix + [sys.executable, "-c",
+                          "import os, subprocess; print(sorted(os.sched_getaffinity(0))); "
+                          "print(subprocess.run(['ip', '-o', '-4', 'addr', 'show', 'eth0'], "
+                          "capture_output=True, text=True).stdout)"],
+                capture_output=True, text=True, timeout=30, env=_ENV)
+            assert got.returncode == 0, got.stderr
+            lines = got.stdout.splitlines()
+            assert lines[0] == str(sorted(int(c) for c in cpus.split(","))), (k, got.stdout)
+            assert f"198.18.0.{k + 1}/24" in got.stdout, (k, got.stdout)
+        # Shares of this process's CPUs, in node order.
+        shares = [[int(c) for c in cs.split(",")] for cs in info["cpus"]]
+        assert all(set(sh) <= os.sched_getaffinity(0) for sh in shares)
+        assert all(a[-1] <= b[0] for a, b in zip(shares, shares[1:])), shares
+        bad = subprocess.run(info["node_exec"].replace("{node}", "7").split() + ["true"],
+                             capture_output=True, text=True, env=_ENV)
+        assert bad.returncode == 2 and "no node 7" in bad.stderr
+        exec_dir = os.path.dirname(info["node_exec"].split()[0])
         # TCP from node 0 to node 2 across the bridge.
         server = subprocess.Popen(
             ["ip", "netns", "exec", info["namespaces"][2], sys.executable, "-c",
@@ -107,6 +129,7 @@ def test_cluster_is_built_shaped_connected_and_removed():
                        capture_output=True, env=_ENV)
     assert proc.returncode == 130
     assert _existing(run_id) == []
+    assert not os.path.exists(exec_dir)
 
 
 def test_normal_exit_removes_everything():
