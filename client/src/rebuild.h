@@ -4,7 +4,7 @@
 //     ^          WaitAll(): EndIteration() keeps it as last()      |
 //     +------------------------------------------------------------+
 //   RebuildBuckets(): RebuildBuckets RPC with last() (blocks until every
-//     rank asked) -> new plan checked (plan_views.h) -> MoveGradients from
+//     rank asked) -> new plan checked (plan_views.h) -> MoveToPlan from
 //     the old places to the new ones -> new views; recording stops.
 //
 // DDP records the order in its autograd hook (push_rebuilt_params) only
@@ -17,7 +17,11 @@
 // The old and new places share the rank's bucket memory and overlap, so
 // MoveGradients goes through a staging copy of every gradient (transient
 // memory = the gradients' size, as DDP allocates its new buckets before
-// dropping the old ones).
+// dropping the old ones). CUDA buckets: the new plan lies in the same
+// device memory (the daemon sized it for any plan); their gradients move
+// through a host snapshot by DeviceClient::MoveGradients, which waits for
+// the GPU first (device_client.h), as torch's DDP rebuilds CUDA buckets
+// exactly as CPU ones.
 #ifndef GRADD_CLIENT_SRC_REBUILD_H_
 #define GRADD_CLIENT_SRC_REBUILD_H_
 
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/src/device_client.h"
 #include "client/src/plan_views.h"
 #include "gradd/v1/node.grpc.pb.h"
 
@@ -84,6 +89,9 @@ struct RebuildCall {
   const std::vector<size_t>* bytes = nullptr;
   char* base = nullptr;
   uint64_t region_bytes = 0;
+  // CUDA buckets: this process's mapping of the rank's device memory.
+  char* device_base = nullptr;
+  uint64_t device_bytes = 0;
 };
 // The RPC (blocks until every rank asked, bounded by `timeout`) and the
 // checked new plan. Errors: the daemon's, prefixed with `who`; INTERNAL
@@ -95,6 +103,26 @@ absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
 // the ranges may overlap each other arbitrarily.
 void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,
                    const std::vector<size_t>& bytes);
+
+// Where the gradients are before the rebuild: by parameter, its address
+// and whether its bucket is a CUDA one; the CUDA buckets of the plan.
+struct GradientPlaces {
+  std::vector<char*> data;
+  std::vector<bool> on_device;
+  std::vector<int> device_buckets;
+};
+// Moves every gradient (bytes[i] bytes of parameter i) from `now` to its
+// place in `next`: host ones with MoveGradients, CUDA ones through
+// `device` (null when the job has none) inside [device_base,
+// device_base + device_bytes). INTERNAL, prefixed with `who`, when `next`
+// puts a gradient on the other side of the host/device line or outside
+// the device memory; the device's errors otherwise. Nothing is moved
+// unless the plan is consistent.
+[[nodiscard]] absl::Status MoveToPlan(const GradientPlaces& now,
+                                      const PlanViews& next,
+                                      const std::vector<size_t>& bytes,
+                                      DeviceClient* device,
+                                      const std::string& who);
 
 }  // namespace gradd
 
