@@ -49,6 +49,7 @@
 #include "client/src/device_client.h"
 #include "client/src/join_client.h"
 #include "client/src/launcher_env.h"
+#include "client/src/plan_move.h"
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
 #include "common/control_block.h"

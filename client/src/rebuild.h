@@ -4,8 +4,9 @@
 //     ^          WaitAll(): EndIteration() keeps it as last()      |
 //     +------------------------------------------------------------+
 //   RebuildBuckets(): RebuildBuckets RPC with last() (blocks until every
-//     rank asked) -> new plan checked (plan_views.h) -> MoveToPlan from
-//     the old places to the new ones -> new views; recording stops.
+//     rank asked) -> new plan checked (plan_views.h) -> MoveToPlan
+//     (plan_move.h) from the old places to the new ones -> new views;
+//     recording stops.
 //
 // DDP records the order in its autograd hook (push_rebuilt_params) only
 // for iterations that sync; gradd records what MarkReady sees, which is
@@ -15,9 +16,9 @@
 // rebuilds pays nothing after them.
 //
 // The old and new places share the rank's bucket memory and overlap, so
-// MoveGradients goes through a staging copy of every gradient (transient
-// memory = the gradients' size, as DDP allocates its new buckets before
-// dropping the old ones). CUDA buckets: the new plan lies in the same
+// MoveGradients (plan_move.h) goes through a staging copy of every gradient
+// (transient memory = the gradients' size, as DDP allocates its new buckets
+// before dropping the old ones). CUDA buckets: the new plan lies in the same
 // device memory (the daemon sized it for any plan); their gradients move
 // through a host snapshot by DeviceClient::MoveGradients, which waits for
 // the GPU first (device_client.h), as torch's DDP rebuilds CUDA buckets
@@ -34,7 +35,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/src/device_client.h"
 #include "client/src/plan_views.h"
 #include "gradd/v1/node.grpc.pb.h"
 
@@ -98,31 +98,6 @@ struct RebuildCall {
 // for a plan that does not fit.
 absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
                                          const RebuildCall& call);
-
-// Copies bytes[i] bytes of parameter i from from[i] to to[i] for every i;
-// the ranges may overlap each other arbitrarily.
-void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,
-                   const std::vector<size_t>& bytes);
-
-// Where the gradients are before the rebuild: by parameter, its address
-// and whether its bucket is a CUDA one; the CUDA buckets of the plan.
-struct GradientPlaces {
-  std::vector<char*> data;
-  std::vector<bool> on_device;
-  std::vector<int> device_buckets;
-};
-// Moves every gradient (bytes[i] bytes of parameter i) from `now` to its
-// place in `next`: host ones with MoveGradients, CUDA ones through
-// `device` (null when the job has none) inside [device_base,
-// device_base + device_bytes). INTERNAL, prefixed with `who`, when `next`
-// puts a gradient on the other side of the host/device line or outside
-// the device memory; the device's errors otherwise. Nothing is moved
-// unless the plan is consistent.
-[[nodiscard]] absl::Status MoveToPlan(const GradientPlaces& now,
-                                      const PlanViews& next,
-                                      const std::vector<size_t>& bytes,
-                                      DeviceClient* device,
-                                      const std::string& who);
 
 }  // namespace gradd
 
