@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import rebuild_checks
 from conftest import run_workers
 
 if not torch.cuda.is_available():
@@ -45,17 +46,14 @@ def test_cuda_matches_torch_ddp(daemon, job_id, tmp_path, model, dtype):
 @pytest.mark.parametrize("mode,rebuild_at", [("plain", 1), ("static", 2)])
 @pytest.mark.parametrize("zero_grad", ["zero", "none"])
 def test_cuda_rebuild_matches_torch_ddp(daemon, job_id, tmp_path, mode, rebuild_at, zero_grad):
-    from test_rebuild import STEPS as REBUILD_STEPS
-    from test_rebuild import _check, _results
-
     outs = run_workers(
         "rebuild_worker.py",
         2,
-        [mode, str(tmp_path / "gloo_init"), str(REBUILD_STEPS), zero_grad],
+        [mode, str(tmp_path / "gloo_init"), str(rebuild_checks.STEPS), zero_grad],
         {"GRADD_SOCKET": daemon.socket, "GRADD_JOB": job_id, "GRADD_TEST_DEVICE": "cuda"},
         timeout=300,
     )
-    results = _results(outs)
+    results = rebuild_checks.results(outs)
     for r in results:
         assert r["grads_on_device"], r
-    _check(results, rebuild_at)
+    rebuild_checks.check(results, rebuild_at)
