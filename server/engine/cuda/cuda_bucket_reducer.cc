@@ -455,6 +455,9 @@ void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
   }
   // The new plan's devices are not known here: every bucket in the
   // sequence (CPU ones pass through PassGate, so this only orders more).
+  // Every node does the same, so the sequences still match; and nothing
+  // waits forever: every bucket of iteration i starts before any of
+  // i + 1 is ready (each rank's WaitAll(i) saw all of i done first).
   if (gate_.has_value()) {
     gate_->Replan(first_iteration, std::vector<bool>(num_buckets, true));
   }
