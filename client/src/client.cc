@@ -49,6 +49,7 @@
 #include "client/src/device_client.h"
 #include "client/src/join_client.h"
 #include "client/src/launcher_env.h"
+#include "client/src/plan_move.h"
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
 #include "common/control_block.h"
@@ -652,10 +653,6 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
       recorder_->last().empty()) {
     return false;
   }
-  // Moving gradients between device buckets needs a stream; CUDA jobs keep
-  // their first plan (every rank registered the same devices, so every rank
-  // skips alike).
-  if (device_ != nullptr) return false;
   const uint64_t it = iteration_.load(std::memory_order_relaxed);
   for (int i = 0; i < num_params(); ++i) {
     if (marked_[i].load(std::memory_order_acquire) == it) {
@@ -678,16 +675,29 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
   call.bytes = &bytes_;
   call.base = static_cast<char*>(memory_.data());
   call.region_bytes = bucket_region_bytes_;
+  if (device_ != nullptr) {
+    call.device_base = device_->base();
+    call.device_bytes = device_->size();
+  }
   // Any failure is the job's too (the daemon failed it, or it sent what we
   // cannot use): this client is done.
   absl::StatusOr<PlanViews> views = RequestRebuild(*stub_, call);
   if (!views.ok()) return Fail(views.status());
-  std::vector<char*> old_places(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) old_places[i] = params_[i].data;
+  GradientPlaces now;
+  for (const ParamSlot& p : params_) {
+    now.data.push_back(p.data);
+    now.on_device.push_back(buckets_[p.bucket].device != 0);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].device != 0) now.device_buckets.push_back(b);
+  }
   // Every gradient keeps its contents (the last average, which the trainer
   // may go on accumulating into), as DDP copies grads into its new bucket
-  // views.
-  MoveGradients(old_places, views->data, bytes_);
+  // views; CUDA ones through the device (a host sync, once per job).
+  if (absl::Status s = MoveToPlan(now, *views, bytes_, device_.get(), Who());
+      !s.ok()) {
+    return Fail(std::move(s));
+  }
   UsePlan(*std::move(views));
   rebuilt_ = true;
   recorder_->Stop();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -38,6 +39,24 @@ class FakeDeviceClient final : public DeviceClient {
   size_t size() const override { return mapping_.size(); }
   absl::Status RecordReady(int, void*) override { return absl::OkStatus(); }
   absl::Status WaitDone(int, void*) override { return absl::OkStatus(); }
+  // The fake's "device" is host memory, but it goes through the same
+  // snapshot as the real one, so the tests run the real move logic.
+  absl::Status MoveGradients(const std::vector<RegionMove>& moves,
+                             const std::vector<int>&,
+                             absl::string_view) override {
+    char* base = this->base();
+    return MoveThroughSnapshot(
+        moves,
+        [base](uint64_t offset, uint64_t bytes, void* host) {
+          std::memcpy(host, base + offset, bytes);
+          return absl::OkStatus();
+        },
+        [base](const void* host, uint64_t offset, uint64_t bytes) {
+          std::memcpy(base + offset, host, bytes);
+          return absl::OkStatus();
+        },
+        [] { return absl::OkStatus(); });
+  }
 
  private:
   Mapping mapping_;
@@ -101,6 +120,57 @@ class CudaDeviceClient final : public DeviceClient {
         driver_->cuStreamWaitEvent(static_cast<CUstream>(stream),
                                    done_[bucket].get(), 0),
         absl::StrCat(where, ": cuStreamWaitEvent"));
+  }
+
+  absl::Status MoveGradients(const std::vector<RegionMove>& moves,
+                             const std::vector<int>& done_buckets,
+                             absl::string_view who) override {
+    const std::string where =
+        absl::StrCat(who, " device cuda:", ordinal_, ": bucket rebuild");
+    if (moves.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, ordinal_, where));
+    // 1. The daemon's last reduce into these buckets has finished (its
+    // stream recorded done after writing them).
+    for (int b : done_buckets) {
+      if (b < 0 || static_cast<size_t>(b) >= done_.size()) {
+        return absl::InternalError(
+            absl::StrCat(where, ": no done event for bucket ", b));
+      }
+      RETURN_IF_ERROR(cuda::CuCheck(
+          *driver_, driver_->cuEventSynchronize(done_[b].get()),
+          absl::StrCat(where, ": cuEventSynchronize(done event of bucket ", b,
+                       ")")));
+    }
+    // 2. So has everything this process queued on the device (the
+    // trainer's streams, whichever they are).
+    RETURN_IF_ERROR(cuda::CuCheck(*driver_, driver_->cuCtxSynchronize(),
+                                  absl::StrCat(where, ": cuCtxSynchronize")));
+    // 3. The moves, on a stream of our own; MoveThroughSnapshot syncs it
+    // before reading the snapshot and before freeing it.
+    ASSIGN_OR_RETURN(cuda::CudaStream stream,
+                     cuda::CudaStream::Create(driver_, where));
+    const CUdeviceptr base = memory_.address();
+    const CUstream s = stream.get();
+    return MoveThroughSnapshot(
+        moves,
+        [&](uint64_t offset, uint64_t bytes, void* host) {
+          return cuda::CuCheck(
+              *driver_,
+              driver_->cuMemcpyDtoHAsync(host, base + offset, bytes, s),
+              absl::StrCat(where, ": cuMemcpyDtoHAsync of ", bytes,
+                           " bytes at offset ", offset));
+        },
+        [&](const void* host, uint64_t offset, uint64_t bytes) {
+          return cuda::CuCheck(
+              *driver_,
+              driver_->cuMemcpyHtoDAsync(base + offset, host, bytes, s),
+              absl::StrCat(where, ": cuMemcpyHtoDAsync of ", bytes,
+                           " bytes to offset ", offset));
+        },
+        [&] {
+          return cuda::CuCheck(*driver_, driver_->cuStreamSynchronize(s),
+                               absl::StrCat(where, ": cuStreamSynchronize"));
+        });
   }
 
  private:

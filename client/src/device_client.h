@@ -8,6 +8,8 @@
 //       the client publishes ready_seq and rings (no host sync);
 //   WaitAll sees done_seq[b] ─► WaitDone(b, stream): the stream waits on
 //       done[b], so the optimizer's kernels run after the daemon's reduce.
+//   RebuildBuckets (between iterations) ─► MoveGradients: every gradient
+//       to its place in the new plan, inside the same device memory.
 //
 // Two implementations, chosen by the environment:
 //   real (GRADD_HAVE_CUDA builds with a driver): cuMem import and IPC events
@@ -23,8 +25,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "client/src/region_moves.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 
@@ -47,6 +52,23 @@ class DeviceClient {
   virtual size_t size() const = 0;
   [[nodiscard]] virtual absl::Status RecordReady(int bucket, void* stream) = 0;
   [[nodiscard]] virtual absl::Status WaitDone(int bucket, void* stream) = 0;
+  // A bucket rebuild (client/src/rebuild.h): applies `moves` (offsets in
+  // the device memory, RegionMoves) and returns once they have landed.
+  // First it waits for every GPU operation that may still touch the
+  // gradients: the daemon's reduce of the last iteration (the done events
+  // of `done_buckets`, the old plan's CUDA buckets) and this process's own
+  // work on the device (the optimizer may still be reading gradients, or
+  // zero_grad writing them, on any of the trainer's streams: the whole
+  // context is synchronised, since the rebuild does not know them). The
+  // copies go device -> host snapshot -> device on a stream of the
+  // client's own. The host waits: this runs once per job, between
+  // iterations (after WaitAll, before the next MarkReady), where torch's
+  // DDP also copies its gradients into the new buckets; nothing queued
+  // later can overtake it. Errors (INTERNAL or the driver's) are prefixed
+  // with `who` and name the device.
+  [[nodiscard]] virtual absl::Status MoveGradients(
+      const std::vector<RegionMove>& moves,
+      const std::vector<int>& done_buckets, absl::string_view who) = 0;
 };
 
 }  // namespace gradd

@@ -1,7 +1,6 @@
 #include "client/src/rebuild.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -30,9 +29,9 @@ absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
     return absl::Status(s.code(), absl::StrCat("bucket rebuild (", call.who,
                                                ") failed: ", s.message()));
   }
-  absl::StatusOr<PlanViews> views =
-      MapPlanViews(response.buckets(), *call.names, *call.dtypes, *call.bytes,
-                   call.base, call.region_bytes);
+  absl::StatusOr<PlanViews> views = MapPlanViews(
+      response.buckets(), *call.names, *call.dtypes, *call.bytes, call.base,
+      call.region_bytes, call.device_base, call.device_bytes);
   if (!views.ok() || response.first_iteration() != call.next_iteration) {
     return absl::InternalError(absl::StrCat(
         "gradd sent an inconsistent rebuilt plan (", call.who, "): ",
@@ -63,23 +62,6 @@ void ReadyOrderRecorder::EndIteration() {
   }
   last_ = std::move(order);
   if (++iterations_ == kRecordedIterations) Stop();
-}
-
-void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,
-                   const std::vector<size_t>& bytes) {
-  size_t total = 0;
-  for (size_t b : bytes) total += b;
-  std::vector<char> staging(total);
-  size_t at = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (bytes[i] > 0) std::memcpy(staging.data() + at, from[i], bytes[i]);
-    at += bytes[i];
-  }
-  at = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (bytes[i] > 0) std::memcpy(to[i], staging.data() + at, bytes[i]);
-    at += bytes[i];
-  }
 }
 
 }  // namespace gradd

@@ -4,8 +4,9 @@
 //     ^          WaitAll(): EndIteration() keeps it as last()      |
 //     +------------------------------------------------------------+
 //   RebuildBuckets(): RebuildBuckets RPC with last() (blocks until every
-//     rank asked) -> new plan checked (plan_views.h) -> MoveGradients from
-//     the old places to the new ones -> new views; recording stops.
+//     rank asked) -> new plan checked (plan_views.h) -> MoveToPlan
+//     (plan_move.h) from the old places to the new ones -> new views;
+//     recording stops.
 //
 // DDP records the order in its autograd hook (push_rebuilt_params) only
 // for iterations that sync; gradd records what MarkReady sees, which is
@@ -15,9 +16,13 @@
 // rebuilds pays nothing after them.
 //
 // The old and new places share the rank's bucket memory and overlap, so
-// MoveGradients goes through a staging copy of every gradient (transient
-// memory = the gradients' size, as DDP allocates its new buckets before
-// dropping the old ones).
+// MoveGradients (plan_move.h) goes through a staging copy of every gradient
+// (transient memory = the gradients' size, as DDP allocates its new buckets
+// before dropping the old ones). CUDA buckets: the new plan lies in the same
+// device memory (the daemon sized it for any plan); their gradients move
+// through a host snapshot by DeviceClient::MoveGradients, which waits for
+// the GPU first (device_client.h), as torch's DDP rebuilds CUDA buckets
+// exactly as CPU ones.
 #ifndef GRADD_CLIENT_SRC_REBUILD_H_
 #define GRADD_CLIENT_SRC_REBUILD_H_
 
@@ -84,17 +89,15 @@ struct RebuildCall {
   const std::vector<size_t>* bytes = nullptr;
   char* base = nullptr;
   uint64_t region_bytes = 0;
+  // CUDA buckets: this process's mapping of the rank's device memory.
+  char* device_base = nullptr;
+  uint64_t device_bytes = 0;
 };
 // The RPC (blocks until every rank asked, bounded by `timeout`) and the
 // checked new plan. Errors: the daemon's, prefixed with `who`; INTERNAL
 // for a plan that does not fit.
 absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
                                          const RebuildCall& call);
-
-// Copies bytes[i] bytes of parameter i from from[i] to to[i] for every i;
-// the ranges may overlap each other arbitrarily.
-void MoveGradients(const std::vector<char*>& from, const std::vector<char*>& to,
-                   const std::vector<size_t>& bytes);
 
 }  // namespace gradd
 

@@ -46,13 +46,33 @@ void HostStaging::FreeAll() {
   host_bytes_ = 0;
 }
 
-void HostStaging::Replan() { FreeAll(); }
+absl::Status HostStaging::Replan() {
+  if (!broken_.ok()) return broken_;
+  if (staging_.empty()) return absl::OkStatus();  // nothing was staged
+  const std::string where =
+      absl::StrCat("job '", options_.job_id, "' bucket rebuild");
+  if (absl::Status s =
+          device_->Drain(absl::Now() + options_.copy_timeout, where);
+      !s.ok()) {
+    broken_ = absl::Status(s.code(),
+                           absl::StrCat("host staging unusable after the plan "
+                                        "changed: ",
+                                        s.message()));
+    return broken_;
+  }
+  FreeAll();
+  return absl::OkStatus();
+}
 
 void HostStaging::Start(const BucketWork& work, Completion done) {
   const std::string where =
       absl::StrCat("job '", options_.job_id, "' bucket ", work.bucket,
                    " iteration ", work.iteration);
   auto fail = [&](absl::Status s) { std::move(done)(std::move(s)); };
+  if (!broken_.ok()) {
+    return fail(absl::Status(broken_.code(),
+                             absl::StrCat(where, ": ", broken_.message())));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (stop_) {

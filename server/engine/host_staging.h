@@ -28,9 +28,10 @@
 //
 // Staging buffers are host memory from the device (pinned on CUDA, so the
 // copies are asynchronous), one per bucket and contributing rank, allocated
-// on the bucket's first staged Start and kept (grown when a rebuilt plan
-// has a larger bucket); at most every rank's bucket region, held by the
-// daemon's process (host_bytes()).
+// on the bucket's first staged Start and kept until the plan changes
+// (Replan: freed once the devices have finished the copies back, re-made
+// at the new plan's sizes); at most every rank's bucket region, held by
+// the daemon's process (host_bytes()).
 //
 // Threads: Start and Replan on the engine thread; the staging thread is
 // the only caller of the host reducer's Start made through StartOnHost
@@ -93,6 +94,13 @@ class StagingDeviceInterface {
   // `bucket` done on the devices the copies went to.
   [[nodiscard]] virtual absl::Status CopyToDevice(
       int bucket, absl::Span<const Copy> copies, absl::string_view context) = 0;
+  // Engine thread (a plan switch). Blocks until every copy queued so far
+  // has finished -- the copies back of the last iteration, which nobody
+  // on the host waited for (the trainers' streams wait on the done
+  // events) -- so the buffers they read can be freed. DEADLINE_EXCEEDED
+  // after `deadline`.
+  [[nodiscard]] virtual absl::Status Drain(absl::Time deadline,
+                                           absl::string_view context) = 0;
 };
 
 class HostStaging {
@@ -118,9 +126,13 @@ class HostStaging {
   // Engine thread. `work.rank_buffers` (device addresses) and `work.ranks`
   // stay valid until `done`.
   void Start(const BucketWork& work, Completion done);
-  // Engine thread, no bucket in flight: the plan changed (bucket rebuild);
-  // buffers are re-made at the new sizes on first use.
-  void Replan();
+  // Engine thread, no bucket in flight: the plan changed (bucket rebuild).
+  // Once the devices have drained the copies back (Drain, bounded by
+  // copy_timeout) the buffers are freed and re-made at the new sizes on
+  // first use. When the drain fails the buffers are kept (freed at
+  // destruction, after the owner's streams stopped) and every later Start
+  // fails with that error, which Replan returns too.
+  [[nodiscard]] absl::Status Replan();
   // Completes every queued bucket with CANCELLED and joins the staging
   // thread; later Starts complete with CANCELLED at once. Idempotent.
   void Stop();
@@ -150,6 +162,8 @@ class HostStaging {
   StartOnHost start_on_host_;
   // staging_[bucket][rank]; engine thread (and the destructor).
   std::vector<std::vector<Buffer>> staging_;
+  // A failed Replan: the buffers may still be read by queued copies.
+  absl::Status broken_;  // engine thread
 
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Item>> queue_ ABSL_GUARDED_BY(mu_);

@@ -92,13 +92,19 @@ bool Job::TrySwitchPlan() {
     switch_.reset();
     switch_pending_.store(false, std::memory_order_release);
   }
+  // CUDA buckets: the new plan lies in the same device memory, allocated
+  // for any plan (MaxPlanBytes), so the ranks' mappings stay valid.
   if (next.plan.buckets.size() > layout_.num_buckets() ||
-      next.plan.total_bytes > bucket_region_bytes_) {
-    const std::string message = absl::StrCat(
-        "job '", spec_.job_id, "': the rebuilt plan (",
-        next.plan.buckets.size(), " buckets, ", next.plan.total_bytes,
-        " bytes) does not fit the job's ", layout_.num_buckets(),
-        " bucket slots and ", bucket_region_bytes_, "-byte bucket region");
+      next.plan.total_bytes > bucket_region_bytes_ ||
+      next.plan.device_bytes > device_region_bytes_) {
+    const std::string message =
+        absl::StrCat("job '", spec_.job_id, "': the rebuilt plan (",
+                     next.plan.buckets.size(), " buckets, ",
+                     next.plan.total_bytes, " bytes, ", next.plan.device_bytes,
+                     " bytes of device memory) does not fit the job's ",
+                     layout_.num_buckets(), " bucket slots, ",
+                     bucket_region_bytes_, "-byte bucket region and ",
+                     device_region_bytes_, "-byte device region");
     FailJob(absl::StatusCode::kInternal, message);
     failed_ = true;
     std::move(next.done)(absl::InternalError(message));

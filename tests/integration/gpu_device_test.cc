@@ -69,6 +69,42 @@ TEST_F(GpuDeviceTest, TwoDaemonsOneTrainerEachStageThroughHost) {
   }
 }
 
+// Bucket rebuild after the first iteration, as torch's DDP does on CUDA:
+// the gradients move inside the cuMem memory through the driver
+// (client/src/device_client.h), the fused kernel reduces the new plan's
+// buckets (new sizes, the same event slots), every value checked before
+// and after; then the same across two daemons, staged through host
+// memory (host_staging.h re-makes its buffers for the new plan).
+TEST_F(GpuDeviceTest, TwoTrainersRebuildTheirBuckets) {
+  std::vector<Exit> exits =
+      RunJob("gpu-rebuild", 2,
+             {"--cuda", "true", "--iterations", "30", "--seed", "4242",
+              "--rebuild-after", "1", "--bucket-cap-mb", "0.01",
+              "--first-bucket-cap-mb", "0.002"},
+             milliseconds(120000));
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
+    EXPECT_THAT(exits[r].output,
+                AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=30")));
+  }
+}
+
+TEST_F(GpuDeviceTest, TwoDaemonsRebuildStagedBuckets) {
+  std::vector<std::string> sockets = StartNodeDaemons(2);
+  ASSERT_EQ(sockets.size(), 2u);
+  std::vector<Exit> exits =
+      RunOneTrainerPerNode(sockets, "two-nodes-rebuild",
+                           {"--cuda", "true", "--iterations", "20", "--seed",
+                            "11", "--rebuild-after", "1", "--bucket-cap-mb",
+                            "0.01", "--first-bucket-cap-mb", "0.002"},
+                           milliseconds(120000));
+  for (const Exit& e : exits) {
+    EXPECT_EQ(e.code, 0) << e.output;
+    EXPECT_THAT(e.output,
+                AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=20")));
+  }
+}
+
 TEST_F(GpuDeviceTest, TrainerKilledMidIteration) {
   ExpectKilledTrainerFailsItsJob({"--cuda", "true"}, milliseconds(60000));
 }

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -22,6 +24,25 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kFakeGpu[] = "00112233445566778899aabbccddeeff";
+
+// The text after " key=" up to the next space or end of line.
+std::string Value(const std::string& output, const std::string& key) {
+  const size_t at = output.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size() + 2;
+  const size_t end = output.find_first_of(" \n", begin);
+  return output.substr(begin, end - begin);
+}
+
+std::vector<int> Ints(absl::string_view csv) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
+    int v = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(s, &v)) << s;
+    out.push_back(v);
+  }
+  return out;
+}
 
 class GpuPathTest : public GraddTest {
  protected:
@@ -47,6 +68,63 @@ TEST_F(GpuPathTest, TwoTrainersShareOneGpuEveryValueChecked) {
     EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
     EXPECT_THAT(exits[r].output, HasSubstr("PASS iterations=100"));
   }
+}
+
+// Bucket rebuild of a CUDA job, as torch's DDP rebuilds CUDA buckets after
+// the first iteration: two trainers sharing the GPU, a random ready order
+// (not the registration order), so the plan built from local rank 0's
+// order differs from the first one. Right after the rebuild every rank
+// checks that every gradient still holds iteration 1's average at its new
+// place in the device memory (moved through the device client), then 11
+// more iterations with every value checked.
+TEST_F(GpuPathTest, TwoTrainersRebuildTheirCudaBuckets) {
+  std::vector<Exit> exits =
+      RunJob("gpu-rebuild", 2,
+             {"--cuda", "true", "--iterations", "12", "--seed", "4242",
+              "--rebuild-after", "1", "--bucket-cap-mb", "0.01",
+              "--first-bucket-cap-mb", "0.002"},
+             milliseconds(60000));
+  ASSERT_EQ(exits.size(), 2u);
+  for (size_t r = 0; r < exits.size(); ++r) {
+    ASSERT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
+    EXPECT_THAT(exits[r].output,
+                AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=12")));
+  }
+  const std::string plan = Value(exits[0].output, "plan");
+  const std::string before = Value(exits[0].output, "before");
+  ASSERT_FALSE(plan.empty());
+  EXPECT_EQ(Value(exits[1].output, "plan"), plan);
+  EXPECT_NE(plan, before);
+  // Inside every bucket the parameters follow local rank 0's order.
+  const std::vector<int> order = Ints(Value(exits[0].output, "order"));
+  ASSERT_EQ(order.size(), 24u);
+  std::vector<size_t> position(order.size());
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
+    const std::vector<int> params = Ints(bucket);
+    for (size_t k = 1; k < params.size(); ++k) {
+      EXPECT_LT(position[params[k - 1]], position[params[k]])
+          << "bucket " << bucket << " is not in local rank 0's order";
+    }
+  }
+}
+
+// The large model (buckets of up to ~1 MB, several dtypes) rebuilt: whole
+// buckets change places, the gradients move by large runs.
+TEST_F(GpuPathTest, LargeCudaBucketsRebuild) {
+  std::vector<Exit> exits =
+      RunJob("gpu-rebuild-large", 2,
+             {"--cuda", "true", "--model", "large", "--iterations", "5",
+              "--seed", "9", "--rebuild-after", "1", "--bucket-cap-mb", "1",
+              "--first-bucket-cap-mb", "1"},
+             milliseconds(60000));
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].output;
+    EXPECT_THAT(exits[r].output,
+                AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=5")));
+  }
+  // Seed 9's order puts the float16 bucket before the float64 one.
+  EXPECT_NE(Value(exits[0].output, "plan"), Value(exits[0].output, "before"));
 }
 
 TEST_F(GpuPathTest, AGpuTheDaemonDoesNotHaveIsRefusedAtAttach) {
@@ -110,6 +188,27 @@ TEST_F(GpuPathTest, TwoDaemonsOneTrainerEach) {
     EXPECT_THAT(e.output,
                 AllOf(HasSubstr(" world=2 "), HasSubstr("PASS iterations=50")));
   }
+}
+
+// The rebuild of a multi-node CUDA job: the nodes agree on node rank 0's
+// order and switch together; every value checked before and after.
+TEST_F(GpuPathTest, TwoDaemonsRebuildTheirCudaBuckets) {
+  std::vector<std::string> sockets = StartNodeDaemons(2);
+  ASSERT_EQ(sockets.size(), 2u);
+  std::vector<Exit> exits =
+      RunOneTrainerPerNode(sockets, "two-nodes-rebuild",
+                           {"--cuda", "true", "--iterations", "10", "--seed",
+                            "11", "--rebuild-after", "1", "--bucket-cap-mb",
+                            "0.01", "--first-bucket-cap-mb", "0.002"},
+                           milliseconds(60000));
+  ASSERT_EQ(exits.size(), 2u);
+  for (const Exit& e : exits) {
+    ASSERT_EQ(e.code, 0) << e.output;
+    EXPECT_THAT(e.output, AllOf(HasSubstr(" world=2 "), HasSubstr("REBUILT"),
+                                HasSubstr("PASS iterations=10")));
+  }
+  EXPECT_EQ(Value(exits[0].output, "plan"), Value(exits[1].output, "plan"));
+  EXPECT_NE(Value(exits[0].output, "plan"), Value(exits[0].output, "before"));
 }
 
 // The C ABI's GPU calls (param_devices, cuda_device, the _on_stream

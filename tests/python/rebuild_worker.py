@@ -4,9 +4,13 @@ with torch's DDP (Gloo) and gradd.torch's side by side, compares gradients
 and parameters after every step, and reports when each rebuilt its buckets
 and what the buckets look like afterwards. Prints one JSON line.
 
-Args: MODE GLOO_INIT_FILE STEPS, MODE one of plain / static / unused.
+Args: MODE GLOO_INIT_FILE STEPS [ZERO_GRAD], MODE one of plain / static /
+unused; ZERO_GRAD default (zero_grad() as called: set_to_none=False in torch
+1.13, True in 2.x), none (.grad is None when the rebuild happens) or zero
+(every .grad is a zeroed bucket view that moves).
 Rank/world from RANK/WORLD_SIZE/LOCAL_*; daemon from GRADD_SOCKET, job from
-GRADD_JOB (multi-node: GRADD_COORDINATOR).
+GRADD_JOB (multi-node: GRADD_COORDINATOR); device from GRADD_TEST_DEVICE
+(parity_util.test_device: cuda for the GPU tests, test_cuda_ddp.py).
 """
 import copy
 import json
@@ -19,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
 from gradd import _ddp_logging, _rebuild
-from parity_util import init_gloo, rel_err
+from parity_util import device_ids, init_gloo, rel_err, test_device
 
 FIRST_CAP_BYTES = 2000
 CAP_MB = 0.004  # 4194 bytes
@@ -41,7 +45,11 @@ class Shuffled(nn.Module):
 
 def main():
     mode, init_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    zero_grad = {"default": {}, "none": {"set_to_none": True}, "zero": {"set_to_none": False}}[
+        sys.argv[4] if len(sys.argv) > 4 else "default"
+    ]
     rank, world = init_gloo(init_file)
+    dev = test_device()
     # torch's first bucket cap is this module attribute (read by DDP's
     # constructor); gradd's is first_bucket_cap_mb.
     dist._DEFAULT_FIRST_BUCKET_BYTES = FIRST_CAP_BYTES
@@ -49,9 +57,10 @@ def main():
         bucket_cap_mb=CAP_MB,
         static_graph=mode == "static",
         find_unused_parameters=mode == "unused",
+        device_ids=device_ids(dev),
     )
     torch.manual_seed(1000 + rank)  # different initial weights on each rank
-    model = Shuffled()
+    model = Shuffled().to(dev)
     ref = TorchDDP(copy.deepcopy(model), **kwargs)
     ours = gradd.torch.DistributedDataParallel(
         copy.deepcopy(model), first_bucket_cap_mb=FIRST_CAP_BYTES / (1 << 20), **kwargs
@@ -63,10 +72,10 @@ def main():
     per_step, rebuilt = [], []
     for step in range(steps):
         g = torch.Generator().manual_seed(step * 100 + rank)  # each rank its own data
-        x = torch.randn(8, 20, generator=g)
-        y = torch.randint(0, 10, (8,), generator=g)
+        x = torch.randn(8, 20, generator=g).to(dev)
+        y = torch.randint(0, 10, (8,), generator=g).to(dev)
         for ddp, opt in ((ref, opt_ref), (ours, opt_ours)):
-            opt.zero_grad()
+            opt.zero_grad(**zero_grad)
             nn.functional.cross_entropy(ddp(x), y).backward()
         rebuilt.append([bool(ref._has_rebuilt_buckets), bool(ours._has_rebuilt_buckets)])
         err = 0.0
@@ -95,6 +104,7 @@ def main():
         "torch_log": {k: torch_log.get(k) for k in ("has_rebuilt_buckets", "rebuilt_bucket_sizes",
                                                      "rebuilt_per_bucket_param_indices")},
         "ours_log": _rebuild.logging_fields(ours),
+        "grads_on_device": all(p.grad is not None and p.grad.device == dev for p in ours.module.parameters()),
         "grads_in_shared_memory": all(
             p.grad is not None and p.grad.data_ptr() == ours.client.gradient_address(i)
             for i, p in enumerate(ours.module.parameters())

@@ -8,47 +8,12 @@ parameters equal to torch's after every step across the switch.
 
 Runs 2 ranks on one daemon, and 2 daemons x 2 ranks (a multi-node job over
 loopback, node rank 0's order winning)."""
-import json
-
 import pytest
 
 from conftest import rank_threads, run_workers
-
-STEPS = 5
-TOL = 1e-5
-
-
-def _results(outs):
-    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
-
-
-def _torch_buckets(r):
-    sizes = [int(s) for s in r["torch_sizes"].split(",")]
-    params = [[int(i) for i in b.split()] for b in r["torch_params"].split(",")]
-    return sizes, params
-
-
-def _check(results, rebuild_at):
-    for r in results:
-        for step, err in enumerate(r["per_step"]):
-            assert err <= TOL, f"rank {r['rank']} step {step}: relative error {err}"
-        # Rebuilt at the same forward as torch (both flags per step).
-        want = [step >= rebuild_at for step in range(STEPS)] if rebuild_at is not None else [False] * STEPS
-        assert [t for t, _ in r["rebuilt"]] == want, r["rebuilt"]
-        assert [o for _, o in r["rebuilt"]] == want, r["rebuilt"]
-        assert r["client_rebuilt"] == (rebuild_at is not None)
-        assert r["grads_in_shared_memory"]
-        if rebuild_at is not None:
-            sizes, params = _torch_buckets(r)
-            assert r["ours_sizes"] == sizes
-            assert r["ours_params"] == params
-            assert r["ours_params"] != r["initial_plan"], "the test model must change the plan"
-            # The same fields, in torch's own logging format.
-            assert r["ours_log"] == r["torch_log"]
-        else:
-            assert r["ours_params"] == r["initial_plan"]
-            assert r["ours_log"] == {"has_rebuilt_buckets": 0}
-    assert len({r["checksum"] for r in results}) == 1, "ranks hold different models"
+from rebuild_checks import STEPS
+from rebuild_checks import check as _check
+from rebuild_checks import results as _results
 
 
 @pytest.mark.parametrize(

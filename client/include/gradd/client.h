@@ -286,7 +286,11 @@ class Client {
   // false without asking the daemon when there is nothing to do: buckets
   // rebuilt already, rebuild disabled (ClientOptions::rebuild_buckets), or
   // no iteration completed yet. Afterwards gradient(i) points at the new
-  // place, which holds the gradient's previous contents. Errors:
+  // place, which holds the gradient's previous contents. CUDA buckets are
+  // rebuilt too: their gradients move inside the rank's device memory
+  // once the GPU has finished the daemon's last reduce and all of this
+  // process's queued work on the device (it synchronises the context: the
+  // one host sync of a CUDA job). Errors:
   // FAILED_PRECONDITION when called inside an iteration; the daemon's
   // (rebuild.h), which also fail the job.
   virtual absl::StatusOr<bool> RebuildBuckets() = 0;

@@ -16,6 +16,14 @@ was the old view becomes the new view (same contents); a grad that is some
 other tensor is copied into the new view first; a grad that is None stays
 None.
 
+CUDA modules rebuild exactly like CPU ones, as torch's DDP does: the new plan
+lies in the same device memory, the client library moves every gradient
+there (it waits for the daemon's last reduce and for this process's work on
+the GPU first, then copies through host memory: once per job, between
+iterations), and the new views are tensors over the new device addresses
+(gradd/_cuda.py). A grad copied in from another tensor is copied on the
+current stream, ahead of the next backward's kernels.
+
 Every rank must take part; gradd fails the job (naming the rank) when one
 does not, rather than hang.
 """
@@ -23,11 +31,14 @@ from __future__ import annotations
 
 import torch
 
+from gradd import _cuda
 from gradd._C import GraddError
 from gradd._reducer import _is_view
 
 
 def _view(client, i: int, p: torch.Tensor) -> torch.Tensor:
+    if p.device.type == "cuda":
+        return _cuda.gradient_view(client, i, p)
     view = torch.from_numpy(client.gradient(i))
     if p.dtype == torch.bfloat16:
         view = view.view(torch.bfloat16)
@@ -39,8 +50,6 @@ def should_rebuild(ddp) -> bool:
     client = ddp._client
     if client is None or client.has_rebuilt_buckets:
         return False
-    if getattr(ddp, "_device", torch.device("cpu")).type != "cpu":
-        return False  # CUDA jobs keep their first plan (client/src/client.cc)
     if not getattr(ddp, "_rebuild_buckets_enabled", True):
         return False
     if ddp.find_unused_parameters and not ddp.static_graph:

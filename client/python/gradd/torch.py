@@ -111,7 +111,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     CUDA modules (all parameters and buffers on one GPU) take
     ``device_ids=[that GPU]`` (or None) as torch's; their ``.grad`` are views
     into device memory the daemon allocated (see gradd/_cuda.py); bucket
-    rebuild, join() and communication hooks are CPU-only for now. CPU
+    rebuild (gradd/_rebuild.py), join() and communication hooks work on them
+    as on CPU modules (the daemon stages join and hook buckets through host
+    memory). CPU
     modules need ``device_ids``/``output_device`` None,
     ``process_group`` is ignored (the daemon forms the group from the job
     id), ``dim`` and ``check_reduction`` are accepted for compatibility.

@@ -448,9 +448,16 @@ void CudaBucketReducer::StartJoinRound(JoinRoundWork work,
 }
 
 void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
-  staging_->Replan();
+  // A failed drain breaks the staging: every later staged bucket fails
+  // with this error (and with it the job), named.
+  if (absl::Status s = staging_->Replan(); !s.ok()) {
+    spdlog::error("job '{}': {}", job_id_, s.ToString());
+  }
   // The new plan's devices are not known here: every bucket in the
   // sequence (CPU ones pass through PassGate, so this only orders more).
+  // Every node does the same, so the sequences still match; and nothing
+  // waits forever: every bucket of iteration i starts before any of
+  // i + 1 is ready (each rank's WaitAll(i) saw all of i done first).
   if (gate_.has_value()) {
     gate_->Replan(first_iteration, std::vector<bool>(num_buckets, true));
   }
@@ -578,6 +585,42 @@ absl::Status CudaBucketReducer::CopyToDevice(int bucket,
             absl::StrCat(at, ": cuMemcpyHtoDAsync"));
       },
       &Group::done);
+}
+
+absl::Status CudaBucketReducer::Drain(absl::Time deadline,
+                                      absl::string_view context) {
+  // Once per plan switch: an event recorded on each daemon stream after
+  // everything queued there, polled like WaitForHost (bounded).
+  for (Group& g : groups_) {
+    const std::string where = absl::StrCat(context, " device ", g.device);
+    RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
+    ASSIGN_OR_RETURN(
+        cuda::CudaEvent drained,
+        cuda::CudaEvent::Create(driver_, /*interprocess=*/false, where));
+    RETURN_IF_ERROR(cuda::CuCheck(
+        *driver_, driver_->cuEventRecord(drained.get(), g.stream.get()),
+        absl::StrCat(where, ": cuEventRecord")));
+    absl::Duration nap = absl::Microseconds(10);
+    while (true) {
+      const CUresult q = driver_->cuEventQuery(drained.get());
+      if (q == CUDA_SUCCESS) break;
+      if (q != CUDA_ERROR_NOT_READY) {
+        return cuda::CuCheck(
+            *driver_, q,
+            absl::StrCat(where, ": draining the copies back from staging"));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            where,
+            ": the copies back from host staging did not finish within the "
+            "collective timeout (",
+            timeout_.count(), " ms)"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
 }
 
 ReducerStats CudaBucketReducer::stats() const {

@@ -58,6 +58,21 @@
 // enqueued (the engine starts bucket b of i + 1 only after every rank
 // published i + 1, which each does after its stream waited on done of i).
 //
+// Bucket rebuild (Replan, at an iteration boundary: every bucket of the
+// old plan completed, nothing with the reducer): what is per bucket here
+// is sized for any plan at Create, so the new plan's buckets reuse it --
+// events by bucket slot (max(buckets, parameters) slots; the trainers
+// opened every slot's handles at attach), accumulators of the largest
+// bucket any plan can have. An event slot may change from an old bucket
+// to a new one of another size: its previous record was waited for by
+// every trainer's stream (WaitAll) before the rank asked to rebuild, so
+// the rule above holds across the switch. What does change: the host
+// staging's buffers (host_staging.h: drained, then re-made at the new
+// sizes), the plan-order gate's sequence, and the wrapped host reducer's
+// own per-bucket state (its Replan). The trainers move their gradients
+// inside their device memory themselves (client/src/device_client.h),
+// after their daemon's done events fired.
+//
 // Threads: Start / DescribeDevice on the engine thread (and JobManager's
 // before Start); completions inline (one GPU), on the watchdog thread
 // (several GPUs) or on the host reducer's completion thread (staged). Host
@@ -170,6 +185,7 @@ class CudaBucketReducer final : public BucketReducerInterface,
                            absl::string_view context) override;
   absl::Status CopyToDevice(int bucket, absl::Span<const Copy> copies,
                             absl::string_view context) override;
+  absl::Status Drain(absl::Time deadline, absl::string_view context) override;
 
   const std::string job_id_;
   const int world_;

@@ -79,6 +79,15 @@ class FakeStagingDevice final : public StagingDeviceInterface {
     ++done_marks_;
     return absl::OkStatus();
   }
+  absl::Status Drain(absl::Time deadline, absl::string_view context) override {
+    absl::MutexLock lock(&mu_);
+    ++drains_;
+    drained_at_frees_ = frees_;
+    if (fail_drain_) {
+      return absl::DeadlineExceededError(absl::StrCat(context, ": stuck"));
+    }
+    return absl::OkStatus();
+  }
 
   absl::Mutex mu_;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
@@ -89,6 +98,9 @@ class FakeStagingDevice final : public StagingDeviceInterface {
   int frees_ ABSL_GUARDED_BY(mu_) = 0;
   int done_marks_ ABSL_GUARDED_BY(mu_) = 0;
   int waits_ ABSL_GUARDED_BY(mu_) = 0;  // WaitForHost calls entered
+  bool fail_drain_ ABSL_GUARDED_BY(mu_) = false;
+  int drains_ ABSL_GUARDED_BY(mu_) = 0;
+  int drained_at_frees_ ABSL_GUARDED_BY(mu_) = -1;  // frees_ when drained
   std::vector<Copy> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<int> to_host_ranks_ ABSL_GUARDED_BY(mu_);
   std::vector<int> to_device_ranks_ ABSL_GUARDED_BY(mu_);
@@ -222,12 +234,56 @@ TEST_F(HostStagingTest, BuffersAreReusedAndRemadeAfterAReplan) {
     absl::MutexLock lock(&device_.mu_);
     EXPECT_EQ(device_.allocations_, 2);
   }
-  staging_->Replan();
+  ASSERT_TRUE(staging_->Replan().ok());
   EXPECT_EQ(staging_->host_bytes(), 0u);
+  {
+    // The copies back were drained before any buffer was freed.
+    absl::MutexLock lock(&device_.mu_);
+    EXPECT_EQ(device_.drains_, 1);
+    EXPECT_EQ(device_.drained_at_frees_, 0);
+  }
   ASSERT_TRUE(Run(Work(&buffers_, /*bucket=*/1)).ok());
   absl::MutexLock lock(&device_.mu_);
   EXPECT_EQ(device_.allocations_, 4);
   EXPECT_EQ(device_.frees_, 2);
+}
+
+TEST_F(HostStagingTest, AReplanBeforeAnyStagingHasNothingToDrain) {
+  Make(2);
+  ASSERT_TRUE(staging_->Replan().ok());
+  absl::MutexLock lock(&device_.mu_);
+  EXPECT_EQ(device_.drains_, 0);
+}
+
+// Copies back that never finish: the buffers they read are kept, and the
+// staging refuses further work with the reason instead of reusing them.
+TEST_F(HostStagingTest, AFailedDrainKeepsTheBuffersAndFailsLaterBuckets) {
+  Make(2);
+  ASSERT_TRUE(Run(Work(&buffers_)).ok());
+  {
+    absl::MutexLock lock(&device_.mu_);
+    device_.fail_drain_ = true;
+  }
+  absl::Status s = staging_->Replan();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(), HasSubstr("job 'j' bucket rebuild: stuck"));
+  EXPECT_EQ(staging_->host_bytes(), 2 * kCount * sizeof(float));
+  {
+    absl::MutexLock lock(&device_.mu_);
+    EXPECT_EQ(device_.frees_, 0);
+  }
+  absl::Status later = Run(Work(&buffers_, /*bucket=*/1));
+  EXPECT_EQ(later.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(later.message(),
+              AllOf(HasSubstr("job 'j' bucket 1 iteration 1"),
+                    HasSubstr("host staging unusable after the plan changed")));
+  EXPECT_EQ(host_calls_.load(), 1);
+  // A second Replan reports the same, still without freeing.
+  EXPECT_EQ(staging_->Replan().code(), absl::StatusCode::kDeadlineExceeded);
+  staging_.reset();  // frees them now
+  absl::MutexLock lock(&device_.mu_);
+  EXPECT_EQ(device_.frees_, 2);
+  EXPECT_EQ(device_.drains_, 1);
 }
 
 TEST_F(HostStagingTest, CopiesThatNeverLandTimeOutNamingTheBucket) {

@@ -10,6 +10,7 @@
 #include "common/control_block.h"
 #include "common/control_mapping.h"
 #include "common/doorbell.h"
+#include "common/fake_device_memory.h"
 #include "common/shm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,6 +19,7 @@
 namespace gradd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -27,12 +29,14 @@ class FakeReducer final : public BucketReducerInterface {
     int bucket;
     uint64_t iteration;
     size_t count;
+    DeviceKind device;
+    std::vector<void*> buffers;
     Completion done;
   };
   void Start(const BucketWork& work, Completion done) override {
     absl::MutexLock lock(&mu_);
-    started_.push_back(
-        {work.bucket, work.iteration, work.count, std::move(done)});
+    started_.push_back({work.bucket, work.iteration, work.count, work.device,
+                        *work.rank_buffers, std::move(done)});
   }
   void Replan(uint64_t first_iteration, int num_buckets) override {
     absl::MutexLock lock(&mu_);
@@ -63,6 +67,10 @@ class FakeReducer final : public BucketReducerInterface {
     absl::MutexLock lock(&mu_);
     return started_.at(k).count;
   }
+  std::pair<DeviceKind, std::vector<void*>> buffers(size_t k) {
+    absl::MutexLock lock(&mu_);
+    return {started_.at(k).device, started_.at(k).buffers};
+  }
   std::vector<std::pair<uint64_t, int>> replans() {
     absl::MutexLock lock(&mu_);
     return replans_;
@@ -77,13 +85,20 @@ class FakeReducer final : public BucketReducerInterface {
 class JobRebuildTest : public ::testing::Test {
  protected:
   // Four float32 parameters of 64 bytes, caps that put two per bucket:
-  // attach plan [3, 2] [1, 0].
-  void SetUp() override {
+  // attach plan [3, 2] [1, 0]. `cuda`: every parameter on the (fake) GPU
+  // both ranks share.
+  void SetUp() override { MakeJob(/*cuda=*/false); }
+  void MakeJob(bool cuda) {
     JobSpec spec;
     spec.job_id = "rebuild-unit";
     spec.local_world_size = 2;
     for (int i = 0; i < 4; ++i) {
       spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
+      if (cuda) spec.params.back().device = DeviceKind::kCuda;
+    }
+    if (cuda) {
+      spec.devices = &devices_;
+      spec.rank_devices = {0, 0};
     }
     spec.planner.first_bucket_cap_bytes = 128;
     spec.planner.bucket_cap_bytes = 128;
@@ -146,6 +161,7 @@ class JobRebuildTest : public ::testing::Test {
         std::chrono::microseconds(20), std::chrono::seconds(10)));
   }
 
+  FakeDeviceAllocator devices_{{std::string(16, 'g')}};
   std::vector<ParamInfo> params_;
   FakeReducer* reducer_ = nullptr;
   std::unique_ptr<Job> job_;
@@ -203,6 +219,76 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
               (std::pair<int, uint64_t>(b, 3)));
     EXPECT_EQ(reducer_->count(next - 4 + b), 16u);
   }
+  EXPECT_TRUE(job_->status().ok());
+}
+
+// A plan that needs more device memory than the job holds is refused at
+// the boundary (the ranks' mappings cannot grow), failing the job.
+TEST_F(JobRebuildTest, APlanBeyondTheDeviceRegionFailsTheJob) {
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+  BucketPlan plan = job_->spec().plan;
+  plan.device_bytes = 1 << 20;
+  auto result = std::make_shared<SwitchResult>();
+  job_->ExpectRebuild(1);
+  job_->SwitchPlan(1, plan, [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(result->status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(result->status.message()),
+              AllOf(HasSubstr("1048576 bytes of device memory"),
+                    HasSubstr("and 0-byte device region")));
+  EXPECT_EQ(job_->status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(reducer_->replans().empty());
+}
+
+class CudaJobRebuildTest : public JobRebuildTest {
+ protected:
+  void SetUp() override { MakeJob(/*cuda=*/true); }
+};
+
+// A CUDA job switches like a CPU one; the new plan's buckets are the
+// daemon's device addresses of each rank's (unchanged) device memory.
+TEST_F(CudaJobRebuildTest, TheNewBucketsLieInTheSameDeviceMemory) {
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+  // Each rank's device memory, from attach bucket 0's address.
+  const auto [first_device, first] = reducer_->buffers(0);
+  ASSERT_EQ(first_device, DeviceKind::kCuda);
+  ASSERT_EQ(reducer_->started(0).first, 0);
+  std::vector<char*> base;
+  for (void* p : first) {
+    base.push_back(static_cast<char*>(p) - job_->spec().plan.buckets[0].offset);
+  }
+  PlannerOptions one_each;
+  one_each.first_bucket_cap_bytes = 1;
+  one_each.bucket_cap_bytes = 1;
+  BucketPlan plan = *PlanBucketsInOrder(params_, {0, 2, 1, 3}, one_each);
+  ASSERT_EQ(plan.buckets.size(), 4u);
+  ASSERT_GT(plan.device_bytes, 0u);
+  auto result = std::make_shared<SwitchResult>();
+  job_->ExpectRebuild(1);
+  job_->SwitchPlan(1, plan, [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(result->status.ok()) << result->status;
+  EXPECT_THAT(reducer_->replans(), ElementsAre(std::pair<uint64_t, int>(2, 4)));
+  RunIteration(4, 2, &next);
+  for (int b = 0; b < 4; ++b) {
+    const auto [device, buffers] = reducer_->buffers(next - 4 + b);
+    EXPECT_EQ(device, DeviceKind::kCuda);
+    ASSERT_EQ(buffers.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(static_cast<char*>(buffers[r]) - base[r],
+                static_cast<ptrdiff_t>(plan.buckets[b].offset))
+          << "bucket " << b << " rank " << r;
+    }
+  }
+  EXPECT_NE(base[0], base[1]);
   EXPECT_TRUE(job_->status().ok());
 }
 
