@@ -25,25 +25,6 @@ using ::testing::HasSubstr;
 
 constexpr char kFakeGpu[] = "00112233445566778899aabbccddeeff";
 
-// The text after " key=" up to the next space or end of line.
-std::string Value(const std::string& output, const std::string& key) {
-  const size_t at = output.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const size_t begin = at + key.size() + 2;
-  const size_t end = output.find_first_of(" \n", begin);
-  return output.substr(begin, end - begin);
-}
-
-std::vector<int> Ints(absl::string_view csv) {
-  std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
-    int v = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(s, &v)) << s;
-    out.push_back(v);
-  }
-  return out;
-}
-
 class GpuPathTest : public GraddTest {
  protected:
   void SetUp() override {
@@ -90,18 +71,19 @@ TEST_F(GpuPathTest, TwoTrainersRebuildTheirCudaBuckets) {
     EXPECT_THAT(exits[r].output,
                 AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=12")));
   }
-  const std::string plan = Value(exits[0].output, "plan");
-  const std::string before = Value(exits[0].output, "before");
+  const std::string plan = ReportedValue(exits[0].output, "plan");
+  const std::string before = ReportedValue(exits[0].output, "before");
   ASSERT_FALSE(plan.empty());
-  EXPECT_EQ(Value(exits[1].output, "plan"), plan);
+  EXPECT_EQ(ReportedValue(exits[1].output, "plan"), plan);
   EXPECT_NE(plan, before);
   // Inside every bucket the parameters follow local rank 0's order.
-  const std::vector<int> order = Ints(Value(exits[0].output, "order"));
+  const std::vector<int> order =
+      ReportedInts(ReportedValue(exits[0].output, "order"));
   ASSERT_EQ(order.size(), 24u);
   std::vector<size_t> position(order.size());
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
   for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
-    const std::vector<int> params = Ints(bucket);
+    const std::vector<int> params = ReportedInts(std::string(bucket));
     for (size_t k = 1; k < params.size(); ++k) {
       EXPECT_LT(position[params[k - 1]], position[params[k]])
           << "bucket " << bucket << " is not in local rank 0's order";
@@ -124,7 +106,8 @@ TEST_F(GpuPathTest, LargeCudaBucketsRebuild) {
                 AllOf(HasSubstr("REBUILT"), HasSubstr("PASS iterations=5")));
   }
   // Seed 9's order puts the float16 bucket before the float64 one.
-  EXPECT_NE(Value(exits[0].output, "plan"), Value(exits[0].output, "before"));
+  EXPECT_NE(ReportedValue(exits[0].output, "plan"),
+            ReportedValue(exits[0].output, "before"));
 }
 
 TEST_F(GpuPathTest, AGpuTheDaemonDoesNotHaveIsRefusedAtAttach) {
@@ -207,8 +190,10 @@ TEST_F(GpuPathTest, TwoDaemonsRebuildTheirCudaBuckets) {
     EXPECT_THAT(e.output, AllOf(HasSubstr(" world=2 "), HasSubstr("REBUILT"),
                                 HasSubstr("PASS iterations=10")));
   }
-  EXPECT_EQ(Value(exits[0].output, "plan"), Value(exits[1].output, "plan"));
-  EXPECT_NE(Value(exits[0].output, "plan"), Value(exits[0].output, "before"));
+  EXPECT_EQ(ReportedValue(exits[0].output, "plan"),
+            ReportedValue(exits[1].output, "plan"));
+  EXPECT_NE(ReportedValue(exits[0].output, "plan"),
+            ReportedValue(exits[0].output, "before"));
 }
 
 // The C ABI's GPU calls (param_devices, cuda_device, the _on_stream

@@ -16,8 +16,10 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -363,6 +365,24 @@ void GraddTest::ExpectKilledTrainerFailsItsJob(
   std::vector<Exit> next =
       RunJob("after-kill", 2, with({"--iterations", "10"}), timeout);
   for (const Exit& x : next) EXPECT_EQ(x.code, 0) << x.output;
+}
+
+std::string ReportedValue(const std::string& output, const std::string& key) {
+  const size_t at = output.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size() + 2;
+  const size_t end = output.find_first_of(" \n", begin);
+  return output.substr(begin, end - begin);
+}
+
+std::vector<int> ReportedInts(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
+    int v = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(s, &v)) << s;
+    out.push_back(v);
+  }
+  return out;
 }
 
 }  // namespace gradd::testing

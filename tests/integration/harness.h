@@ -106,6 +106,12 @@ class GraddTest : public ::testing::Test {
   std::vector<Proc> procs_;
 };
 
+// Trainer reports: the text after " key=" in `output` up to the next space
+// or end of line ("" if absent), and a comma-separated list of ints (a
+// failed parse is a test failure).
+std::string ReportedValue(const std::string& output, const std::string& key);
+std::vector<int> ReportedInts(const std::string& csv);
+
 }  // namespace gradd::testing
 
 #endif  // GRADD_TESTS_INTEGRATION_HARNESS_H_

@@ -26,25 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The text after "key=" up to the next space or end of line.
-std::string Value(const std::string& output, const std::string& key) {
-  const size_t at = output.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const size_t begin = at + key.size() + 2;
-  const size_t end = output.find_first_of(" \n", begin);
-  return output.substr(begin, end - begin);
-}
-
-std::vector<int> Ints(const std::string& csv) {
-  std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
-    int v = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(s, &v)) << s;
-    out.push_back(v);
-  }
-  return out;
-}
-
 class RebuildIntegrationTest : public GraddTest {};
 
 TEST_F(RebuildIntegrationTest, TwoTrainersRebuildAfterTheFirstIteration) {
@@ -59,17 +40,19 @@ TEST_F(RebuildIntegrationTest, TwoTrainersRebuildAfterTheFirstIteration) {
     EXPECT_THAT(exits[r].output, HasSubstr("PASS iterations=6"));
     EXPECT_THAT(exits[r].output, HasSubstr("REBUILT"));
   }
-  const std::string plan = Value(exits[0].output, "plan");
-  const std::string before = Value(exits[0].output, "before");
+  const std::string plan = ReportedValue(exits[0].output, "plan");
+  const std::string before = ReportedValue(exits[0].output, "before");
   ASSERT_FALSE(plan.empty());
   // Every rank switched to the same plan, and it is a different one.
-  EXPECT_EQ(Value(exits[1].output, "plan"), plan);
+  EXPECT_EQ(ReportedValue(exits[1].output, "plan"), plan);
   EXPECT_NE(plan, before);
 
   // The plan comes from local rank 0's ready order (the ranks' random
   // orders differ): inside every bucket, parameters follow it.
-  const std::vector<int> order0 = Ints(Value(exits[0].output, "order"));
-  const std::vector<int> order1 = Ints(Value(exits[1].output, "order"));
+  const std::vector<int> order0 =
+      ReportedInts(ReportedValue(exits[0].output, "order"));
+  const std::vector<int> order1 =
+      ReportedInts(ReportedValue(exits[1].output, "order"));
   ASSERT_EQ(order0.size(), 24u);
   EXPECT_NE(order0, order1);
   std::vector<int> position(order0.size());
@@ -77,7 +60,7 @@ TEST_F(RebuildIntegrationTest, TwoTrainersRebuildAfterTheFirstIteration) {
   int buckets = 0;
   for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
     ++buckets;
-    const std::vector<int> params = Ints(std::string(bucket));
+    const std::vector<int> params = ReportedInts(std::string(bucket));
     for (size_t k = 1; k < params.size(); ++k) {
       EXPECT_LT(position[params[k - 1]], position[params[k]])
           << "bucket " << bucket << " is not in local rank 0's order";
@@ -211,20 +194,21 @@ TEST_F(RebuildTwoDaemonsTest, NodeRankZerosOrderWinsAndValuesStayExact) {
     }
   }
   ASSERT_FALSE(rank0_output.empty());
-  const std::string plan = Value(rank0_output, "plan");
-  const std::vector<int> order0 = Ints(Value(rank0_output, "order"));
+  const std::string plan = ReportedValue(rank0_output, "plan");
+  const std::vector<int> order0 =
+      ReportedInts(ReportedValue(rank0_output, "order"));
   ASSERT_EQ(order0.size(), 24u);
   std::vector<int> position(order0.size());
   for (size_t k = 0; k < order0.size(); ++k) position[order0[k]] = k;
   int other_orders = 0;
   for (const Exit& e : exits) {
-    other_orders += Ints(Value(e.output, "order")) != order0;
-    EXPECT_EQ(Value(e.output, "plan"), plan)
+    other_orders += ReportedInts(ReportedValue(e.output, "order")) != order0;
+    EXPECT_EQ(ReportedValue(e.output, "plan"), plan)
         << "nodes switched to different plans";
   }
   EXPECT_EQ(other_orders, 3) << "the trainers' ready orders must differ";
   for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
-    const std::vector<int> params = Ints(std::string(bucket));
+    const std::vector<int> params = ReportedInts(std::string(bucket));
     for (size_t k = 1; k < params.size(); ++k) {
       EXPECT_LT(position[params[k - 1]], position[params[k]])
           << "bucket " << bucket << " is not in global rank 0's order";

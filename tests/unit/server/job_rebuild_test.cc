@@ -177,6 +177,17 @@ struct SwitchResult {
   absl::Status status = absl::UnknownError("pending");
 };
 
+// job.SwitchPlan(iteration, plan), its answer recorded in the result.
+std::shared_ptr<SwitchResult> RequestSwitch(Job& job, uint64_t iteration,
+                                            BucketPlan plan) {
+  auto result = std::make_shared<SwitchResult>();
+  job.SwitchPlan(iteration, std::move(plan), [result](absl::Status s) {
+    result->status = std::move(s);
+    result->done.Notify();
+  });
+  return result;
+}
+
 TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   EXPECT_EQ(job_->bucket_slots(), 4u);  // a slot per parameter
   size_t next = 0;
@@ -195,12 +206,8 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   one_each.first_bucket_cap_bytes = 1;
   one_each.bucket_cap_bytes = 1;
   BucketPlan plan = *PlanBucketsInOrder(params_, {0, 2, 1, 3}, one_each);
-  auto result = std::make_shared<SwitchResult>();
   job_->ExpectRebuild(2);
-  job_->SwitchPlan(2, plan, [result](absl::Status s) {
-    result->status = std::move(s);
-    result->done.Notify();
-  });
+  auto result = RequestSwitch(*job_, 2, plan);
   // Not while bucket 1 of iteration 2 is in flight.
   EXPECT_FALSE(
       result->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
@@ -229,12 +236,8 @@ TEST_F(JobRebuildTest, APlanBeyondTheDeviceRegionFailsTheJob) {
   RunIteration(2, 1, &next);
   BucketPlan plan = job_->spec().plan;
   plan.device_bytes = 1 << 20;
-  auto result = std::make_shared<SwitchResult>();
   job_->ExpectRebuild(1);
-  job_->SwitchPlan(1, plan, [result](absl::Status s) {
-    result->status = std::move(s);
-    result->done.Notify();
-  });
+  auto result = RequestSwitch(*job_, 1, plan);
   ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(result->status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(result->status.message()),
@@ -268,12 +271,8 @@ TEST_F(CudaJobRebuildTest, TheNewBucketsLieInTheSameDeviceMemory) {
   BucketPlan plan = *PlanBucketsInOrder(params_, {0, 2, 1, 3}, one_each);
   ASSERT_EQ(plan.buckets.size(), 4u);
   ASSERT_GT(plan.device_bytes, 0u);
-  auto result = std::make_shared<SwitchResult>();
   job_->ExpectRebuild(1);
-  job_->SwitchPlan(1, plan, [result](absl::Status s) {
-    result->status = std::move(s);
-    result->done.Notify();
-  });
+  auto result = RequestSwitch(*job_, 1, plan);
   ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(result->status.ok()) << result->status;
   EXPECT_THAT(reducer_->replans(), ElementsAre(std::pair<uint64_t, int>(2, 4)));
@@ -304,11 +303,7 @@ TEST_F(JobRebuildTest, ARankThatSkipsTheRebuildFailsTheJob) {
               HasSubstr("local rank 1 of job 'rebuild-unit' started "
                         "iteration 2 without rebuilding buckets"));
   // A switch requested now is answered with the job's error.
-  auto result = std::make_shared<SwitchResult>();
-  job_->SwitchPlan(1, job_->spec().plan, [result](absl::Status s) {
-    result->status = std::move(s);
-    result->done.Notify();
-  });
+  auto result = RequestSwitch(*job_, 1, job_->spec().plan);
   ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(result->status.code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -317,11 +312,7 @@ TEST_F(JobRebuildTest, AStoppedJobAnswersAPendingSwitch) {
   size_t next = 0;
   RunIteration(2, 1, &next);
   // The engine never reaches iteration 5: the switch stays pending.
-  auto result = std::make_shared<SwitchResult>();
-  job_->SwitchPlan(5, job_->spec().plan, [result](absl::Status s) {
-    result->status = std::move(s);
-    result->done.Notify();
-  });
+  auto result = RequestSwitch(*job_, 5, job_->spec().plan);
   EXPECT_FALSE(
       result->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   job_.reset();
