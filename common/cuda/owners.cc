@@ -1,8 +1,11 @@
 #include "common/cuda/owners.h"
 
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace gradd::cuda {
@@ -12,12 +15,26 @@ absl::Status UseDevice(const CudaDriver& d, int ordinal,
   CUdevice dev = 0;
   RETURN_IF_ERROR(CuCheck(d, d.cuDeviceGet(&dev, ordinal),
                           absl::StrCat(context, ": cuDeviceGet")));
+  // Each device's primary context is retained once per process and never
+  // released: releasing the last reference resets the context (frees every
+  // allocation, stream and event in it), so a retain-then-release here
+  // would destroy the context whenever no one else held it.
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* retained =
+      new std::map<std::pair<const CudaDriver*, CUdevice>, CUcontext>();
   CUcontext ctx = nullptr;
-  RETURN_IF_ERROR(CuCheck(d, d.cuDevicePrimaryCtxRetain(&ctx, dev),
-                          absl::StrCat(context, ": cuDevicePrimaryCtxRetain")));
-  // The retain count only matters for resetting the device, which gradd
-  // never does; one release keeps it balanced over repeated calls.
-  d.cuDevicePrimaryCtxRelease(dev);
+  {
+    absl::MutexLock lock(&mu);
+    auto it = retained->find({&d, dev});
+    if (it != retained->end()) {
+      ctx = it->second;
+    } else {
+      RETURN_IF_ERROR(
+          CuCheck(d, d.cuDevicePrimaryCtxRetain(&ctx, dev),
+                  absl::StrCat(context, ": cuDevicePrimaryCtxRetain")));
+      retained->emplace(std::make_pair(&d, dev), ctx);
+    }
+  }
   return CuCheck(d, d.cuCtxSetCurrent(ctx),
                  absl::StrCat(context, ": cuCtxSetCurrent"));
 }

@@ -18,7 +18,8 @@
 namespace gradd::cuda {
 
 // Retains `ordinal`'s primary context (the one the CUDA runtime, and so
-// torch, uses) and makes it current on this thread.
+// torch, uses) once per process, never releasing it, and makes it current
+// on this thread.
 [[nodiscard]] absl::Status UseDevice(const CudaDriver& driver, int ordinal,
                                      absl::string_view context);
 
