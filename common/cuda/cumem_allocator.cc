@@ -176,6 +176,13 @@ absl::StatusOr<std::unique_ptr<DeviceMemoryInterface>> CuMemAllocator::Allocate(
     s = CuCheck(d, d.cuMemsetD8Async(p.address, 0, p.size, nullptr),
                 absl::StrCat(who, ": cuMemsetD8Async"));
   }
+  if (s.ok()) {
+    // Nothing orders the trainer's writes (another process, its own
+    // streams) after our stream: the zeros land before the memory is
+    // exported.
+    s = CuCheck(d, d.cuStreamSynchronize(nullptr),
+                absl::StrCat(who, ": cuStreamSynchronize"));
+  }
   if (!s.ok()) {
     Release(d, p);
     return s;
