@@ -12,7 +12,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -80,15 +79,7 @@ TEST_F(GpuPathTest, TwoTrainersRebuildTheirCudaBuckets) {
   const std::vector<int> order =
       ReportedInts(ReportedValue(exits[0].output, "order"));
   ASSERT_EQ(order.size(), 24u);
-  std::vector<size_t> position(order.size());
-  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
-  for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
-    const std::vector<int> params = ReportedInts(std::string(bucket));
-    for (size_t k = 1; k < params.size(); ++k) {
-      EXPECT_LT(position[params[k - 1]], position[params[k]])
-          << "bucket " << bucket << " is not in local rank 0's order";
-    }
-  }
+  ExpectBucketsFollow(plan, order, "local rank 0's");
 }
 
 // The large model (buckets of up to ~1 MB, several dtypes) rebuilt: whole

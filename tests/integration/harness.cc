@@ -385,4 +385,20 @@ std::vector<int> ReportedInts(const std::string& csv) {
   return out;
 }
 
+int ExpectBucketsFollow(const std::string& plan, const std::vector<int>& order,
+                        const std::string& whose) {
+  std::vector<size_t> position(order.size());
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  int buckets = 0;
+  for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
+    ++buckets;
+    const std::vector<int> params = ReportedInts(std::string(bucket));
+    for (size_t k = 1; k < params.size(); ++k) {
+      EXPECT_LT(position[params[k - 1]], position[params[k]])
+          << "bucket " << bucket << " is not in " << whose << " order";
+    }
+  }
+  return buckets;
+}
+
 }  // namespace gradd::testing

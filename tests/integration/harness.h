@@ -111,6 +111,11 @@ class GraddTest : public ::testing::Test {
 // failed parse is a test failure).
 std::string ReportedValue(const std::string& output, const std::string& key);
 std::vector<int> ReportedInts(const std::string& csv);
+// A reported plan ("0,2|1,3": buckets of parameter indices): inside every
+// bucket the parameters follow `order` (a test failure naming the bucket
+// and `whose` order otherwise). Returns the number of buckets.
+int ExpectBucketsFollow(const std::string& plan, const std::vector<int>& order,
+                        const std::string& whose);
 
 }  // namespace gradd::testing
 

@@ -15,7 +15,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,18 +54,7 @@ TEST_F(RebuildIntegrationTest, TwoTrainersRebuildAfterTheFirstIteration) {
       ReportedInts(ReportedValue(exits[1].output, "order"));
   ASSERT_EQ(order0.size(), 24u);
   EXPECT_NE(order0, order1);
-  std::vector<int> position(order0.size());
-  for (size_t k = 0; k < order0.size(); ++k) position[order0[k]] = k;
-  int buckets = 0;
-  for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
-    ++buckets;
-    const std::vector<int> params = ReportedInts(std::string(bucket));
-    for (size_t k = 1; k < params.size(); ++k) {
-      EXPECT_LT(position[params[k - 1]], position[params[k]])
-          << "bucket " << bucket << " is not in local rank 0's order";
-    }
-  }
-  EXPECT_GE(buckets, 5);
+  EXPECT_GE(ExpectBucketsFollow(plan, order0, "local rank 0's"), 5);
 }
 
 TEST_F(RebuildIntegrationTest, ARankThatSkipsTheRebuildFailsTheJob) {
@@ -198,8 +186,6 @@ TEST_F(RebuildTwoDaemonsTest, NodeRankZerosOrderWinsAndValuesStayExact) {
   const std::vector<int> order0 =
       ReportedInts(ReportedValue(rank0_output, "order"));
   ASSERT_EQ(order0.size(), 24u);
-  std::vector<int> position(order0.size());
-  for (size_t k = 0; k < order0.size(); ++k) position[order0[k]] = k;
   int other_orders = 0;
   for (const Exit& e : exits) {
     other_orders += ReportedInts(ReportedValue(e.output, "order")) != order0;
@@ -207,13 +193,7 @@ TEST_F(RebuildTwoDaemonsTest, NodeRankZerosOrderWinsAndValuesStayExact) {
         << "nodes switched to different plans";
   }
   EXPECT_EQ(other_orders, 3) << "the trainers' ready orders must differ";
-  for (absl::string_view bucket : absl::StrSplit(plan, '|')) {
-    const std::vector<int> params = ReportedInts(std::string(bucket));
-    for (size_t k = 1; k < params.size(); ++k) {
-      EXPECT_LT(position[params[k - 1]], position[params[k]])
-          << "bucket " << bucket << " is not in global rank 0's order";
-    }
-  }
+  ExpectBucketsFollow(plan, order0, "global rank 0's");
 }
 
 }  // namespace
