@@ -114,21 +114,20 @@ constexpr size_t kRankBlock = 4;  // columns of P / Q per sweep
 // than L1). Every row's sums are the same whatever the blocking.
 constexpr size_t kRowBlock = 4;
 
-// p[r][k] = sum over j of m[r][j] q[k][j], r < R, k < KN (rows of m
-// `stride` apart, p's rows `prank` apart): R x KN x kLanes independent
+// p[r][k] = sum over j of m[r][j] q[k][j], r < R, k < KN (m's rows `cols`
+// apart, p's rows `rank` apart): R x KN x kLanes independent
 // partial sums (element j goes to lane j % kLanes), so the sweep is not
 // bound by the latency of one chain of additions; the lanes are then
 // added in order.
 template <size_t R, size_t KN>
 inline __attribute__((always_inline)) void DotRows(const float* m,
-                                                   size_t stride,
                                                    const float* qt, size_t cols,
-                                                   float* p, size_t prank) {
+                                                   float* p, size_t rank) {
   float lanes[R][KN][kLanes] = {};
   const size_t whole = cols / kLanes * kLanes;
   for (size_t j = 0; j < whole; j += kLanes) {
     for (size_t r = 0; r < R; ++r) {
-      const float* row = m + r * stride + j;
+      const float* row = m + r * cols + j;
       for (size_t k = 0; k < KN; ++k) {
         const float* q = qt + k * cols + j;
         for (size_t l = 0; l < kLanes; ++l) {
@@ -140,8 +139,8 @@ inline __attribute__((always_inline)) void DotRows(const float* m,
   for (size_t j = whole; j < cols; ++j) {
     for (size_t r = 0; r < R; ++r) {
       for (size_t k = 0; k < KN; ++k) {
-        lanes[r][k][j - whole] = std::fma(m[r * stride + j], qt[k * cols + j],
-                                          lanes[r][k][j - whole]);
+        lanes[r][k][j - whole] =
+            std::fma(m[r * cols + j], qt[k * cols + j], lanes[r][k][j - whole]);
       }
     }
   }
@@ -149,7 +148,7 @@ inline __attribute__((always_inline)) void DotRows(const float* m,
     for (size_t k = 0; k < KN; ++k) {
       float s = 0;
       for (size_t l = 0; l < kLanes; ++l) s += lanes[r][k][l];
-      p[r * prank + k] = s;
+      p[r * rank + k] = s;
     }
   }
 }
@@ -163,19 +162,17 @@ inline __attribute__((always_inline)) void RowsTimesQ(const float* m,
                                                       float* p) {
   size_t k = 0;
   for (; k + kRankBlock <= rank; k += kRankBlock) {
-    DotRows<R, kRankBlock>(m, cols, qt + k * cols, cols, p + k, rank);
+    DotRows<R, kRankBlock>(m, qt + k * cols, cols, p + k, rank);
   }
-  for (; k < rank; ++k)
-    DotRows<R, 1>(m, cols, qt + k * cols, cols, p + k, rank);
+  for (; k < rank; ++k) DotRows<R, 1>(m, qt + k * cols, cols, p + k, rank);
 }
 
-// out[r][j] = sum over k of p[r][k] qt[k][j], r < R, j < cols (out's rows
-// `stride` apart), the terms added in order of k; four columns of Q per
+// out[r][j] = sum over k of p[r][k] qt[k][j], r < R, j < cols (out
+// row-major), the terms added in order of k; four columns of Q per
 // sweep, over blocks of columns whose sums stay in L1.
 template <size_t R>
 inline __attribute__((always_inline)) void RowsApproximation(
-    const float* p, const float* qt, size_t cols, size_t rank, float* out,
-    size_t stride) {
+    const float* p, const float* qt, size_t cols, size_t rank, float* out) {
   constexpr size_t kBlock = 128;
   float acc[R][kBlock];
   for (size_t b = 0; b < cols; b += kBlock) {
@@ -211,7 +208,7 @@ inline __attribute__((always_inline)) void RowsApproximation(
       }
     }
     for (size_t r = 0; r < R; ++r) {
-      std::copy(acc[r], acc[r] + w, out + r * stride + b);
+      std::copy(acc[r], acc[r] + w, out + r * cols + b);
     }
   }
 }
@@ -237,13 +234,13 @@ GRADD_CPU_CLONES void BlockApproximation(const float* p, size_t rows,
                                          size_t rank, float* out) {
   switch (rows) {
     case 4:
-      return RowsApproximation<4>(p, qt, cols, rank, out, cols);
+      return RowsApproximation<4>(p, qt, cols, rank, out);
     case 3:
-      return RowsApproximation<3>(p, qt, cols, rank, out, cols);
+      return RowsApproximation<3>(p, qt, cols, rank, out);
     case 2:
-      return RowsApproximation<2>(p, qt, cols, rank, out, cols);
+      return RowsApproximation<2>(p, qt, cols, rank, out);
     default:
-      return RowsApproximation<1>(p, qt, cols, rank, out, cols);
+      return RowsApproximation<1>(p, qt, cols, rank, out);
   }
 }
 
@@ -309,6 +306,14 @@ GRADD_CPU_CLONES void TransposedTimesP(const float* m, const float* p, float* q,
   }
 }
 
+// m[j] -= nf * v[j], j < len: a result taken out of M, which leaves the
+// node's error (WriteResult's update, or the one pass 3 defers to the next
+// pass 1).
+GRADD_CPU_CLONES void SubtractResult(float* m, const float* v, size_t len,
+                                     float nf) {
+  for (size_t j = 0; j < len; ++j) m[j] = std::fma(-nf, v[j], m[j]);
+}
+
 // The result `v` (elements [at, at + len) of the padded bucket) into every
 // local rank's bucket (elements below `valid`), and the node's error
 // m = M - n * result.
@@ -333,17 +338,8 @@ GRADD_CPU_CLONES void WriteResult(const float* v, size_t at, size_t len,
     for (; j < real; ++j) out[j] = v[j];
   }
   if (error != nullptr) {
-    const float nf = static_cast<float>(n);
-    float* e = error + at;
-    for (size_t j = 0; j < len; ++j) e[j] = std::fma(-nf, v[j], e[j]);
+    SubtractResult(error + at, v, len, static_cast<float>(n));
   }
-}
-
-// m[j] -= nf * v[j], j < len: last iteration's result taken out of its M,
-// which leaves the node's error (the update WriteResult defers).
-GRADD_CPU_CLONES void SubtractResult(float* m, const float* v, size_t len,
-                                     float nf) {
-  for (size_t j = 0; j < len; ++j) m[j] = std::fma(-nf, v[j], m[j]);
 }
 
 // Orders the streaming stores of WriteResult before whatever publishes the
