@@ -548,28 +548,30 @@ absl::Status CudaBucketReducer::WaitForHost(int bucket,
     Group& g = groups_[gi];
     const std::string where = absl::StrCat(context, " device ", g.device);
     RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
-    // Polled rather than cuEventSynchronize: bounded by the deadline, and
-    // no spinning of the driver's on a core the trainers need.
-    absl::Duration nap = absl::Microseconds(10);
-    while (true) {
-      const CUresult q = driver_->cuEventQuery(g.copied[bucket].get());
-      if (q == CUDA_SUCCESS) break;
-      if (q != CUDA_ERROR_NOT_READY) {
-        return cuda::CuCheck(*driver_, q,
-                             absl::StrCat(where, ": copy to host staging"));
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            where,
-            ": the copy of the bucket to host staging did not finish "
-            "within the collective timeout (",
-            timeout_.count(), " ms)"));
-      }
-      absl::SleepFor(nap);
-      nap = std::min(nap * 2, absl::Milliseconds(1));
-    }
+    RETURN_IF_ERROR(PollEvent(g.copied[bucket].get(), deadline, where,
+                              "the copy of the bucket to host staging"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBucketReducer::PollEvent(CUevent event, absl::Time deadline,
+                                          const std::string& where,
+                                          absl::string_view what) {
+  absl::Duration nap = absl::Microseconds(10);
+  while (true) {
+    const CUresult q = driver_->cuEventQuery(event);
+    if (q == CUDA_SUCCESS) return absl::OkStatus();
+    if (q != CUDA_ERROR_NOT_READY) {
+      return cuda::CuCheck(*driver_, q, absl::StrCat(where, ": ", what));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": ", what, " did not finish within the collective timeout (",
+          timeout_.count(), " ms)"));
+    }
+    absl::SleepFor(nap);
+    nap = std::min(nap * 2, absl::Milliseconds(1));
+  }
 }
 
 absl::Status CudaBucketReducer::CopyToDevice(int bucket,
@@ -590,7 +592,7 @@ absl::Status CudaBucketReducer::CopyToDevice(int bucket,
 absl::Status CudaBucketReducer::Drain(absl::Time deadline,
                                       absl::string_view context) {
   // Once per plan switch: an event recorded on each daemon stream after
-  // everything queued there, polled like WaitForHost (bounded).
+  // everything queued there, polled (bounded).
   for (Group& g : groups_) {
     const std::string where = absl::StrCat(context, " device ", g.device);
     RETURN_IF_ERROR(cuda::UseDevice(*driver_, g.device, where));
@@ -600,25 +602,8 @@ absl::Status CudaBucketReducer::Drain(absl::Time deadline,
     RETURN_IF_ERROR(cuda::CuCheck(
         *driver_, driver_->cuEventRecord(drained.get(), g.stream.get()),
         absl::StrCat(where, ": cuEventRecord")));
-    absl::Duration nap = absl::Microseconds(10);
-    while (true) {
-      const CUresult q = driver_->cuEventQuery(drained.get());
-      if (q == CUDA_SUCCESS) break;
-      if (q != CUDA_ERROR_NOT_READY) {
-        return cuda::CuCheck(
-            *driver_, q,
-            absl::StrCat(where, ": draining the copies back from staging"));
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            where,
-            ": the copies back from host staging did not finish within the "
-            "collective timeout (",
-            timeout_.count(), " ms)"));
-      }
-      absl::SleepFor(nap);
-      nap = std::min(nap * 2, absl::Milliseconds(1));
-    }
+    RETURN_IF_ERROR(PollEvent(drained.get(), deadline, where,
+                              "the copies back from host staging"));
   }
   return absl::OkStatus();
 }

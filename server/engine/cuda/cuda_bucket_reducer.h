@@ -186,6 +186,11 @@ class CudaBucketReducer final : public BucketReducerInterface,
   absl::Status CopyToDevice(int bucket, absl::Span<const Copy> copies,
                             absl::string_view context) override;
   absl::Status Drain(absl::Time deadline, absl::string_view context) override;
+  // Polls `event` (its device's context current) until it has fired:
+  // bounded by `deadline`, and no driver spinning on a core the trainers
+  // need (as cuEventSynchronize would). Errors name `where` and `what`.
+  absl::Status PollEvent(CUevent event, absl::Time deadline,
+                         const std::string& where, absl::string_view what);
 
   const std::string job_id_;
   const int world_;
