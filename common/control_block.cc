@@ -16,6 +16,22 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
+std::string CollectiveKindName(int32_t kind) {
+  switch (static_cast<CollectiveKind>(kind)) {
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllreduce:
+      return "allreduce";
+    case CollectiveKind::kAllgather:
+      return "allgather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+  }
+  return absl::StrCat("kind ", kind);
+}
+
 uint64_t MonotonicNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

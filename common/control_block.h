@@ -53,6 +53,27 @@
 //           copies root's area into every other rank's area,
 //           header.bcast_done_seq = k, WakeClients.
 //
+// Collectives (version 4): the broadcast slot and area carry every
+// collective of arbitrary data (the area is the "collective area",
+// AttachRequest.broadcast_bytes bytes per rank, after the bucket region in
+// each rank's memory). A round k is one of CollectiveKind; besides root and
+// bytes, rank r writes kind, dtype (gradd.v1.DType numbering, integers
+// 5..8 included, common/collective_reduce.h) and op before ready_seq = k.
+// The daemon starts round k when every rank is ready for it and all agree
+// on (kind, dtype, op, bytes, root); a disagreement fails the job with
+// INVALID_ARGUMENT naming both local ranks and both values. What the area
+// holds, per kind (n = the job's global world size):
+//   broadcast       bytes of the root's data -> every area
+//   allreduce       bytes of elements -> the op over every rank's, in place
+//   reduce_scatter  the same as allreduce for the daemon (the client packs
+//                   the same slice of every rank block and reads its own)
+//   allgather       bytes of this rank's block at offset 0 -> n * bytes, the
+//                   blocks in global rank order (needs n * bytes <= area)
+//   barrier         bytes 0; completes once every rank of the job is in it
+// Across nodes the daemons first check that they run the same round (one
+// small allreduce of the round's description), then reduce / gather through
+// the job's collective backend.
+//
 // Join (uneven inputs, DDP's join(); the state machine is drawn in
 // server/engine/join_state.h), per join "epoch" e = 1, 2, ...:
 //   client: JoinSlot(r): flags, begin = current iteration, then
@@ -82,6 +103,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -90,7 +113,8 @@ namespace gradd {
 inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
 // 2: the daemon's heartbeat and the join region.
 // 3: split into a read-only job block and per-rank blocks, per-rank bells.
-inline constexpr uint32_t kControlVersion = 3;
+// 4: collectives through the broadcast slot (kind, dtype, op).
+inline constexpr uint32_t kControlVersion = 4;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -137,10 +161,26 @@ struct alignas(kCacheLine) RankHeader {
   std::atomic<uint32_t> sleeping;
 };
 
+// What a collective round does (BroadcastSlot::kind).
+enum class CollectiveKind : int32_t {
+  kBroadcast = 0,
+  kAllreduce = 1,
+  kAllgather = 2,
+  kReduceScatter = 3,
+  kBarrier = 4,
+};
+// "broadcast", "allreduce", ...; "kind <n>" for anything else.
+std::string CollectiveKindName(int32_t kind);
+
+// Rank -> daemon: rank r's next collective round (the broadcast slot of
+// versions <= 3, which had only ready_seq, bytes and root).
 struct alignas(kCacheLine) BroadcastSlot {
   std::atomic<uint64_t> ready_seq;
   std::atomic<uint64_t> bytes;
   std::atomic<int32_t> root;
+  std::atomic<int32_t> kind;   // CollectiveKind
+  std::atomic<int32_t> dtype;  // allreduce / reduce_scatter: element type
+  std::atomic<int32_t> op;     // allreduce / reduce_scatter: reduction
 };
 
 // JoinSlot::flags.

@@ -130,6 +130,60 @@ py::dtype NumpyDType(int32_t dtype) {
   }
 }
 
+[[noreturn]] void RaiseInvalid(const std::string& message) {
+  RaiseStatus(absl::InvalidArgumentError(message));
+}
+
+void CheckContiguous(const py::array& a, const char* what) {
+  if (!(a.flags() & py::array::c_style)) {
+    RaiseInvalid(std::string(what) + " must be a C-contiguous array");
+  }
+  const char order = a.dtype().byteorder();
+  const bool little = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+  if ((order == '>' && little) || (order == '<' && !little)) {
+    RaiseInvalid(std::string(what) + " must be in native byte order");
+  }
+}
+
+void CheckWritable(const py::array& a, const char* what) {
+  CheckContiguous(a, what);
+  if (!a.writeable()) {
+    RaiseInvalid(std::string(what) + " must be writable");
+  }
+}
+
+// gradd::dtype::k* of a numpy array.
+int32_t CollectiveDType(const py::array& a, bool bfloat16, const char* what) {
+  CheckContiguous(a, what);
+  const char kind = a.dtype().kind();
+  const ssize_t size = a.itemsize();
+  if (bfloat16) {
+    if ((kind == 'i' || kind == 'u') && size == 2) return dtype::kBFloat16;
+    RaiseInvalid(std::string(what) +
+                 ": bfloat16=True needs an int16/uint16 array holding the "
+                 "bfloat16 bits");
+  }
+  if (kind == 'f' && size == 4) return dtype::kFloat32;
+  if (kind == 'f' && size == 8) return dtype::kFloat64;
+  if (kind == 'f' && size == 2) return dtype::kFloat16;
+  if (kind == 'i' && size == 4) return dtype::kInt32;
+  if (kind == 'i' && size == 8) return dtype::kInt64;
+  if (kind == 'u' && size == 1) return dtype::kUInt8;
+  if (kind == 'i' && size == 1) return dtype::kInt8;
+  RaiseInvalid(std::string(what) + ": unsupported dtype " +
+               std::string(py::str(a.dtype())) +
+               " (float32, float64, float16, int32, int64, uint8, int8; "
+               "bfloat16 as int16 bits with bfloat16=True)");
+}
+
+ReduceOp ParseOp(const std::string& op) {
+  if (op == "sum") return ReduceOp::kSum;
+  if (op == "avg") return ReduceOp::kAvg;
+  if (op == "min") return ReduceOp::kMin;
+  if (op == "max") return ReduceOp::kMax;
+  RaiseInvalid("unknown reduce op '" + op + "' (sum, avg, min, max)");
+}
+
 class PyClient {
  public:
   PyClient(std::unique_ptr<Client> client, std::vector<ClientParam> params)
@@ -213,6 +267,88 @@ class PyClient {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(call_mu_);
       s = client_->Broadcast(info.ptr, bytes, root);
+    }
+    Check(s);
+  }
+
+  // Collectives of numpy arrays (collectives.h). Arrays are taken as they
+  // are (no conversion: an in-place result must land in the caller's
+  // array): C-contiguous, native byte order, float32/float64/float16,
+  // int32/int64/uint8/int8, or int16/uint16 holding bfloat16 bits with
+  // bfloat16=True. Errors are GraddErrors (InvalidArgumentError is also a
+  // ValueError).
+  void Allreduce(py::array array, const std::string& op, bool bfloat16) {
+    const int32_t dtype = CollectiveDType(array, bfloat16, "allreduce");
+    const ReduceOp reduce = ParseOp(op);
+    CheckWritable(array, "allreduce");
+    void* data = array.size() > 0 ? array.mutable_data() : nullptr;
+    const size_t count = static_cast<size_t>(array.size());
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->Allreduce(data, count, dtype, reduce);
+    }
+    Check(s);
+  }
+
+  void Allgather(const py::array& input, py::array output) {
+    CheckContiguous(input, "allgather input");
+    CheckWritable(output, "allgather output");
+    const size_t bytes = static_cast<size_t>(input.nbytes());
+    const size_t world = static_cast<size_t>(client_->world_size());
+    if (static_cast<size_t>(output.nbytes()) != bytes * world) {
+      RaiseStatus(absl::InvalidArgumentError(
+          "allgather: output has " + std::to_string(output.nbytes()) +
+          " bytes; it needs world_size (" + std::to_string(world) +
+          ") x input's " + std::to_string(bytes)));
+    }
+    const void* in = bytes > 0 ? input.data() : nullptr;
+    void* out = bytes > 0 ? output.mutable_data() : nullptr;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->Allgather(in, bytes, out);
+    }
+    Check(s);
+  }
+
+  void ReduceScatter(const py::array& input, py::array output,
+                     const std::string& op, bool bfloat16) {
+    const int32_t dtype = CollectiveDType(input, bfloat16, "reduce_scatter");
+    if (CollectiveDType(output, bfloat16, "reduce_scatter") != dtype ||
+        output.itemsize() != input.itemsize()) {
+      RaiseStatus(absl::InvalidArgumentError(
+          "reduce_scatter: input and output have different dtypes"));
+    }
+    const ReduceOp reduce = ParseOp(op);
+    CheckWritable(output, "reduce_scatter output");
+    const size_t count = static_cast<size_t>(output.size());
+    const size_t world = static_cast<size_t>(client_->world_size());
+    if (static_cast<size_t>(input.size()) != count * world) {
+      RaiseStatus(absl::InvalidArgumentError(
+          "reduce_scatter: input has " + std::to_string(input.size()) +
+          " elements; it needs world_size (" + std::to_string(world) +
+          ") x output's " + std::to_string(count)));
+    }
+    const void* in = count > 0 ? input.data() : nullptr;
+    void* out = count > 0 ? output.mutable_data() : nullptr;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->ReduceScatter(in, out, count, dtype, reduce);
+    }
+    Check(s);
+  }
+
+  void Barrier() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->Barrier();
     }
     Check(s);
   }
@@ -338,11 +474,12 @@ std::unique_ptr<PyClient> Attach(
     const py::iterable& params, const std::string& socket,
     const std::string& job_id, int local_rank, int local_world_size,
     double bucket_cap_mb, double first_bucket_cap_mb, size_t broadcast_bytes,
-    double connect_timeout, double attach_timeout, double wait_timeout,
-    const std::string& node_id, std::optional<int> node_rank, int num_nodes,
-    const std::string& coordinator, bool find_unused_parameters,
-    bool rebuild_buckets, const std::string& comm_hook, int world_size,
-    std::optional<int> rank, int cuda_device) {
+    size_t collective_bytes, double connect_timeout, double attach_timeout,
+    double wait_timeout, const std::string& node_id,
+    std::optional<int> node_rank, int num_nodes, const std::string& coordinator,
+    bool find_unused_parameters, bool rebuild_buckets,
+    const std::string& comm_hook, int world_size, std::optional<int> rank,
+    int cuda_device) {
   ClientOptions options;
   options.world_size = world_size;
   options.rank = rank;
@@ -355,6 +492,7 @@ std::unique_ptr<PyClient> Attach(
   options.bucket_cap_mb = bucket_cap_mb;
   options.first_bucket_cap_mb = first_bucket_cap_mb;
   options.broadcast_bytes = broadcast_bytes;
+  options.collective_bytes = collective_bytes;
   options.connect_timeout = Millis(connect_timeout);
   options.attach_timeout = Millis(attach_timeout);
   options.wait_timeout = Millis(wait_timeout);
@@ -596,6 +734,22 @@ PYBIND11_MODULE(_C, m) {
            "Daemon-mediated broadcast, in place, of a writable contiguous "
            "buffer (bytes <= the attach's broadcast_bytes) from global rank "
            "`root`. Every rank must make the same sequence of calls.")
+      .def("allreduce", &PyClient::Allreduce, py::arg("array").noconvert(),
+           py::arg("op") = "sum", py::kw_only(), py::arg("bfloat16") = false,
+           "In place: array = op over every rank's array (op 'sum', 'avg', "
+           "'min', 'max'; avg of integers is refused). Blocks, GIL "
+           "released; every rank must call the same collectives.")
+      .def("allgather", &PyClient::Allgather, py::arg("input").noconvert(),
+           py::arg("output").noconvert(),
+           "output (world_size x input's bytes) = every rank's input in "
+           "rank order.")
+      .def("reduce_scatter", &PyClient::ReduceScatter,
+           py::arg("input").noconvert(), py::arg("output").noconvert(),
+           py::arg("op") = "sum", py::kw_only(), py::arg("bfloat16") = false,
+           "input: world_size x output's elements; output = this rank's "
+           "block of the element-wise reduction.")
+      .def("barrier", &PyClient::Barrier,
+           "Returns once every rank of the job entered the barrier.")
       .def("join_enter", &PyClient::JoinEnter,
            py::arg("divide_by_initial_world_size") = true,
            py::arg("throw_on_early_termination") = false,
@@ -666,11 +820,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("socket") = "", py::arg("job_id") = "default",
         py::arg("local_rank") = 0, py::arg("local_world_size") = 1,
         py::arg("bucket_cap_mb") = 0.0, py::arg("first_bucket_cap_mb") = 0.0,
-        py::arg("broadcast_bytes") = 0, py::arg("connect_timeout") = 10.0,
-        py::arg("attach_timeout") = 120.0, py::arg("wait_timeout") = 600.0,
-        py::arg("node_id") = "", py::arg("node_rank") = py::none(),
-        py::arg("num_nodes") = 0, py::arg("coordinator") = "",
-        py::arg("find_unused_parameters") = false,
+        py::arg("broadcast_bytes") = 0, py::arg("collective_bytes") = 0,
+        py::arg("connect_timeout") = 10.0, py::arg("attach_timeout") = 120.0,
+        py::arg("wait_timeout") = 600.0, py::arg("node_id") = "",
+        py::arg("node_rank") = py::none(), py::arg("num_nodes") = 0,
+        py::arg("coordinator") = "", py::arg("find_unused_parameters") = false,
         py::arg("rebuild_buckets") = true, py::arg("comm_hook") = "",
         py::arg("world_size") = 0, py::arg("rank") = py::none(),
         py::arg("cuda_device") = -1,
@@ -682,5 +836,7 @@ PYBIND11_MODULE(_C, m) {
         "socket='' uses $GRADD_SOCKET or the daemon's default path; timeouts "
         "are in seconds; bucket caps of 0 use the daemon's defaults. "
         "find_unused_parameters=True adds the per-iteration used map "
-        "(mark_unused, globally_used).");
+        "(mark_unused, globally_used). collective_bytes: the shared area "
+        "for allreduce/allgather/reduce_scatter/barrier (0: 4 MiB when "
+        "params is empty, a collective-only job).");
 }

@@ -137,6 +137,9 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
   if (GRADD_HAS_FIELD(options, cuda_device)) {
     o.cuda_device = options->cuda_device;
   }
+  if (GRADD_HAS_FIELD(options, collective_bytes)) {
+    o.collective_bytes = options->collective_bytes;
+  }
   auto client = gradd::Client::Attach(o, list);
   if (!client.ok()) return Report(client.status());
   *out = new gradd_client{std::move(client).value()};
@@ -206,6 +209,31 @@ int gradd_skip_used_map(gradd_client* client) {
 int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root) {
   if (client == nullptr) return NullClient("gradd_broadcast");
   return Report(client->impl->Broadcast(data, bytes, root));
+}
+
+int gradd_allreduce(gradd_client* client, void* data, size_t count,
+                    int32_t dtype, int32_t op) {
+  if (client == nullptr) return NullClient("gradd_allreduce");
+  return Report(client->impl->Allreduce(data, count, dtype,
+                                        static_cast<gradd::ReduceOp>(op)));
+}
+
+int gradd_allgather(gradd_client* client, const void* input, size_t bytes,
+                    void* output) {
+  if (client == nullptr) return NullClient("gradd_allgather");
+  return Report(client->impl->Allgather(input, bytes, output));
+}
+
+int gradd_reduce_scatter(gradd_client* client, const void* input, void* output,
+                         size_t count, int32_t dtype, int32_t op) {
+  if (client == nullptr) return NullClient("gradd_reduce_scatter");
+  return Report(client->impl->ReduceScatter(input, output, count, dtype,
+                                            static_cast<gradd::ReduceOp>(op)));
+}
+
+int gradd_barrier(gradd_client* client) {
+  if (client == nullptr) return NullClient("gradd_barrier");
+  return Report(client->impl->Barrier());
 }
 
 int gradd_join_enter(gradd_client* client, int divide_by_initial_world_size,

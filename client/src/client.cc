@@ -52,6 +52,7 @@
 #include "client/src/plan_move.h"
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
+#include "common/collective_reduce.h"
 #include "common/control_block.h"
 #include "common/control_mapping.h"
 #include "common/doorbell.h"
@@ -219,6 +220,14 @@ class ClientImpl final : public Client {
   }
   bool BucketDone(int bucket) const override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
+  // Collectives (collectives.h), in client_collectives below.
+  absl::Status Allreduce(void* data, size_t count, int32_t dtype,
+                         ReduceOp op) override;
+  absl::Status Allgather(const void* input, size_t bytes,
+                         void* output) override;
+  absl::Status ReduceScatter(const void* input, void* output, size_t count,
+                             int32_t dtype, ReduceOp op) override;
+  absl::Status Barrier() override;
   absl::Status Detach() override;
   absl::StatusOr<bool> RebuildBuckets() override;
   bool buckets_rebuilt() const override { return rebuilt_; }
@@ -297,6 +306,16 @@ class ClientImpl final : public Client {
     broadcast_seq_ = std::max(broadcast_seq_, c.bcast_seq);
   }
   absl::Status BroadcastImpl(void* data, size_t bytes, int root);
+  // One collective round on the area (common/control_block.h), whose
+  // contents the caller has written: publishes the round, waits for the
+  // daemon.
+  absl::Status AreaRound(CollectiveKind kind, int32_t dtype, int32_t op,
+                         uint64_t bytes, int32_t root);
+  // OK when collectives can run now; `what` names the call in errors.
+  absl::Status CollectiveUsable(absl::string_view what) const;
+  // Validated dtype / op of Allreduce and ReduceScatter.
+  absl::StatusOr<size_t> ReductionElementSize(absl::string_view what,
+                                              int32_t dtype, ReduceOp op) const;
   // Points the parameters and buckets at `views` and resets the per-bucket
   // counters (between iterations only).
   void UsePlan(PlanViews views);
@@ -725,13 +744,8 @@ absl::Status ClientImpl::BroadcastImpl(void* data, size_t bytes, int root) {
   if (broadcast_bytes_ == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("Broadcast needs a broadcast area: attach with "
-                     "ClientOptions::broadcast_bytes > 0 (",
+                     "ClientOptions::broadcast_bytes or collective_bytes > 0 (",
                      Who(), ")"));
-  }
-  if (bytes > broadcast_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Broadcast of ", bytes, " bytes exceeds the broadcast area of ",
-        broadcast_bytes_, " bytes; send it in rounds (", Who(), ")"));
   }
   if (root < 0 || root >= world_size_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -741,27 +755,186 @@ absl::Status ClientImpl::BroadcastImpl(void* data, size_t bytes, int root) {
   if (bytes > 0 && data == nullptr) {
     return absl::InvalidArgumentError("Broadcast of a null buffer");
   }
-  if (root == global_rank_ && bytes > 0) {
-    std::memcpy(broadcast_area_, data, bytes);
-  }
+  // Larger data goes in rounds of at most the area's size (every rank
+  // computes the same split from the same size).
+  char* p = static_cast<char*>(data);
+  size_t off = 0;
+  do {
+    const size_t n = std::min(bytes - off, broadcast_bytes_);
+    if (root == global_rank_ && n > 0) {
+      std::memcpy(broadcast_area_, p + off, n);
+    }
+    RETURN_IF_ERROR(AreaRound(CollectiveKind::kBroadcast, 0, 0, n, root));
+    if (root != global_rank_ && n > 0) {
+      std::memcpy(p + off, broadcast_area_, n);
+    }
+    off += n;
+  } while (off < bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::AreaRound(CollectiveKind kind, int32_t dtype,
+                                   int32_t op, uint64_t bytes, int32_t root) {
   const uint64_t k = ++broadcast_seq_;
   BroadcastSlot* slot = layout_.bcast(
       control_.data(), static_cast<uint32_t>(options_.local_rank));
   slot->root.store(root, std::memory_order_relaxed);
   slot->bytes.store(bytes, std::memory_order_relaxed);
-  // Release: the daemon reading ready_seq == k sees root, bytes and the
-  // root's data.
+  slot->kind.store(static_cast<int32_t>(kind), std::memory_order_relaxed);
+  slot->dtype.store(dtype, std::memory_order_relaxed);
+  slot->op.store(op, std::memory_order_relaxed);
+  // Release: the daemon reading ready_seq == k sees the description and
+  // the area's contents.
   slot->ready_seq.store(k, std::memory_order_release);
   RingDaemon(header_, me_, bell_.get());
-  RETURN_IF_ERROR(Wait(
+  return Wait(
       [this, k] {
         return header_->bcast_done_seq.load(std::memory_order_acquire) >= k;
       },
-      absl::StrCat("broadcast ", k, " from rank ", root)));
-  if (root != global_rank_ && bytes > 0) {
-    std::memcpy(data, broadcast_area_, bytes);
+      kind == CollectiveKind::kBroadcast
+          ? absl::StrCat("broadcast ", k, " from rank ", root)
+          : absl::StrCat(CollectiveKindName(static_cast<int32_t>(kind)),
+                         " (collective round ", k, ")"));
+}
+
+// Collectives (collectives.h). Each call is one or more rounds through the
+// area: every rank computes the same split from the same sizes, so the
+// daemon sees the same sequence of rounds from every rank and checks each
+// one's description (kind, dtype, op, bytes). Zero-size calls still run one
+// (empty) round, so that a rank that passes 0 where the others pass data
+// is caught, not left to hang the next call.
+
+absl::Status ClientImpl::CollectiveUsable(absl::string_view what) const {
+  RETURN_IF_ERROR(CheckFailed());
+  if (in_join()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " in join mode (", Who(),
+                     "); only Broadcast (JoinActive's sync) runs there"));
+  }
+  if (broadcast_bytes_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " needs a collective area: attach with "
+                     "ClientOptions::collective_bytes > 0 (",
+                     Who(), ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> ClientImpl::ReductionElementSize(absl::string_view what,
+                                                        int32_t dtype,
+                                                        ReduceOp op) const {
+  absl::StatusOr<CollectiveDType> t = CollectiveDTypeFromInt(dtype);
+  absl::StatusOr<CollectiveOp> o =
+      CollectiveOpFromInt(static_cast<int32_t>(op));
+  absl::Status s = !t.ok()   ? t.status()
+                   : !o.ok() ? o.status()
+                             : CheckReduction(*t, *o);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", s.message(), " (", Who(), ")"));
+  }
+  return CollectiveDTypeSize(*t);
+}
+
+absl::Status ClientImpl::Allreduce(void* data, size_t count, int32_t dtype,
+                                   ReduceOp op) {
+  ASSIGN_OR_RETURN(const size_t elem,
+                   ReductionElementSize("Allreduce", dtype, op));
+  RETURN_IF_ERROR(CollectiveUsable("Allreduce"));
+  if (count > 0 && data == nullptr) {
+    return absl::InvalidArgumentError("Allreduce of a null buffer");
+  }
+  const size_t per_round = broadcast_bytes_ / elem;
+  if (per_round == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Allreduce: the collective area of ", broadcast_bytes_,
+                     " bytes holds no element (", Who(), ")"));
+  }
+  char* p = static_cast<char*>(data);
+  size_t off = 0;  // elements
+  do {
+    const size_t n = std::min(count - off, per_round);
+    if (n > 0) std::memcpy(broadcast_area_, p + off * elem, n * elem);
+    RETURN_IF_ERROR(AreaRound(CollectiveKind::kAllreduce, dtype,
+                              static_cast<int32_t>(op), n * elem, 0));
+    if (n > 0) std::memcpy(p + off * elem, broadcast_area_, n * elem);
+    off += n;
+  } while (off < count);
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::Allgather(const void* input, size_t bytes,
+                                   void* output) {
+  RETURN_IF_ERROR(CollectiveUsable("Allgather"));
+  if (bytes > 0 && (input == nullptr || output == nullptr)) {
+    return absl::InvalidArgumentError("Allgather of a null buffer");
+  }
+  const size_t world = static_cast<size_t>(world_size_);
+  // Every rank's block of a round must fit the area together.
+  const size_t per_round = broadcast_bytes_ / world;
+  if (per_round == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Allgather: the collective area of ", broadcast_bytes_,
+        " bytes is smaller than the world size ", world, " (", Who(), ")"));
+  }
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  size_t off = 0;
+  do {
+    const size_t n = std::min(bytes - off, per_round);
+    if (n > 0) std::memcpy(broadcast_area_, in + off, n);
+    RETURN_IF_ERROR(AreaRound(CollectiveKind::kAllgather, 0, 0, n, 0));
+    for (size_t j = 0; j < world && n > 0; ++j) {
+      std::memcpy(out + j * bytes + off, broadcast_area_ + j * n, n);
+    }
+    off += n;
+  } while (off < bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::ReduceScatter(const void* input, void* output,
+                                       size_t count, int32_t dtype,
+                                       ReduceOp op) {
+  ASSIGN_OR_RETURN(const size_t elem,
+                   ReductionElementSize("ReduceScatter", dtype, op));
+  RETURN_IF_ERROR(CollectiveUsable("ReduceScatter"));
+  if (count > 0 && (input == nullptr || output == nullptr)) {
+    return absl::InvalidArgumentError("ReduceScatter of a null buffer");
+  }
+  const size_t world = static_cast<size_t>(world_size_);
+  // A round reduces the same slice [off, off + n) of every rank block,
+  // packed block after block in the area; this rank keeps its block's.
+  const size_t per_round = broadcast_bytes_ / (world * elem);
+  if (per_round == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ReduceScatter: the collective area of ", broadcast_bytes_,
+                     " bytes holds no element per rank (world size ", world,
+                     ", ", Who(), ")"));
+  }
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  const size_t me = static_cast<size_t>(global_rank_);
+  size_t off = 0;  // elements within a block
+  do {
+    const size_t n = std::min(count - off, per_round);
+    for (size_t j = 0; j < world && n > 0; ++j) {
+      std::memcpy(broadcast_area_ + j * n * elem, in + (j * count + off) * elem,
+                  n * elem);
+    }
+    RETURN_IF_ERROR(AreaRound(CollectiveKind::kReduceScatter, dtype,
+                              static_cast<int32_t>(op), world * n * elem, 0));
+    if (n > 0) {
+      std::memcpy(out + off * elem, broadcast_area_ + me * n * elem, n * elem);
+    }
+    off += n;
+  } while (off < count);
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::Barrier() {
+  RETURN_IF_ERROR(CollectiveUsable("Barrier"));
+  return AreaRound(CollectiveKind::kBarrier, 0, 0, 0, 0);
 }
 
 absl::Status ClientImpl::Detach() {
@@ -799,6 +972,17 @@ absl::Status ClientImpl::SetCommHook(const CommHookOptions& hook) {
   const grpc::Status s = stub_->SetCommHook(&context, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+// The size of the rank's shared area for broadcasts and collectives.
+size_t CollectiveAreaBytes(const ClientOptions& options, size_t num_params) {
+  size_t collective = options.collective_bytes;
+  if (collective == 0 && num_params == 0) collective = kDefaultCollectiveBytes;
+  return std::max(options.broadcast_bytes, collective);
 }
 
 }  // namespace
@@ -903,7 +1087,10 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   request.set_session_id(hello.session_id);
   request.set_bucket_cap_mb(options.bucket_cap_mb);
   request.set_first_bucket_cap_mb(options.first_bucket_cap_mb);
-  request.set_broadcast_bytes(options.broadcast_bytes);
+  // One area carries broadcasts and the other collectives: the larger of
+  // the two sizes asked for (collectives.h's default for a collective-only
+  // job).
+  request.set_broadcast_bytes(CollectiveAreaBytes(options, params.size()));
   request.set_node_id(options.node_id);
   if (options.node_rank.has_value()) request.set_node_rank(*options.node_rank);
   request.set_num_nodes(options.num_nodes);
@@ -976,7 +1163,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
         fds_header.attach_id, ", expected ", response.attach_id(), ")"));
   }
 
-  if (response.buckets_size() == 0) {
+  if (response.buckets_size() == 0 && !params.empty()) {
     return absl::InternalError("gradd returned a plan without buckets");
   }
   auto client = std::make_unique<ClientImpl>(

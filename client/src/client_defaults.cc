@@ -9,3 +9,26 @@ absl::Status Client::MarkReadyOn(int param, void*) { return MarkReady(param); }
 absl::Status Client::WaitAllOn(void*) { return WaitAll(); }
 
 }  // namespace gradd
+
+namespace gradd {
+
+// Collectives: clients that do not implement them (wrappers, test fakes).
+absl::Status Client::Allreduce(void*, size_t, int32_t, ReduceOp) {
+  return absl::UnimplementedError("Allreduce is not supported by this client");
+}
+
+absl::Status Client::Allgather(const void*, size_t, void*) {
+  return absl::UnimplementedError("Allgather is not supported by this client");
+}
+
+absl::Status Client::ReduceScatter(const void*, void*, size_t, int32_t,
+                                   ReduceOp) {
+  return absl::UnimplementedError(
+      "ReduceScatter is not supported by this client");
+}
+
+absl::Status Client::Barrier() {
+  return absl::UnimplementedError("Barrier is not supported by this client");
+}
+
+}  // namespace gradd

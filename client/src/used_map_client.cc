@@ -125,6 +125,19 @@ class UsedMapClient final : public Client {
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
     return inner_->Broadcast(data, bytes, root);
   }
+  absl::Status Allreduce(void* data, size_t count, int32_t dtype,
+                         ReduceOp op) override {
+    return inner_->Allreduce(data, count, dtype, op);
+  }
+  absl::Status Allgather(const void* input, size_t bytes,
+                         void* output) override {
+    return inner_->Allgather(input, bytes, output);
+  }
+  absl::Status ReduceScatter(const void* input, void* output, size_t count,
+                             int32_t dtype, ReduceOp op) override {
+    return inner_->ReduceScatter(input, output, count, dtype, op);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
   absl::Status JoinEnter(const JoinOptions& options) override {
     return inner_->JoinEnter(options);
   }

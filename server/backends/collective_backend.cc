@@ -90,3 +90,14 @@ absl::Status CollectiveBackendInterface::AverageThroughAllreduceSum(
 }
 
 }  // namespace gradd
+
+namespace gradd {
+
+absl::Status CollectiveBackendInterface::AllreduceWith(void*, size_t, size_t,
+                                                       CombineFn) {
+  return absl::UnimplementedError(
+      "this collective backend has no allreduce of arbitrary data "
+      "(collectives need the Gloo backend between daemons)");
+}
+
+}  // namespace gradd

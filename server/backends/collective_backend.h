@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/collective_reduce.h"
 #include "common/dtype.h"
 
 namespace gradd {
@@ -82,6 +83,16 @@ class CollectiveBackendInterface {
   // In-place copy of `bytes` bytes from node `root_node` to every node.
   [[nodiscard]] virtual absl::Status Broadcast(void* data, size_t bytes,
                                                int root_node) = 0;
+  // In-place element-wise reduction of `count` elements of `elem_bytes`
+  // bytes each (1, 2, 4 or 8) across all nodes: every node ends with
+  // combine(...combine(node 0, node 1)..., node n-1) in some association
+  // order (exact for min/max and integer sums; float sums round like
+  // AllreduceSum). Carries the collectives of arbitrary data
+  // (common/collective_reduce.h); every node must pass the same count,
+  // element size and combine function. The default: UNIMPLEMENTED.
+  [[nodiscard]] virtual absl::Status AllreduceWith(void* data, size_t count,
+                                                   size_t elem_bytes,
+                                                   CombineFn combine);
   // Human-readable name of node `node_rank` for error messages.
   virtual std::string NodeName(int node_rank) const = 0;
 

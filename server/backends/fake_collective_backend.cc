@@ -16,9 +16,12 @@ namespace {
 
 constexpr int kAllreduce = 1;
 constexpr int kBroadcast = 2;
+constexpr int kCombine = 3;
 
 const char* KindName(int kind) {
-  return kind == kAllreduce ? "AllreduceSum" : "Broadcast";
+  return kind == kAllreduce ? "AllreduceSum"
+         : kind == kCombine ? "AllreduceWith"
+                            : "Broadcast";
 }
 
 template <typename T>
@@ -75,7 +78,8 @@ class FakeCollectiveBackend::Group {
   }
 
   absl::Status Run(int rank, uint64_t seq, int kind, void* data, size_t count,
-                   DType dtype, int root) {
+                   DType dtype, int root, size_t elem = 0,
+                   CombineFn combine = nullptr) {
     absl::MutexLock lock(&mu_);
     Op& op = ops_[seq];
     if (op.data.empty()) {
@@ -84,9 +88,12 @@ class FakeCollectiveBackend::Group {
       op.count = count;
       op.dtype = dtype;
       op.root = root;
+      op.elem = elem;
+      op.combine = combine;
       op.first = rank;
-    } else if (!op.done && (op.kind != kind || op.count != count ||
-                            op.dtype != dtype || op.root != root)) {
+    } else if (!op.done &&
+               (op.kind != kind || op.count != count || op.dtype != dtype ||
+                op.root != root || op.elem != elem || op.combine != combine)) {
       op.result = absl::InvalidArgumentError(absl::StrCat(
           "mismatched collective #", seq, ": node ", Name(op.first), " called ",
           KindName(op.kind), "(count ", op.count, ", root ", op.root,
@@ -98,7 +105,15 @@ class FakeCollectiveBackend::Group {
     op.data[rank] = data;
     ++op.arrived;
     if (!op.done && op.arrived == num_nodes_) {
-      if (kind == kAllreduce) {
+      if (kind == kCombine) {
+        // Node-rank order, like the sums.
+        for (int r = 1; r < num_nodes_; ++r) {
+          combine(op.data[0], op.data[0], op.data[r], count);
+        }
+        for (int r = 1; r < num_nodes_; ++r) {
+          std::memcpy(op.data[r], op.data[0], count * elem);
+        }
+      } else if (kind == kAllreduce) {
         if (dtype == DType::kFloat64) {
           SumAll<double>(op.data, count);
         } else if (dtype == DType::kFloat16) {
@@ -167,6 +182,8 @@ class FakeCollectiveBackend::Group {
     size_t count = 0;
     DType dtype = DType::kFloat32;
     int root = 0;
+    size_t elem = 0;
+    CombineFn combine = nullptr;
     int first = 0;
     int arrived = 0;
     int released = 0;
@@ -207,10 +224,11 @@ std::string FakeCollectiveBackend::NodeName(int node_rank) const {
 }
 
 absl::Status FakeCollectiveBackend::Run(int kind, void* data, size_t count,
-                                        DType dtype, int root) {
+                                        DType dtype, int root, size_t elem,
+                                        CombineFn combine) {
   if (!broken_.ok()) return broken_;
-  absl::Status status =
-      group_->Run(node_rank_, next_seq_++, kind, data, count, dtype, root);
+  absl::Status status = group_->Run(node_rank_, next_seq_++, kind, data, count,
+                                    dtype, root, elem, combine);
   if (!status.ok()) {
     broken_ = absl::Status(
         status.code(), absl::StrCat("fake backend, node ", NodeName(node_rank_),
@@ -234,6 +252,16 @@ absl::Status FakeCollectiveBackend::AllreduceAverage(const LocalAverage& work) {
   ++average_calls_;
   if (work.to_sum == 1 && work.buffers.size() > 1) ++presummed_average_calls_;
   return CollectiveBackendInterface::AllreduceAverage(work);
+}
+
+absl::Status FakeCollectiveBackend::AllreduceWith(void* data, size_t count,
+                                                  size_t elem_bytes,
+                                                  CombineFn combine) {
+  if (combine == nullptr || elem_bytes == 0) {
+    return absl::InvalidArgumentError("fake AllreduceWith: no combine");
+  }
+  ++with_calls_;
+  return Run(kCombine, data, count, DType::kFloat32, 0, elem_bytes, combine);
 }
 
 absl::Status FakeCollectiveBackend::Broadcast(void* data, size_t bytes,

@@ -51,6 +51,10 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
       const LocalAverage& work) override;
   [[nodiscard]] absl::Status Broadcast(void* data, size_t bytes,
                                        int root_node) override;
+  // Folds the nodes' data in node-rank order with `combine`.
+  [[nodiscard]] absl::Status AllreduceWith(void* data, size_t count,
+                                           size_t elem_bytes,
+                                           CombineFn combine) override;
   std::string NodeName(int node_rank) const override;
 
   // Simulates this node dying: the others' calls fail with UNAVAILABLE.
@@ -58,6 +62,7 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
 
   int64_t allreduce_calls() const { return allreduce_calls_; }
   int64_t broadcast_calls() const { return broadcast_calls_; }
+  int64_t allreduce_with_calls() const { return with_calls_; }
   // Bytes handed to AllreduceSum so far, and each call's dtype in order.
   int64_t allreduce_bytes() const { return allreduce_bytes_; }
   const std::vector<DType>& allreduce_dtypes() const {
@@ -72,7 +77,8 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   FakeCollectiveBackend(std::shared_ptr<Group> group, int node_rank)
       : group_(std::move(group)), node_rank_(node_rank) {}
 
-  absl::Status Run(int kind, void* data, size_t count, DType dtype, int root);
+  absl::Status Run(int kind, void* data, size_t count, DType dtype, int root,
+                   size_t elem = 0, CombineFn combine = nullptr);
 
   std::shared_ptr<Group> group_;
   const int node_rank_;
@@ -80,6 +86,7 @@ class FakeCollectiveBackend final : public CollectiveBackendInterface {
   absl::Status broken_;
   int64_t allreduce_calls_ = 0;
   int64_t broadcast_calls_ = 0;
+  int64_t with_calls_ = 0;
   int64_t allreduce_bytes_ = 0;
   std::vector<DType> allreduce_dtypes_;
   int64_t average_calls_ = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/reduce.h"
+#include "server/engine/area_collective.h"
 
 namespace gradd {
 namespace {
@@ -58,6 +59,15 @@ void FusedReducer::Start(const BucketWork& work, Completion done) {
 
 void BucketReducerInterface::StartBroadcast(const BroadcastWork& work,
                                             Completion done) {
+  if (work.kind != CollectiveKind::kBroadcast) {
+    // Single node: the local halves are the whole round. The scratch is
+    // per round: collectives are rare next to buckets, and a member would
+    // pin up to the largest area for the reducer's life.
+    std::vector<char> scratch;
+    RunLocalAreaCollective(work, &scratch);
+    std::move(done)(absl::OkStatus());
+    return;
+  }
   // Single node: global rank == local rank.
   const std::vector<void*>& areas = *work.rank_areas;
   if (work.root < 0 || static_cast<size_t>(work.root) >= areas.size() ||

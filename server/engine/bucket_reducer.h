@@ -29,6 +29,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "common/collective_reduce.h"
+#include "common/control_block.h"
 #include "common/device.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
@@ -77,8 +79,10 @@ struct BucketWork {
   BucketTiming* timing = nullptr;
 };
 
-// One daemon-mediated broadcast (common/control_block.h): `bytes` bytes from
-// global rank `root`'s broadcast area into every other rank's area.
+// One daemon-mediated collective round (common/control_block.h): by
+// default a broadcast of `bytes` bytes from global rank `root`'s area into
+// every other rank's area; `kind` selects the other collectives
+// (area_collective.h says what each does with the areas).
 struct BroadcastWork {
   uint64_t seq = 0;
   int root = 0;  // global rank, already checked to be in range
@@ -86,7 +90,17 @@ struct BroadcastWork {
   // Each local rank's broadcast area, by local rank; nullptr for a rank that
   // takes no part (joined ranks, join_state.h). A node none of whose ranks
   // take part passes one scratch area (it only relays, never the root).
+  // Collectives other than broadcast never run in join mode: every entry
+  // is set.
   const std::vector<void*>* rank_areas = nullptr;
+  CollectiveKind kind = CollectiveKind::kBroadcast;
+  // allreduce / reduce_scatter only, already validated (CheckReduction).
+  CollectiveDType dtype = CollectiveDType::kUInt8;
+  CollectiveOp op = CollectiveOp::kSum;
+  // The global rank of local rank 0 and the job's world size (allgather's
+  // block positions, avg's divisor).
+  int first_rank = 0;
+  int world_size = 1;
 };
 
 // One join round (join_state.h): `values` summed element-wise across nodes.
@@ -108,7 +122,9 @@ class BucketReducerInterface {
   // for a later iteration than the ones already started (the client API
   // blocks a rank in Broadcast, so its buckets cannot run ahead of it).
   // `work.rank_areas` stays valid until completion. The default is the
-  // single-node copy (global rank == local rank), completing inline.
+  // single-node copy (global rank == local rank), completing inline; for
+  // the other collective kinds the single-node RunLocalAreaCollective
+  // (area_collective.h).
   virtual void StartBroadcast(const BroadcastWork& work, Completion done);
   // Engine thread only. Called before any bucket of `work.iteration` is
   // started, and only while no bucket is with the reducer. The result goes

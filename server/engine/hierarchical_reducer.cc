@@ -10,6 +10,8 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
+#include "common/status_macros.h"
+#include "server/engine/area_collective.h"
 
 namespace gradd {
 namespace {
@@ -441,6 +443,10 @@ void HierarchicalReducer::FinishChunk(Item& item, absl::Status status) {
 
 void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
   const BroadcastWork& work = item.work;
+  if (work.kind != CollectiveKind::kBroadcast) {
+    RunAreaCollective(item);
+    return;
+  }
   const std::vector<void*>& areas = *work.rank_areas;
   const int local_world = static_cast<int>(areas.size());
   // The node holding global rank `root`: the last one whose offset is <= it.
@@ -482,6 +488,67 @@ void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
     }
   }
   std::move(item.done)(absl::OkStatus());
+}
+
+absl::Status HierarchicalReducer::AgreeRound(const BroadcastWork& work) {
+  // Each node's description of the round and its negation, maxed across
+  // the nodes in one small allreduce: max == -max(-x) == min everywhere iff
+  // every node runs the same round. The local ranks agreed already
+  // (Job::ScanBroadcast); this catches nodes whose ranks issued different
+  // sequences, which would otherwise mix unrelated data or hang in Gloo.
+  constexpr int kFields = 4;
+  const int64_t mine[kFields] = {
+      static_cast<int64_t>(work.kind), static_cast<int64_t>(work.dtype),
+      static_cast<int64_t>(work.op), static_cast<int64_t>(work.bytes)};
+  int64_t v[2 * kFields];
+  for (int i = 0; i < kFields; ++i) {
+    v[i] = mine[i];
+    v[kFields + i] = -mine[i];
+  }
+  RETURN_IF_ERROR(backend_->AllreduceWith(
+      v, 2 * kFields, sizeof(int64_t),
+      CombineFunction(CollectiveDType::kInt64, CollectiveOp::kMax)));
+  static constexpr const char* kNames[kFields] = {"kind", "dtype", "op",
+                                                  "bytes"};
+  for (int i = 0; i < kFields; ++i) {
+    const int64_t hi = v[i];
+    const int64_t lo = -v[kFields + i];
+    if (hi != lo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the nodes disagree on collective round ", work.seq, ": node ",
+          backend_->NodeName(backend_->node_rank()), " runs ",
+          CollectiveKindName(static_cast<int32_t>(work.kind)), " (dtype ",
+          CollectiveDTypeName(work.dtype), ", op ", CollectiveOpName(work.op),
+          ", ", work.bytes, " bytes) but the nodes' ", kNames[i],
+          " ranges over ", lo, "..", hi,
+          "; every rank of the job must issue the same collectives"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void HierarchicalReducer::RunAreaCollective(BroadcastItem& item) {
+  const BroadcastWork& work = item.work;
+  if (broken_.ok()) {
+    const Clock::time_point start = Clock::now();
+    absl::Status s = AgreeRound(work);
+    if (s.ok()) {
+      const AreaNetworkStep step =
+          PrepareAreaCollective(work, &collective_scratch_);
+      if (step.count > 0) {
+        s = backend_->AllreduceWith(step.data, step.count, step.elem_bytes,
+                                    step.combine);
+      }
+      if (s.ok()) FinishAreaCollective(work, step);
+    }
+    network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    if (!s.ok()) broken_ = std::move(s);
+  }
+  // Large scratches (allgather of a big area) are not kept between rounds.
+  if (collective_scratch_.capacity() > (size_t{1} << 20)) {
+    std::vector<char>().swap(collective_scratch_);
+  }
+  std::move(item.done)(broken_);
 }
 
 }  // namespace gradd

@@ -188,6 +188,11 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // Counts a chunk done with `status`; completes the bucket after its last.
   void FinishChunk(Item& item, absl::Status status);
   void RunBroadcast(BroadcastItem& item);
+  // A collective round other than broadcast (area_collective.h): the
+  // nodes check they run the same round (AgreeRound), then the local
+  // reduce / gather, one AllreduceWith, the write-back.
+  void RunAreaCollective(BroadcastItem& item);
+  absl::Status AgreeRound(const BroadcastWork& work);
 
   const Options options_;
   // Declared before backend_: destroyed after it.
@@ -231,6 +236,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
   int next_chunk_ = 0;
   // Network thread only: the first backend error, returned from then on.
   absl::Status broken_;
+  // Network thread only: a collective round's accumulator / gather buffer.
+  std::vector<char> collective_scratch_;
 
   std::atomic<uint64_t> buckets_{0};
   std::atomic<uint64_t> local_reduce_ns_{0};

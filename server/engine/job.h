@@ -249,6 +249,10 @@ class Job {
   // One pass over buckets and broadcast; true if something was started.
   bool Scan();
   bool ScanBroadcast();
+  // ScanBroadcast's path for collective rounds other than broadcast
+  // (allreduce, allgather, ...): checks that every local rank from `first`
+  // on describes the same round, then hands it to the reducer.
+  bool StartAreaCollective(uint64_t need, int first, bool join_mode);
   void CheckStuck();
   // Join (job_join.cc). JoinInPlay: an epoch runs or some rank opened one.
   bool JoinInPlay();

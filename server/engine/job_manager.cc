@@ -182,9 +182,14 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
                      " exceeds the daemon's per-job memory limit of ",
                      config.max_job_memory_bytes()));
   }
-  if (req.params().empty()) {
+  // No parameters: a collective-only job (e.g. a torch.distributed process
+  // group), which only makes sense with a collective area.
+  if (req.params().empty() && req.broadcast_bytes() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(who, " registered no parameters"));
+        absl::StrCat(who,
+                     " registered no parameters and no collective area "
+                     "(broadcast_bytes 0); a collective-only job needs "
+                     "collective_bytes > 0"));
   }
   RETURN_IF_ERROR(ValidateCommHookSpec(req.comm_hook(), who));
   if (static_cast<uint32_t>(req.params_size()) > config.max_params()) {
@@ -667,7 +672,10 @@ void JobManager::FormJob(const std::string& job_id) {
       static_cast<size_t>(CapOr(first.request.first_bucket_cap_mb(),
                                 config_.first_bucket_cap_mb()) *
                           kMiB);
-  absl::StatusOr<BucketPlan> plan = PlanBuckets(first.params, options);
+  // A collective-only job has no buckets (the planner refuses no params).
+  absl::StatusOr<BucketPlan> plan =
+      first.params.empty() ? absl::StatusOr<BucketPlan>(BucketPlan{})
+                           : PlanBuckets(first.params, options);
   if (!plan.ok()) {
     FailPending(job_id, absl::Status(plan.status().code(),
                                      absl::StrCat("job '", job_id, "': ",

@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradd/collectives.h"
 
 namespace gradd {
 
@@ -51,6 +52,11 @@ inline constexpr int32_t kFloat32 = 1;
 inline constexpr int32_t kFloat64 = 2;
 inline constexpr int32_t kFloat16 = 3;
 inline constexpr int32_t kBFloat16 = 4;
+// Collectives only (not gradient parameters): exact integer arithmetic.
+inline constexpr int32_t kInt32 = 5;
+inline constexpr int32_t kInt64 = 6;
+inline constexpr int32_t kUInt8 = 7;
+inline constexpr int32_t kInt8 = 8;
 }  // namespace dtype
 
 struct ClientParam {
@@ -96,8 +102,17 @@ struct ClientOptions {
   // 0 = the daemon's defaults (25 MiB / 1 MiB).
   double bucket_cap_mb = 0;
   double first_bucket_cap_mb = 0;
-  // Size of the broadcast area (bytes); 0 disables Broadcast().
+  // Size of the broadcast area (bytes); 0 disables Broadcast() unless
+  // collective_bytes gives the job an area (one area serves both).
   size_t broadcast_bytes = 0;
+  // Size (bytes) of this rank's shared collective area, through which
+  // Allreduce / Allgather / ReduceScatter / Barrier (and Broadcast of any
+  // size) move their data in chunks. 0: kDefaultCollectiveBytes (4 MiB)
+  // when the job registers no parameters (a collective-only job, e.g. a
+  // torch.distributed process group), else none (the collectives then
+  // return FAILED_PRECONDITION "attach with collective_bytes > 0"). Every
+  // local rank of a job must choose the same size.
+  size_t collective_bytes = 0;
   // How long to wait for the daemon's socket to accept.
   std::chrono::milliseconds connect_timeout{10000};
   // How long Attach waits for the other ranks.
@@ -238,9 +253,9 @@ class Client {
 
   // Daemon-mediated broadcast of `bytes` bytes from global rank `root` to
   // every rank of the job (in place in `data`). Independent of gradient
-  // iterations; every rank must make the same sequence of Broadcast calls.
-  // bytes must not exceed ClientOptions::broadcast_bytes (larger data is
-  // sent in several rounds by the caller).
+  // iterations; every rank must make the same sequence of Broadcast calls
+  // with the same size. Data larger than the area (the larger of
+  // broadcast_bytes and collective_bytes) goes in several rounds.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
 
   // Uneven inputs, as DDP's join(): every rank calls JoinEnter before the
@@ -311,6 +326,27 @@ class Client {
   virtual int world_size() const = 0;
   virtual int local_rank() const = 0;
   virtual int local_world_size() const = 0;
+
+  // Collectives of arbitrary tensors (collectives.h; declared last so that
+  // the vtable slots of the calls above keep their places), blocking, one at a
+  // time per Client (the caller serialises them). Ranks are global ranks;
+  // every rank must issue the same sequence. `dtype` is one of
+  // gradd::dtype::k*. Errors: FAILED_PRECONDITION without a collective
+  // area; INVALID_ARGUMENT for a bad dtype/op (kAvg of integers) or when
+  // the ranks disagree (which fails the job); the job's error.
+  //
+  // In place: data[i] = op over every rank's data[i] (count elements).
+  virtual absl::Status Allreduce(void* data, size_t count, int32_t dtype,
+                                 ReduceOp op);
+  // output (world_size() * bytes) = every rank's `bytes` of input, in rank
+  // order.
+  virtual absl::Status Allgather(const void* input, size_t bytes, void* output);
+  // input: world_size() * count elements; output: this rank's block (block
+  // global_rank()) of the element-wise reduction, count elements.
+  virtual absl::Status ReduceScatter(const void* input, void* output,
+                                     size_t count, int32_t dtype, ReduceOp op);
+  // Returns once every rank of the job has entered the barrier.
+  virtual absl::Status Barrier();
 };
 
 }  // namespace gradd

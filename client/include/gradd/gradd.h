@@ -58,8 +58,17 @@ enum {
   GRADD_FLOAT32 = 1,
   GRADD_FLOAT64 = 2,
   GRADD_FLOAT16 = 3,
-  GRADD_BFLOAT16 = 4
+  GRADD_BFLOAT16 = 4,
+  /* Collectives only (gradd_allreduce ...), not gradient parameters. */
+  GRADD_INT32 = 5,
+  GRADD_INT64 = 6,
+  GRADD_UINT8 = 7,
+  GRADD_INT8 = 8
 };
+
+/* Reductions of gradd_allreduce / gradd_reduce_scatter (gradd::ReduceOp).
+ * GRADD_AVG divides the sum by the world size; integers refuse it. */
+enum { GRADD_SUM = 0, GRADD_AVG = 1, GRADD_MIN = 2, GRADD_MAX = 3 };
 
 typedef struct gradd_client gradd_client;
 
@@ -117,6 +126,10 @@ typedef struct gradd_options {
    * memory the daemon allocates; use the _on_stream calls for them. */
   const int32_t* param_devices;
   int32_t cuda_device;
+  /* Bytes of this rank's shared collective area (gradd_allreduce ...); 0:
+   * 4 MiB for a job with no parameters, else no collectives. Every local
+   * rank must choose the same. */
+  size_t collective_bytes;
 } gradd_options;
 
 enum { GRADD_DEVICE_CPU = 0, GRADD_DEVICE_CUDA = 1 };
@@ -173,6 +186,25 @@ int gradd_globally_used(const gradd_client* client, int param);
  * slot over now (every parameter counts as used). */
 int gradd_skip_used_map(gradd_client* client);
 int gradd_broadcast(gradd_client* client, void* data, size_t bytes, int root);
+
+/* Collectives of arbitrary data between the job's ranks (see
+ * gradd/collectives.h): blocking, every rank must issue the same sequence
+ * with the same sizes, dtype and op (else the job fails with
+ * GRADD_INVALID_ARGUMENT naming the ranks). Data of any size is chunked
+ * through the collective area (gradd_options.collective_bytes).
+ *   gradd_allreduce: in place over `count` elements of `dtype`, `op`
+ *     GRADD_SUM / AVG / MIN / MAX.
+ *   gradd_allgather: output (world_size * bytes) = every rank's input, in
+ *     rank order.
+ *   gradd_reduce_scatter: input world_size * count elements; output this
+ *     rank's block of the reduction (count elements). */
+int gradd_allreduce(gradd_client* client, void* data, size_t count,
+                    int32_t dtype, int32_t op);
+int gradd_allgather(gradd_client* client, const void* input, size_t bytes,
+                    void* output);
+int gradd_reduce_scatter(gradd_client* client, const void* input, void* output,
+                         size_t count, int32_t dtype, int32_t op);
+int gradd_barrier(gradd_client* client);
 
 /* Uneven inputs (DDP's join), as gradd::Client::JoinEnter / JoinActive /
  * Join: enter join mode before the same iteration on every rank; a rank out

@@ -634,6 +634,56 @@ absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {
   return absl::OkStatus();
 }
 
+absl::Status GlooBackend::AllreduceWith(void* data, size_t count,
+                                        size_t elem_bytes, CombineFn combine) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (combine == nullptr || (elem_bytes != 1 && elem_bytes != 2 &&
+                             elem_bytes != 4 && elem_bytes != 8)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo AllreduceWith: element size ", elem_bytes,
+                     " (1, 2, 4 or 8 with a combine function)"));
+  }
+  if (count == 0 || num_nodes_ == 1) return absl::OkStatus();
+  if (context_ == nullptr) {
+    return absl::FailedPreconditionError("gloo backend is closed");
+  }
+  const absl::Time start = absl::Now();
+  try {
+    gloo::AllreduceOptions opts(context_);
+    // The element type only tells Gloo the element size.
+    switch (elem_bytes) {
+      case 1:
+        opts.setOutput(static_cast<uint8_t*>(data), count);
+        break;
+      case 2:
+        opts.setOutput(static_cast<uint16_t*>(data), count);
+        break;
+      case 4:
+        opts.setOutput(static_cast<uint32_t*>(data), count);
+        break;
+      default:
+        opts.setOutput(static_cast<uint64_t*>(data), count);
+        break;
+    }
+    opts.setReduceFunction(combine);
+    Algorithm algorithm = algorithm_;
+    if (algorithm == Algorithm::kAuto) {
+      algorithm = count * elem_bytes <= bcube_max_bytes_ ? Algorithm::kBcube
+                                                         : Algorithm::kRing;
+    }
+    opts.setAlgorithm(algorithm == Algorithm::kBcube
+                          ? gloo::AllreduceOptions::Algorithm::BCUBE
+                          : gloo::AllreduceOptions::Algorithm::RING);
+    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(ToMillis(collective_timeout_));
+    gloo::allreduce(opts);
+  } catch (const std::exception& e) {
+    return Fail("allreduce", e.what(), start);
+  }
+  return absl::OkStatus();
+}
+
 void GlooBackend::Close() {
   if (context_ != nullptr) {
     try {

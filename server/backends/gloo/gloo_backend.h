@@ -135,6 +135,11 @@ class GlooBackend final : public CollectiveBackendInterface {
   bool FusesCompressedAverage() const override { return num_nodes_ > 1; }
   [[nodiscard]] absl::Status Broadcast(void* data, size_t bytes,
                                        int root_node) override;
+  // gloo::allreduce with `combine` as the reduce function (typed by
+  // element size, so that Gloo's segments never split an element).
+  [[nodiscard]] absl::Status AllreduceWith(void* data, size_t count,
+                                           size_t elem_bytes,
+                                           CombineFn combine) override;
   std::string NodeName(int node_rank) const override;
 
   // Closes the connections: peers' pending and later collectives fail

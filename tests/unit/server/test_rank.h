@@ -152,6 +152,19 @@ class TestRank {
     slot->ready_seq.store(op, std::memory_order_release);
     RingDaemon(header_, me_, bell_.get());
   }
+  // A collective round (control_block.h, version 4): the description, then
+  // ready_seq.
+  void PublishCollective(uint64_t op, int32_t kind, int32_t dtype,
+                         int32_t reduce_op, uint64_t bytes) {
+    BroadcastSlot* slot = layout_.bcast(control_.data(), rank_);
+    slot->root.store(0, std::memory_order_relaxed);
+    slot->bytes.store(bytes, std::memory_order_relaxed);
+    slot->kind.store(kind, std::memory_order_relaxed);
+    slot->dtype.store(dtype, std::memory_order_relaxed);
+    slot->op.store(reduce_op, std::memory_order_relaxed);
+    slot->ready_seq.store(op, std::memory_order_release);
+    RingDaemon(header_, me_, bell_.get());
+  }
   bool WaitBroadcast(uint64_t op, std::chrono::milliseconds timeout =
                                       std::chrono::seconds(20)) {
     return WaitForDaemon(
