@@ -1,6 +1,10 @@
 #!/usr/bin/python3
 """Side-by-side training throughput: torch DDP (Gloo) vs gradd.torch DDP.
 
+Also torch's own DDP over the torch.distributed backend "gradd"
+(gradd/distributed.py: init_process_group("gradd"), mode torch_ddp_gradd),
+when gradd._c10d is built.
+
 Trains the same MLP (1024 -> 4096 -> 4096 -> 1024, ~25.2 M float32 parameters)
 with batch 16 and one thread per process, 2 processes each, in one invocation,
 and also without any communication (2 independent processes at the same time,
@@ -47,7 +51,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-MODES = ("torch_ddp", "gradd", "no_comm")
+MODES = ("torch_ddp", "torch_ddp_gradd", "gradd", "no_comm")
 
 
 def build_model(torch):
@@ -68,6 +72,14 @@ def worker(args):
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
+                                rank=rank, world_size=world)
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    elif args.mode == "torch_ddp_gradd":  # torch's DDP, collectives by the gradd daemons
+        import torch.distributed as dist
+
+        import gradd.distributed  # noqa: F401  (registers the backend "gradd")
+
+        dist.init_process_group("gradd", init_method=f"tcp://{args.master_addr}:{args.port}",
                                 rank=rank, world_size=world)
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     elif args.mode == "gradd":
@@ -93,7 +105,7 @@ def worker(args):
     elapsed = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"rank": rank, "steps_per_s": args.steps / elapsed, "params": params}))
-    if args.mode == "torch_ddp":
+    if args.mode in ("torch_ddp", "torch_ddp_gradd"):
         torch.distributed.destroy_process_group()
     elif args.mode == "gradd":
         model.shutdown()
@@ -220,6 +232,13 @@ def stop_daemons(daemons, logs):
         log.close()
 
 
+def backend_built(pythonpath):
+    """Whether gradd._c10d (torch_ddp_gradd's backend) is on `pythonpath`."""
+    import glob
+
+    return any(glob.glob(os.path.join(d, "gradd", "_c10d*.so")) for d in pythonpath.split(":") if d)
+
+
 def find_gradd(arg):
     for cand in (arg, os.environ.get("GRADD_BINARY"), os.path.join(REPO, "build/server/gradd"),
                  shutil.which("gradd")):
@@ -264,17 +283,22 @@ def main():
     tmp = tempfile.mkdtemp(prefix="gradd-bench-")
     daemons, sockets, logs = ([], [], [])
     try:
-        if "gradd" in args.modes.split(","):
+        if {"gradd", "torch_ddp_gradd"} & set(args.modes.split(",")):
             daemons, sockets, logs = start_daemons(args, tmp)
         pythonpath = os.environ.get("PYTHONPATH", "")
         if not pythonpath:
             pythonpath = os.path.join(REPO, "build/client/python")
         env = {"GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
+        modes = args.modes.split(",")
+        if "torch_ddp_gradd" in modes and not backend_built(pythonpath):
+            print("# torch_ddp_gradd skipped: gradd._c10d (the torch.distributed backend) "
+                  "is not built", file=sys.stderr)
+            modes.remove("torch_ddp_gradd")
         rates, params = {}, 0
         # Modes alternate over rounds and each keeps its best round, so a
         # burst of load from elsewhere does not decide the ratio.
         for rnd in range(args.rounds):
-            for mode in args.modes.split(","):
+            for mode in modes:
                 env["GRADD_JOB"] = f"compare-ddp-{mode}-{rnd}"
                 rate, params = run_mode(mode, args, env, sockets)
                 rates[mode] = max(rates.get(mode, 0.0), rate)
@@ -290,6 +314,8 @@ def main():
     }
     if "gradd" in rates and "torch_ddp" in rates:
         summary["gradd_over_torch_ddp"] = rates["gradd"] / rates["torch_ddp"]
+    if "torch_ddp_gradd" in rates and "torch_ddp" in rates:
+        summary["torch_ddp_gradd_over_torch_ddp"] = rates["torch_ddp_gradd"] / rates["torch_ddp"]
     if "no_comm" in rates and "torch_ddp" in rates:
         summary["ceiling_over_torch_ddp"] = rates["no_comm"] / rates["torch_ddp"]
     if args.json:
@@ -300,11 +326,14 @@ def main():
           f"gradd hook {summary['comm_hook']}, {args.steps} steps after "
           f"{args.warmup} warm-up, best of {args.rounds} round(s)")
     print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()})")
-    print(f"{'mode':<12}{'steps/s':>10}")
+    print(f"{'mode':<16}{'steps/s':>10}")
     for mode, r in rates.items():
-        print(f"{mode:<12}{r:>10.2f}")
+        print(f"{mode:<16}{r:>10.2f}")
     if "gradd_over_torch_ddp" in summary:
         print(f"gradd / torch DDP: {summary['gradd_over_torch_ddp']:.2f}x")
+    if "torch_ddp_gradd_over_torch_ddp" in summary:
+        print("torch DDP over the gradd backend / torch DDP over Gloo: "
+              f"{summary['torch_ddp_gradd_over_torch_ddp']:.2f}x")
     if "ceiling_over_torch_ddp" in summary:
         print(f"no-communication / torch DDP (ceiling): {summary['ceiling_over_torch_ddp']:.2f}x")
 

@@ -1,0 +1,536 @@
+#include "process_group_gradd.h"
+
+#include <ATen/ATen.h>
+#include <Python.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradd::c10d_backend {
+namespace {
+
+// Broadcast moves at most this many bytes per client call (the client's
+// broadcast area is attached with this size, see module.cc).
+constexpr size_t kBroadcastChunk = size_t{4} << 20;
+
+// A Work over a future that the worker completes. Unlike
+// c10d::Work::create_from_future's, wait() rethrows the collective's error
+// and result() returns the output tensors.
+class GraddWork : public c10d::Work {
+ public:
+  GraddWork(int rank, c10::intrusive_ptr<c10::ivalue::Future> future,
+            std::vector<at::Tensor> outputs)
+      : c10d::Work(rank),
+        future_(std::move(future)),
+        outputs_(std::move(outputs)) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override {
+    return future_->completed() && !future_->hasError();
+  }
+  std::exception_ptr exception() const override {
+    return future_->completed() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) {
+      future_->wait();
+    } else {
+      // ivalue::Future has no timed wait; poll with a short back-off.
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      auto pause = std::chrono::microseconds(50);
+      while (!future_->completed()) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
+                    "gradd: collective did not complete within ",
+                    timeout.count(), " ms");
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(10000));
+      }
+    }
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const std::vector<at::Tensor> outputs_;
+};
+
+gradd::ReduceOp GraddOp(const c10d::ReduceOp& op, const char* what) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM:
+      return gradd::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return gradd::ReduceOp::kAvg;
+    case c10d::ReduceOp::MIN:
+      return gradd::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return gradd::ReduceOp::kMax;
+    default:
+      TORCH_CHECK(false, "gradd backend: ", what,
+                  " supports ReduceOp SUM, AVG, MIN and MAX, not ReduceOp ",
+                  static_cast<int>(op.op_));
+  }
+}
+
+void CheckTensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "gradd backend: ", what, ": undefined tensor");
+  TORCH_CHECK(t.device().is_cpu(), "gradd backend: ", what,
+              " supports CPU tensors only, got a tensor on ", t.device());
+  TORCH_CHECK(t.layout() == c10::kStrided, "gradd backend: ", what,
+              " supports dense tensors only, got layout ", t.layout());
+  GraddDtype(t.scalar_type(), what);
+}
+
+// The single tensor of a one-tensor-per-process call.
+at::Tensor& Single(std::vector<at::Tensor>& tensors, const char* what) {
+  TORCH_CHECK(tensors.size() == 1, "gradd backend: ", what,
+              " takes one tensor per process, got ", tensors.size());
+  CheckTensor(tensors[0], what);
+  return tensors[0];
+}
+
+absl::Status FromException(const char* what) {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+int32_t GraddDtype(c10::ScalarType type, const char* what) {
+  switch (type) {
+    case c10::kFloat:
+      return gradd::dtype::kFloat32;
+    case c10::kDouble:
+      return gradd::dtype::kFloat64;
+    case c10::kHalf:
+      return gradd::dtype::kFloat16;
+    case c10::kBFloat16:
+      return gradd::dtype::kBFloat16;
+    case c10::kInt:
+      return gradd::dtype::kInt32;
+    case c10::kLong:
+      return gradd::dtype::kInt64;
+    case c10::kByte:
+      return gradd::dtype::kUInt8;
+    case c10::kChar:
+      return gradd::dtype::kInt8;
+    default:
+      TORCH_CHECK(false, "gradd backend: ", what, " does not support dtype ",
+                  type,
+                  " (supported: float32, float64, float16, bfloat16, int32, "
+                  "int64, uint8, int8)");
+  }
+}
+
+ProcessGroupGradd::ProcessGroupGradd(std::unique_ptr<gradd::Client> client,
+                                     std::string job_id)
+    : c10d::ProcessGroup(client->global_rank(), client->world_size()),
+      client_(std::move(client)),
+      job_id_(std::move(job_id)) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+ProcessGroupGradd::~ProcessGroupGradd() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (Py_IsInitialized() && _Py_IsFinalizing()) {
+    // Python threads can no longer take the GIL, so queued work whose
+    // callbacks need it could never finish: leave the worker and the
+    // client (the daemon sees the process go).
+    worker_.detach();
+    (void)client_.release();
+    return;
+  }
+  // The worker finishes what was queued (each call is bounded by the
+  // client's wait_timeout) before the client detaches; its future
+  // callbacks may need the GIL, which a Python caller of the destructor
+  // holds.
+  PyThreadState* saved = nullptr;
+  if (Py_IsInitialized() && PyGILState_Check()) saved = PyEval_SaveThread();
+  if (worker_.joinable()) worker_.join();
+  (void)client_->Detach();
+  if (saved != nullptr) PyEval_RestoreThread(saved);
+  done_.clear();
+}
+
+void ProcessGroupGradd::WorkerLoop() {
+  for (;;) {
+    std::function<void()> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    item();
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(std::move(item));
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::Enqueue(
+    const char* what, std::vector<at::Tensor> outputs, Body body) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()));
+  auto work = c10::make_intrusive<GraddWork>(rank_, future, outputs);
+  auto item = [what, future, outputs = std::move(outputs),
+               body = std::move(body)]() mutable {
+    absl::Status status;
+    try {
+      status = body();
+    } catch (...) {
+      status = FromException(what);
+    }
+    if (status.ok()) {
+      future->markCompleted(c10::IValue(outputs));
+    } else {
+      future->setError(std::make_exception_ptr(std::runtime_error(
+          absl::StrCat("gradd ", what, " failed: ", status.ToString()))));
+    }
+  };
+  std::vector<std::function<void()>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(item));
+    done.swap(done_);
+  }
+  cv_.notify_one();
+  return work;
+}
+
+absl::Status ProcessGroupGradd::BroadcastBytes(void* data, size_t bytes,
+                                               int root) {
+  auto* p = static_cast<char*>(data);
+  for (size_t off = 0; off < bytes; off += kBroadcastChunk) {
+    const size_t n = std::min(kBroadcastChunk, bytes - off);
+    if (absl::Status s = client_->Broadcast(p + off, n, root); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  at::Tensor& t = Single(tensors, "broadcast");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_,
+              "gradd backend: broadcast root ", opts.rootRank,
+              " is not a rank of the group (size ", size_, ")");
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  return Enqueue("broadcast", tensors, [this, t, buf, root]() mutable {
+    if (absl::Status s = BroadcastBytes(buf.data_ptr(), buf.nbytes(), root);
+        !s.ok()) {
+      return s;
+    }
+    if (!buf.is_same(t)) t.copy_(buf);
+    return absl::OkStatus();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = Single(tensors, "allreduce");
+  const int32_t dtype = GraddDtype(t.scalar_type(), "allreduce");
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "allreduce");
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  return Enqueue("allreduce", tensors, [this, t, buf, dtype, op]() mutable {
+    if (absl::Status s = client_->Allreduce(
+            buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, op);
+        !s.ok()) {
+      return s;
+    }
+    if (!buf.is_same(t)) t.copy_(buf);
+    return absl::OkStatus();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(),
+              "gradd backend: allreduce_coalesced needs at least one tensor");
+  for (const at::Tensor& t : tensors) {
+    CheckTensor(t, "allreduce_coalesced");
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
+                "gradd backend: allreduce_coalesced needs tensors of one "
+                "dtype, got ",
+                tensors[0].scalar_type(), " and ", t.scalar_type());
+  }
+  const int32_t dtype =
+      GraddDtype(tensors[0].scalar_type(), "allreduce_coalesced");
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "allreduce_coalesced");
+  return Enqueue(
+      "allreduce_coalesced", tensors, [this, tensors, dtype, op]() mutable {
+        std::vector<at::Tensor> flat_parts;
+        flat_parts.reserve(tensors.size());
+        for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape(-1));
+        at::Tensor flat = at::cat(flat_parts);
+        if (absl::Status s = client_->Allreduce(
+                flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op);
+            !s.ok()) {
+          return s;
+        }
+        int64_t off = 0;
+        for (at::Tensor& t : tensors) {
+          t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+          off += t.numel();
+        }
+        return absl::OkStatus();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce(
+    std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  at::Tensor& t = Single(tensors, "reduce");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_,
+              "gradd backend: reduce root ", opts.rootRank,
+              " is not a rank of the group (size ", size_, ")");
+  const int32_t dtype = GraddDtype(t.scalar_type(), "reduce");
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "reduce");
+  const bool is_root = opts.rootRank == rank_;
+  // An allreduce; only the root's tensor receives the result.
+  at::Tensor buf = (is_root && t.is_contiguous()) ? t : t.contiguous().clone();
+  return Enqueue(
+      "reduce", tensors, [this, t, buf, dtype, op, is_root]() mutable {
+        if (absl::Status s = client_->Allreduce(
+                buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, op);
+            !s.ok()) {
+          return s;
+        }
+        if (is_root && !buf.is_same(t)) t.copy_(buf);
+        return absl::OkStatus();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allgather(
+    std::vector<std::vector<at::Tensor>>& output_tensors,
+    std::vector<at::Tensor>& input_tensors, const c10d::AllgatherOptions&) {
+  at::Tensor& in = Single(input_tensors, "allgather");
+  TORCH_CHECK(output_tensors.size() == 1,
+              "gradd backend: allgather takes one output list per process");
+  std::vector<at::Tensor>& outs = output_tensors[0];
+  TORCH_CHECK(static_cast<int>(outs.size()) == size_,
+              "gradd backend: allgather needs ", size_,
+              " output tensors (the group size), got ", outs.size());
+  for (const at::Tensor& o : outs) {
+    CheckTensor(o, "allgather");
+    TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                "gradd backend: allgather output tensors must match the "
+                "input's size and dtype (",
+                in.numel(), " x ", in.scalar_type(), "), got ", o.numel(),
+                " x ", o.scalar_type());
+  }
+  at::Tensor src = in.contiguous();
+  return Enqueue("allgather", outs, [this, src, outs]() mutable {
+    at::Tensor all = at::empty({size_, src.numel()}, src.options());
+    if (absl::Status s =
+            client_->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
+        !s.ok()) {
+      return s;
+    }
+    for (int r = 0; r < size_; ++r) outs[r].copy_(all[r].view(outs[r].sizes()));
+    return absl::OkStatus();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  CheckTensor(input, "_allgather_base");
+  CheckTensor(output, "_allgather_base");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
+                  output.numel() == input.numel() * size_,
+              "gradd backend: _allgather_base output must hold group size (",
+              size_, ") x ", input.numel(), " elements of ",
+              input.scalar_type(), ", got ", output.numel(), " x ",
+              output.scalar_type());
+  at::Tensor src = input.contiguous();
+  at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
+  return Enqueue("_allgather_base", {output},
+                 [this, src, dst, output]() mutable {
+                   if (absl::Status s = client_->Allgather(
+                           src.data_ptr(), src.nbytes(), dst.data_ptr());
+                       !s.ok()) {
+                     return s;
+                   }
+                   if (!dst.is_same(output)) output.copy_(dst);
+                   return absl::OkStatus();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::gather(
+    std::vector<std::vector<at::Tensor>>& output_tensors,
+    std::vector<at::Tensor>& input_tensors, const c10d::GatherOptions& opts) {
+  at::Tensor& in = Single(input_tensors, "gather");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_,
+              "gradd backend: gather root ", opts.rootRank,
+              " is not a rank of the group (size ", size_, ")");
+  const bool is_root = opts.rootRank == rank_;
+  std::vector<at::Tensor> outs;
+  if (is_root) {
+    TORCH_CHECK(output_tensors.size() == 1 &&
+                    static_cast<int>(output_tensors[0].size()) == size_,
+                "gradd backend: gather needs one list of ", size_,
+                " output tensors on the root");
+    outs = output_tensors[0];
+    for (const at::Tensor& o : outs) {
+      CheckTensor(o, "gather");
+      TORCH_CHECK(
+          o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+          "gradd backend: gather output tensors must match the input");
+    }
+  } else {
+    TORCH_CHECK(output_tensors.empty() ||
+                    (output_tensors.size() == 1 && output_tensors[0].empty()),
+                "gradd backend: gather takes output tensors on the root only");
+  }
+  // An allgather; only the root keeps the blocks.
+  at::Tensor src = in.contiguous();
+  return Enqueue("gather", outs, [this, src, outs, is_root]() mutable {
+    at::Tensor all = at::empty({size_, src.numel()}, src.options());
+    if (absl::Status s =
+            client_->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
+        !s.ok()) {
+      return s;
+    }
+    if (is_root) {
+      for (int r = 0; r < size_; ++r) {
+        outs[r].copy_(all[r].view(outs[r].sizes()));
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::scatter(
+    std::vector<at::Tensor>& output_tensors,
+    std::vector<std::vector<at::Tensor>>& input_tensors,
+    const c10d::ScatterOptions& opts) {
+  at::Tensor& out = Single(output_tensors, "scatter");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_,
+              "gradd backend: scatter root ", opts.rootRank,
+              " is not a rank of the group (size ", size_, ")");
+  const int root = static_cast<int>(opts.rootRank);
+  // A broadcast of every block from the root; each rank keeps its own.
+  at::Tensor all = at::empty({size_, out.numel()}, out.options());
+  if (root == rank_) {
+    TORCH_CHECK(input_tensors.size() == 1 &&
+                    static_cast<int>(input_tensors[0].size()) == size_,
+                "gradd backend: scatter needs one list of ", size_,
+                " input tensors on the root");
+    for (int r = 0; r < size_; ++r) {
+      const at::Tensor& i = input_tensors[0][r];
+      CheckTensor(i, "scatter");
+      TORCH_CHECK(
+          i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
+          "gradd backend: scatter input tensors must match the output");
+      all[r].copy_(i.reshape(-1));
+    }
+  } else {
+    TORCH_CHECK(input_tensors.empty() ||
+                    (input_tensors.size() == 1 && input_tensors[0].empty()),
+                "gradd backend: scatter takes input tensors on the root only");
+  }
+  return Enqueue("scatter", output_tensors, [this, all, out, root]() mutable {
+    if (absl::Status s = BroadcastBytes(all.data_ptr(), all.nbytes(), root);
+        !s.ok()) {
+      return s;
+    }
+    out.copy_(all[rank_].view(out.sizes()));
+    return absl::OkStatus();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce_scatter(
+    std::vector<at::Tensor>& output_tensors,
+    std::vector<std::vector<at::Tensor>>& input_tensors,
+    const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& out = Single(output_tensors, "reduce_scatter");
+  TORCH_CHECK(input_tensors.size() == 1 &&
+                  static_cast<int>(input_tensors[0].size()) == size_,
+              "gradd backend: reduce_scatter needs one list of ", size_,
+              " input tensors (the group size)");
+  for (const at::Tensor& i : input_tensors[0]) {
+    CheckTensor(i, "reduce_scatter");
+    TORCH_CHECK(
+        i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
+        "gradd backend: reduce_scatter input tensors must match the "
+        "output's size and dtype (",
+        out.numel(), " x ", out.scalar_type(), "), got ", i.numel(), " x ",
+        i.scalar_type());
+  }
+  const int32_t dtype = GraddDtype(out.scalar_type(), "reduce_scatter");
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "reduce_scatter");
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& i : input_tensors[0]) parts.push_back(i.reshape(-1));
+  at::Tensor flat = at::cat(parts);
+  at::Tensor dst = out.is_contiguous() ? out : out.contiguous();
+  return Enqueue("reduce_scatter", output_tensors,
+                 [this, flat, dst, out, dtype, op]() mutable {
+                   if (absl::Status s = client_->ReduceScatter(
+                           flat.data_ptr(), dst.data_ptr(),
+                           static_cast<size_t>(dst.numel()), dtype, op);
+                       !s.ok()) {
+                     return s;
+                   }
+                   if (!dst.is_same(out)) out.copy_(dst);
+                   return absl::OkStatus();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input,
+    const c10d::ReduceScatterOptions& opts) {
+  CheckTensor(input, "_reduce_scatter_base");
+  CheckTensor(output, "_reduce_scatter_base");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
+                  input.numel() == output.numel() * size_,
+              "gradd backend: _reduce_scatter_base input must hold group "
+              "size (",
+              size_, ") x ", output.numel(), " elements of ",
+              output.scalar_type(), ", got ", input.numel(), " x ",
+              input.scalar_type());
+  const int32_t dtype =
+      GraddDtype(output.scalar_type(), "_reduce_scatter_base");
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "_reduce_scatter_base");
+  at::Tensor src = input.contiguous();
+  at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
+  return Enqueue("_reduce_scatter_base", {output},
+                 [this, src, dst, output, dtype, op]() mutable {
+                   if (absl::Status s = client_->ReduceScatter(
+                           src.data_ptr(), dst.data_ptr(),
+                           static_cast<size_t>(dst.numel()), dtype, op);
+                       !s.ok()) {
+                     return s;
+                   }
+                   if (!dst.is_same(output)) output.copy_(dst);
+                   return absl::OkStatus();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::barrier(
+    const c10d::BarrierOptions&) {
+  return Enqueue("barrier", {}, [this] { return client_->Barrier(); });
+}
+
+}  // namespace gradd::c10d_backend
