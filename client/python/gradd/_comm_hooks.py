@@ -1,10 +1,13 @@
 """Communication hooks for gradd.torch.DistributedDataParallel.
 
-gradd runs the hook in the daemon, between the local reduce and the network
-(server/hooks/), so ``register_comm_hook`` does not install a Python
-callable: it recognises torch's own hooks and tells the daemon which one the
-job uses (``Node.SetCommHook``). Every rank must register the same hook
-before its first backward. Recognised:
+Any hook torch's DDP accepts works; it takes one of two paths.
+
+**Daemon path.** torch's own allreduce, fp16/bf16 compression and PowerSGD
+hooks are recognised and run by the daemon, between the local reduce and
+the network (server/hooks/): ``register_comm_hook`` does not install the
+Python callable but tells the daemon which hook the job uses
+(``Node.SetCommHook``). Every rank must register the same hook before its
+first backward. Recognised:
 
 ==============================================  ==========================
 torch                                           daemon hook
@@ -25,6 +28,19 @@ For the default hooks the state (a process group or None) is ignored: the
 daemon's job is the group. For PowerSGD the ``PowerSGDState``'s settings are
 handed to the daemon, which keeps the hook's state (error feedback, P/Q
 memory, iteration count) per job.
+
+**Trainer path.** Every other callable (a user-written hook, ``noop_hook``,
+the quantization hooks, ``post_localSGD_hook``, ``_hook_then_optimizer``
+wrappers, so ``_register_fused_optim`` too, torch's hooks wrapped in
+anything) runs in the trainer with torch 1.13's semantics
+(gradd/_trainer_hooks.py): it gets a GradBucket over torch's bucket layout
+(gradd's shared bucket memory where the two plans agree) and communicates
+over whatever torch.distributed group it uses (its state, or the default
+group). The daemon then does not take part in backward: buckets are not
+handed to it, the used map of find_unused_parameters is reduced over the
+DDP's torch.distributed group as torch does, the daemon's bucket rebuild is
+off (the hook's buckets follow torch's own rebuild), and join() is not
+supported.
 """
 from __future__ import annotations
 
@@ -93,6 +109,58 @@ def _check_callable(hook: Any) -> None:
         raise TypeError("Communication hook must be callable.")
 
 
+def _check_annotations(hook: Callable) -> None:
+    """torch's DistributedDataParallel._check_comm_hook, the signature rules
+    (same messages)."""
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return
+    # String annotations (``from __future__ import annotations``) are not
+    # checked (torch's check would reject them all).
+    bucket = sig.parameters.get("bucket")
+    if bucket is not None and not isinstance(bucket.annotation, str) and \
+            bucket.annotation not in (inspect.Parameter.empty, dist.GradBucket):
+        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    if not isinstance(sig.return_annotation, str) and sig.return_annotation not in (
+            inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        raise ValueError(
+            "Communication hook: return annotation should be "
+            "torch.futures.Future[torch.Tensor]."
+        )
+
+
+def _register_in_trainer(ddp: Any, state: Any, hook: Callable) -> None:
+    """The trainer path (module doc): the Reducer hands ready gradients to
+    a TrainerComm that runs `hook` per bucket instead of to the daemon."""
+    from gradd import _trainer_hooks
+
+    _check_annotations(hook)
+    if ddp._client is None:
+        raise RuntimeError("gradd: the model is detached from the daemon")
+    reducer = ddp._reducer
+    if reducer.iterations_done > 0 or reducer.backward_in_progress:
+        raise RuntimeError(
+            f"gradd (job '{ddp.job_id}', rank {ddp.rank}): register_comm_hook must be "
+            "called before the first backward"
+        )
+    if len(reducer.sparse or ()):
+        raise NotImplementedError(
+            f"gradd: the communication hook {_hook_name(hook)} would run in the trainer, "
+            "which gradd does not support for models with sparse gradients"
+        )
+    reducer.comm = _trainer_hooks.TrainerComm(ddp, state, hook)
+    # The daemon re-plans buckets from the ready order it sees; in this
+    # mode it sees none, so the plan stays DDP's initial one.
+    ddp._rebuild_buckets_enabled = False
+    ddp._gradd_comm_hook = "trainer:" + _hook_name(hook)
+
+
 def register_comm_hook(ddp: Any, state: Any, hook: Callable) -> None:
     """``DistributedDataParallel.register_comm_hook`` for gradd (see module doc)."""
     _check_callable(hook)
@@ -100,10 +168,8 @@ def register_comm_hook(ddp: Any, state: Any, hook: Callable) -> None:
         raise RuntimeError(_ONCE)
     name = _torch_hooks().get(hook)
     if name is None:
-        raise NotImplementedError(
-            f"gradd runs communication hooks in the daemon and does not know "
-            f"{_hook_name(hook)}; supported: {supported_hooks()}"
-        )
+        _register_in_trainer(ddp, state, hook)
+        return
     settings: Dict[str, Any] = {}
     if name in ("powerSGD", "batched_powerSGD"):
         settings = _powersgd_settings(state, name)

@@ -111,6 +111,10 @@ class Reducer:
         sparse=None,
     ):
         self.client = client
+        # Where gradients go when they are ready: the client (the daemon
+        # reduces them) or, for a communication hook that runs in the
+        # trainer, gradd/_trainer_hooks.py's TrainerComm (same methods).
+        self.comm = client
         # CUDA modules: mark_ready / wait_all name the current stream
         # (gradd/_cuda.py); 0 for CPU modules.
         self.device = device if device is not None else torch.device("cpu")
@@ -261,7 +265,7 @@ class Reducer:
                 self._mark_unused(j)
         if not self.static_graph and self.find_unused_parameters:
             return  # this iteration's used map is needed
-        self._call(self.client.skip_used_map)
+        self._call(self.comm.skip_used_map)
 
     def _hand_over(self, i: int) -> None:
         """Parameter i's gradient is final: into its view, and ready."""
@@ -277,7 +281,7 @@ class Reducer:
                 view.copy_(g)
             p.grad = view
         self._mark(i)
-        self._call(self.client.mark_ready, i, _cuda.stream_handle(self.device))
+        self._call(self.comm.mark_ready, i, _cuda.stream_handle(self.device))
 
     def _mark_unused(self, i: int) -> None:
         p, view = self.params[i], self.views[i]
@@ -301,7 +305,7 @@ class Reducer:
                 view.zero_()
             keep = True
         self._mark(i)
-        self._call(self.client.mark_unused, i, keep)
+        self._call(self.comm.mark_unused, i, keep)
 
     def _mark(self, i: int) -> None:
         if not self._any_marked:
@@ -363,7 +367,7 @@ class Reducer:
                     self._hand_over(i)  # used locally: counts, contributes
                 else:
                     self._mark_unused(i)
-        self._call(self.client.wait_all, _cuda.stream_handle(self.device))
+        self._call(self.comm.wait_all, _cuda.stream_handle(self.device))
         if self.sparse is not None and len(self.sparse):
             self._call(self.sparse.reduce)
         t_done = time.monotonic_ns()
@@ -371,7 +375,7 @@ class Reducer:
         if first_static:
             self._static_counts = list(self._fired)
             self._static_unused = [i for i in range(n) if self._fired[i] == 0]
-            self._static_globally_used = self.client.globally_used_all()
+            self._static_globally_used = self.comm.globally_used_all()
         used = self._globally_used(first_static)
         unused_bytes = 0
         for i, kind in self._unused.items():
@@ -395,7 +399,7 @@ class Reducer:
         if self.static_graph and not first_static:
             return self._static_globally_used
         if self.static_graph or self.find_unused_parameters:
-            return self.client.globally_used_all()
+            return self.comm.globally_used_all()
         return None
 
     def _record_times(self, t_compute_end: int, t_done: int) -> None:
