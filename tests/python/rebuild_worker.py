@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradd.torch
-from gradd import _ddp_logging, _rebuild
+from gradd import _ddp_logging
 from parity_util import device_ids, init_gloo, rel_err, test_device
 
 FIRST_CAP_BYTES = 2000
@@ -103,7 +103,7 @@ def main():
         "client_rebuilt": ours.client.has_rebuilt_buckets,
         "torch_log": {k: torch_log.get(k) for k in ("has_rebuilt_buckets", "rebuilt_bucket_sizes",
                                                      "rebuilt_per_bucket_param_indices")},
-        "ours_log": _rebuild.logging_fields(ours),
+        "ours_log": _ddp_logging.rebuild_fields(ours),
         "grads_on_device": all(p.grad is not None and p.grad.device == dev for p in ours.module.parameters()),
         "grads_in_shared_memory": all(
             p.grad is not None and p.grad.data_ptr() == ours.client.gradient_address(i)

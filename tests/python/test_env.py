@@ -88,7 +88,8 @@ def test_group_world_size_must_agree(capture, monkeypatch):
 
 
 def test_daemon_disagreeing_on_rank_is_an_error(capture, monkeypatch):
-    for k, v in dict(RANK="1", WORLD_SIZE="2").items():
+    # (A world of 2 must name its job: no job is called "default".)
+    for k, v in dict(RANK="1", WORLD_SIZE="2", GRADD_JOB="disagree").items():
         monkeypatch.setenv(k, v)
     capture.update(rank=0, world=2)
     with pytest.raises(gt.GraddError, match="rank 0 of 2.*rank 1 of 2"):

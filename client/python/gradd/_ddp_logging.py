@@ -1,10 +1,12 @@
 """``_get_ddp_logging_data()``: torch 1.13's DDP logging dict, from gradd's
 own state. Same key names and value types as torch (strings for lists,
 ints for flags, nanoseconds for times); gradd-only facts get ``gradd_*``
-keys."""
-from __future__ import annotations
+keys.
 
-from gradd import _rebuild
+This module only reads a DistributedDataParallel's state (its client,
+reducer and flags); it imports no other part of gradd.torch, so every other
+module may import it."""
+from __future__ import annotations
 
 _TORCH_DTYPE_NAMES = {
     "float32": "float",
@@ -19,7 +21,7 @@ def bucket_sizes(ddp) -> list:
     flat bucket tensor holds exactly those): gradd's buckets may also hold
     the hidden used map or alignment padding, and a bucket that holds only
     the used map is not one torch would have."""
-    client = ddp._client
+    client = ddp.__dict__.get("_client")
     if client is None:
         return []
     out = []
@@ -30,8 +32,25 @@ def bucket_sizes(ddp) -> list:
     return out
 
 
+def rebuild_fields(ddp) -> dict:
+    """The rebuild fields of torch's ``_get_ddp_logging_data()``, in its
+    format: ``has_rebuilt_buckets`` (0/1) and, once rebuilt,
+    ``rebuilt_bucket_sizes`` ("6016, 240000") and
+    ``rebuilt_per_bucket_param_indices`` ("1 0 3, 2"); see gradd/_rebuild.py."""
+    client = ddp.__dict__.get("_client")
+    rebuilt = client is not None and client.has_rebuilt_buckets
+    out = {"has_rebuilt_buckets": int(rebuilt)}
+    if rebuilt:
+        buckets = [client.bucket(b)["params"] for b in range(client.num_buckets)]
+        out["rebuilt_bucket_sizes"] = ", ".join(str(n) for n in bucket_sizes(ddp))
+        out["rebuilt_per_bucket_param_indices"] = ", ".join(
+            " ".join(str(i) for i in idx) for idx in buckets if idx
+        )
+    return out
+
+
 def logging_data(ddp) -> dict:
-    reducer = ddp._reducer
+    reducer = ddp._reducer  # None in an unpickled copy before its first forward
     params = ddp._params
     buckets = bucket_sizes(ddp)
     dtypes = []
@@ -39,7 +58,9 @@ def logging_data(ddp) -> dict:
         name = _TORCH_DTYPE_NAMES.get(str(p.dtype).replace("torch.", ""), str(p.dtype))
         if name not in dtypes:
             dtypes.append(name)
-    done = max(1, reducer.iterations_done)
+    iterations_done = reducer.iterations_done if reducer is not None else 0
+    unused = reducer.unused_parameter_size if reducer is not None else 0
+    done = max(1, iterations_done)
     data = {
         # strings, as torch's strs_map
         "backend_name": "gradd",
@@ -62,15 +83,21 @@ def logging_data(ddp) -> dict:
         "num_parameter_tensors": len(params),
         "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),
         "iteration": ddp.num_iterations,
-        "has_rebuilt_buckets": int(bool(getattr(ddp, "_has_rebuilt_buckets", False))),
         # torch reports whether the graph looked static so far; gradd knows
         # as much as "no parameter went unused and none fired twice".
-        "can_set_static_graph": int(reducer.unused_parameter_size == 0),
-        "unused_parameter_size": reducer.unused_parameter_size,
+        "can_set_static_graph": int(unused == 0),
+        "unused_parameter_size": unused,
         "gradd_job_id": ddp.job_id,
         "gradd_num_buckets": len(buckets),
+        "gradd_runtime_logging_sample_rate": getattr(ddp, "_logging_sample_rate", 100),
     }
-    if reducer.iterations_done:
+    # torch's logger: has_error (and the message) once DDP raised an error it
+    # logs (a failed iteration, a misuse such as a late _set_static_graph).
+    error = getattr(ddp, "_logged_error", None)
+    if error is not None:
+        data["has_error"] = 1
+        data["error"] = error
+    if iterations_done:
         t, last = reducer.totals, reducer.last
         data.update(
             avg_forward_compute_time=t["forward"] // done,
@@ -82,5 +109,5 @@ def logging_data(ddp) -> dict:
             backward_comm_time=last["backward_comm"],
             backward_compute_comm_overlap_time=last["overlap"],
         )
-    data.update(_rebuild.logging_fields(ddp))
+    data.update(rebuild_fields(ddp))
     return data

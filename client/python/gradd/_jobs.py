@@ -10,6 +10,9 @@ model keeps the base id unchanged (what single-model jobs always used).
 The counter is keyed by (base id, global rank), not just per process, so that
 tests running several ranks as threads of one process derive the same ids as
 one-rank-per-process jobs.
+
+Ids that the ranks draw together (through torch's process group or
+torchrun's agent store) need no counter: see gradd/_world.py.
 """
 from __future__ import annotations
 
@@ -20,9 +23,15 @@ _lock = threading.Lock()
 _constructed: Dict[Tuple[str, int], int] = {}
 
 
-def derive_job_id(base: str, rank: int) -> str:
-    """The job id of the next model this rank constructs on `base`."""
+def next_model_index(base: str, rank: int) -> int:
+    """0 for the first model this rank constructs on `base`, then 1, 2, ..."""
     with _lock:
         n = _constructed.get((base, rank), 0)
         _constructed[(base, rank)] = n + 1
+    return n
+
+
+def derive_job_id(base: str, rank: int) -> str:
+    """The job id of the next model this rank constructs on `base`."""
+    n = next_model_index(base, rank)
     return base if n == 0 else f"{base}/{n}"

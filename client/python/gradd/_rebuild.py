@@ -26,6 +26,10 @@ current stream, ahead of the next backward's kernels.
 
 Every rank must take part; gradd fails the job (naming the rank) when one
 does not, rather than hang.
+
+What ``_get_ddp_logging_data()`` reports about a rebuild lives in
+gradd/_ddp_logging.py (which reads this module's state; nothing here imports
+it back).
 """
 from __future__ import annotations
 
@@ -85,22 +89,3 @@ def repoint_views(ddp) -> None:
                     new.copy_(g)
                 p.grad = new
             views[i] = new
-
-
-def logging_fields(ddp) -> dict:
-    """The rebuild fields of torch's ``_get_ddp_logging_data()``, in its
-    format: ``has_rebuilt_buckets`` (0/1) and, once rebuilt,
-    ``rebuilt_bucket_sizes`` ("6016, 240000") and
-    ``rebuilt_per_bucket_param_indices`` ("1 0 3, 2")."""
-    client = ddp._client
-    rebuilt = client is not None and client.has_rebuilt_buckets
-    out = {"has_rebuilt_buckets": int(rebuilt)}
-    if rebuilt:
-        from gradd._ddp_logging import bucket_sizes  # no import cycle at load
-
-        buckets = [client.bucket(b)["params"] for b in range(client.num_buckets)]
-        out["rebuilt_bucket_sizes"] = ", ".join(str(n) for n in bucket_sizes(ddp))
-        out["rebuilt_per_bucket_param_indices"] = ", ".join(
-            " ".join(str(i) for i in idx) for idx in buckets if idx
-        )
-    return out

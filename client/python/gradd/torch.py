@@ -3,15 +3,18 @@
 ::
 
     from gradd.torch import DistributedDataParallel as DDP
-    model = DDP(model)                 # rank/world from RANK, WORLD_SIZE, ...
+    model = DDP(model)                 # rank/world: process group or RANK, ...
     for x, y in data:
         opt.zero_grad()
         loss_fn(model(x), y).backward() # grads are averaged when this returns
         opt.step()
 
-No ``torch.distributed.init_process_group`` is needed: the node's gradd daemon
-(socket from ``socket=``, ``$GRADD_SOCKET`` or the daemon's default path) does
-the communication. Gradients live in bucket memory shared with the daemon:
+Rank, world and job id come from torch's process group when there is one
+(``dist.init_process_group`` called, or ``process_group=``), otherwise
+from the launcher's environment, so no ``init_process_group`` is needed
+(gradd/_world.py). The node's gradd daemon (socket from ``socket=``,
+``$GRADD_SOCKET`` or the daemon's default path) does the communication.
+Gradients live in bucket memory shared with the daemon:
 autograd's gradient accumulator of every parameter is hooked so that a
 bucket is handed to the daemon as soon as its last gradient is ready
 (overlapping the rest of backward), and a callback queued on the autograd
@@ -20,17 +23,22 @@ torch's rules exactly (see gradd/_reducer.py): a parameter nobody used keeps
 ``grad is None``; the first gradient a parameter gets is moved into its view
 of the bucket and ``.grad`` points there from then on.
 
-Environment (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, GROUP_RANK / NODE_RANK, MASTER_ADDR, MASTER_PORT; gradd's:
-GRADD_SOCKET, GRADD_JOB (job id; default ``torch-MASTER_ADDR:MASTER_PORT``),
-GRADD_COORDINATOR (the rendezvous coordinator's host, default MASTER_ADDR;
-never MASTER_PORT: the daemons rendezvous on their own port, 29600 unless
-configured, and the daemon on that host serves it on demand).
+Environment (torchrun's names; without a process group): RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK / NODE_RANK, MASTER_ADDR,
+MASTER_PORT; gradd's: GRADD_SOCKET, GRADD_JOB (job id; default: one the
+ranks agree on, see gradd/_world.py), GRADD_COORDINATOR (the rendezvous
+coordinator's host, default MASTER_ADDR; never MASTER_PORT: the daemons
+rendezvous on their own port, 29600 unless configured, and the daemon on
+that host serves it on demand).
+
+Module map: _world (who am I, job id), _state_sync (rank 0's state),
+_reducer (autograd hooks, .grad rules), _rebuild (bucket re-plan), _join
+(uneven inputs), _sparse, _cuda, _comm_hooks / _trainer_hooks (comm hooks),
+_ddp_logging (``_get_ddp_logging_data``).
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
 from typing import List, Optional, Sequence
@@ -39,8 +47,9 @@ import torch  # the real torch: this module is gradd.torch, imports are absolute
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
-from gradd import _cuda, _jobs, _rebuild, _state_sync
+from gradd import _cuda, _rebuild, _state_sync, _world
 from gradd import _join  # join() for uneven inputs
+from gradd import distributed as _distributed  # noqa: F401  (registers torch.distributed's backend "gradd"; off without gradd._c10d)
 from gradd._C import GraddError
 from gradd._reducer import Reducer
 from gradd._sparse import SparseReducer, sparse_parameter_ids
@@ -55,23 +64,6 @@ _DTYPES = {
 }
 
 _MiB = 1 << 20
-
-
-def _env_int(name: str) -> Optional[int]:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def _first(*values):
-    for v in values:
-        if v is not None:
-            return v
-    return None
 
 
 class DistributedDataParallel(torch.nn.Module, Joinable):
@@ -100,10 +92,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
       ``broadcast_buffers=True`` the buffers again before each forward that
       follows a synced one.
     * several models in one process (a GAN's generator and discriminator, a
-      model and a wrapped copy): each is its own daemon job. The n-th model a
-      rank constructs on a job id gets ``<job id>/<n>`` (the first keeps the
-      id unchanged); ranks must construct their models in the same order, as
-      torch requires for process groups.
+      model and a wrapped copy): each is its own daemon job, with an id the
+      ranks agree on per construction (gradd/_world.py); the n-th model a
+      rank constructs on an explicit job id gets ``<job id>/<n>`` (the first
+      keeps the id unchanged). Ranks must construct their models in the same
+      order, as torch requires for process groups.
     * ``no_sync()``, ``require_backward_grad_sync``, ``_set_static_graph()``
       and ``_get_ddp_logging_data()`` (torch's main keys; times in ns as
       measured by this client).
@@ -113,10 +106,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     into device memory the daemon allocated (see gradd/_cuda.py); bucket
     rebuild (gradd/_rebuild.py), join() and communication hooks work on them
     as on CPU modules (the daemon stages join and hook buckets through host
-    memory). CPU
-    modules need ``device_ids``/``output_device`` None,
-    ``process_group`` is ignored (the daemon forms the group from the job
-    id), ``dim`` and ``check_reduction`` are accepted for compatibility.
+    memory). CPU modules need ``device_ids``/``output_device`` None;
+    ``dim`` and ``check_reduction`` are accepted for compatibility.
+
+    ``process_group``: None means torch's default group when one is
+    initialised (else the launcher's environment); a subgroup
+    (``dist.new_group(ranks)``) makes this DDP a job of exactly those ranks.
+    Pickling (``torch.save(ddp)``, ``copy.deepcopy``) works as torch's: the
+    copy re-attaches to the daemon at its first forward (see
+    ``__getstate__``), and a DDP over a subgroup refuses, as torch's does.
 
     gradd-specific keyword arguments: ``socket``, ``job_id``, ``rank``,
     ``world_size``, ``local_rank``, ``local_world_size``, ``node_rank``,
@@ -187,12 +185,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         device_ids, output_device = _cuda.check_device_ids(
             self._device, device_ids, output_device
         )
-        if process_group is not None:
-            warnings.warn(
-                "gradd.torch.DistributedDataParallel ignores process_group: the gradd "
-                "daemon forms the group from the job id and ranks",
-                stacklevel=2,
-            )
         for n, p in named:
             if p.dtype not in _DTYPES:
                 raise TypeError(
@@ -207,7 +199,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.output_device = output_device
         self.dim = dim
         self.broadcast_buffers = broadcast_buffers
-        self.process_group = process_group
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -217,69 +208,60 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.parameters_to_ignore = list(ignore)
         self.num_iterations = 0
         self._failure: Optional[BaseException] = None
+        self._logged_error: Optional[str] = None  # _get_ddp_logging_data()'s "error"
+        self._logging_sample_rate = 100  # torch's kDDPRuntimeLoggingSampleRate
         self._client = None
         self._reducer: Optional[Reducer] = None
         # Bucket rebuild after the first iteration (gradd/_rebuild.py).
         self._rebuild_buckets_enabled = bool(rebuild_buckets)
         self._has_rebuilt_buckets = False
-
-        # -- who we are ---------------------------------------------------
-        env_rank = _env_int("RANK")
-        env_world = _env_int("WORLD_SIZE")
-        self.rank = int(_first(rank, env_rank, 0))
-        self.world_size = int(_first(world_size, env_world, 1))
-        self.local_world_size = int(
-            _first(local_world_size, _env_int("LOCAL_WORLD_SIZE"), self.world_size)
-        )
-        self.local_rank = int(
-            _first(local_rank, _env_int("LOCAL_RANK"), self.rank % self.local_world_size)
-        )
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
-        if not 0 <= self.local_rank < self.local_world_size:
-            raise ValueError(
-                f"local rank {self.local_rank} is not in a local world of size "
-                f"{self.local_world_size}"
-            )
-        if self.world_size % self.local_world_size != 0:
-            raise ValueError(
-                f"WORLD_SIZE {self.world_size} is not a multiple of LOCAL_WORLD_SIZE "
-                f"{self.local_world_size}"
-            )
-        self.num_nodes = self.world_size // self.local_world_size
-        groups = _env_int("GROUP_WORLD_SIZE")
-        if world_size is None and groups is not None and groups != self.num_nodes:
-            raise ValueError(
-                f"GROUP_WORLD_SIZE {groups} nodes x LOCAL_WORLD_SIZE {self.local_world_size} "
-                f"is not WORLD_SIZE {self.world_size}"
-            )
-        master = None
-        if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-            master = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        self.node_rank = int(
-            _first(
-                node_rank,
-                _env_int("GROUP_RANK"),
-                _env_int("NODE_RANK"),
-                self.rank // self.local_world_size,
-            )
-        )
-        base_job = _first(
-            job_id, os.environ.get("GRADD_JOB") or None, f"torch-{master}" if master else None, "default"
-        )
-        self.job_id = _jobs.derive_job_id(base_job, self.rank)
-        # The coordinator's host only: MASTER_PORT is torch's store; the
-        # daemons rendezvous on their own port (rendezvous.port, 29600).
-        coordinator = _first(
-            coordinator,
-            os.environ.get("GRADD_COORDINATOR") or None,
-            os.environ.get("MASTER_ADDR") or None,
-            "",
-        )
-
-        # -- attach and register -----------------------------------------
         self._param_names: List[str] = [n for n, _ in named]
         self._params: List[torch.nn.Parameter] = [p for _, p in named]
+        self._sparse_names: List[str] = [n for n, _ in sparse_named]
+        self._sparse_params: List[torch.nn.Parameter] = [p for _, p in sparse_named]
+        # What a re-attach after unpickling needs (see __setstate__).
+        self._attach_options = dict(
+            socket=socket,
+            job_id=job_id,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            coordinator=coordinator,
+            first_bucket_cap_mb=first_bucket_cap_mb,
+            broadcast_chunk_mb=broadcast_chunk_mb,
+            connect_timeout=connect_timeout,
+            attach_timeout=attach_timeout,
+            wait_timeout=wait_timeout,
+        )
+
+        # -- who we are (gradd/_world.py): torch's process group when there
+        # is one, else the launcher's environment; the job id is agreed here.
+        world = _world.resolve(process_group, device=self._device, **{
+            k: self._attach_options[k]
+            for k in ("socket", "job_id", "rank", "world_size", "local_rank",
+                      "local_world_size", "node_rank", "coordinator")
+        })
+        self._attach(world)
+        if static_graph:
+            self._set_static_graph()
+
+    def _attach(self, world: "_world.World") -> None:
+        """Attaches to the daemon as `world` says, broadcasts rank 0's state
+        and installs the gradient views and hooks (construction, and the
+        first forward of an unpickled copy)."""
+        opts = self._attach_options
+        self.process_group = world.group
+        self._is_subgroup = world.is_subgroup
+        self.rank = world.rank
+        self.world_size = world.world_size
+        self.local_rank = world.local_rank
+        self.local_world_size = world.local_world_size
+        self.node_rank = world.node_rank
+        self.num_nodes = world.num_nodes
+        self.job_id = world.job_id
+        named = list(zip(self._param_names, self._params))
         cuda = self._device.type == "cuda"
         # (name, shape, dtype), plus the device for CUDA modules.
         specs = [
@@ -290,23 +272,25 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         state_bytes = _state_sync.state_bytes(state)
         self._bcast_bytes = 0
         if self.world_size > 1:
-            self._bcast_bytes = int(max(4096, min(state_bytes, broadcast_chunk_mb * _MiB)))
+            self._bcast_bytes = int(
+                max(4096, min(state_bytes, opts["broadcast_chunk_mb"] * _MiB))
+            )
         multi = self.num_nodes > 1
         self._client = _C.attach(
             specs,
-            socket=socket or "",
+            socket=opts["socket"] or "",
             job_id=self.job_id,
             local_rank=self.local_rank,
             local_world_size=self.local_world_size,
-            bucket_cap_mb=float(bucket_cap_mb),
-            first_bucket_cap_mb=float(first_bucket_cap_mb or 0.0),
+            bucket_cap_mb=float(self.bucket_cap_mb),
+            first_bucket_cap_mb=float(opts["first_bucket_cap_mb"] or 0.0),
             broadcast_bytes=self._bcast_bytes,
-            connect_timeout=connect_timeout,
-            attach_timeout=attach_timeout,
-            wait_timeout=wait_timeout,
+            connect_timeout=opts["connect_timeout"],
+            attach_timeout=opts["attach_timeout"],
+            wait_timeout=opts["wait_timeout"],
             node_rank=self.node_rank if multi else None,
             num_nodes=self.num_nodes,
-            coordinator=coordinator if multi else "",
+            coordinator=world.coordinator if multi else "",
             world_size=self.world_size,
             rank=self.rank,
             # Always: the used map also serves static_graph, which
@@ -317,9 +301,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if self._client.world_size != self.world_size or self._client.global_rank != self.rank:
             got = (self._client.global_rank, self._client.world_size)
             self._client.detach()
+            self._client = None
+            source = "the process group" if world.group is not None else "the environment"
             raise GraddError(
                 f"job '{self.job_id}': the daemon placed this trainer at rank {got[0]} of "
-                f"{got[1]}, but the environment says rank {self.rank} of {self.world_size}"
+                f"{got[1]}, but {source} says rank {self.rank} of {self.world_size}"
             )
 
         # -- every rank starts from rank 0's state -------------------------
@@ -343,20 +329,74 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             self._params,
             self._param_names,
             views,
-            find_unused_parameters=find_unused_parameters,
+            find_unused_parameters=self.find_unused_parameters,
             who=f"job '{self.job_id}', rank {self.rank}",
             fail=self._fail,
             device=self._device,
             sparse=SparseReducer(
-                [n for n, _ in sparse_named],
-                [p for _, p in sparse_named],
+                list(self._sparse_names),
+                list(self._sparse_params),
                 self.rank,
                 self.world_size,
                 lambda buf, root: self._broadcast_tensors([buf], root),
             ),
         )
-        if static_graph:
-            self._set_static_graph()
+        if self.static_graph:  # re-attached after unpickling
+            self._reducer.static_graph = True
+        self._needs_attach = False
+
+    # ------------------------------------------------------------- pickling
+    # As torch 1.13's DDP (__getstate__ / __setstate__): the module, its
+    # parameters and the constructor's settings travel; the connection to
+    # the daemon (torch: the reducer and process group) does not. torch
+    # refuses to pickle a DDP over a non-default process group, and so does
+    # gradd (a subgroup's members are not known again on load). A DDP built
+    # from the launcher's environment alone (no process group) pickles too.
+    #
+    # Loading does not talk to anyone: attaching is collective (every rank of
+    # the job must do it), and a rank that only loads a checkpoint to look at
+    # it must not block. The loaded copy attaches at its first forward, as a
+    # new job (a fresh agreed id, or the n-th model of an explicit one) of the
+    # default process group's ranks -- or the environment's world -- at that
+    # time; every rank must then run that forward, as torch's ranks must all
+    # rebuild their reducers. Comm hooks, like torch's, are not kept.
+    _NOT_PICKLED = ("_client", "_reducer", "process_group", "_failure", "_gradd_comm_hook")
+
+    def __getstate__(self):
+        if self.__dict__.get("_is_subgroup"):
+            self._log_and_throw(
+                RuntimeError,
+                "DDP Pickling/Unpickling are only supported when using DDP with the default "
+                "process group. That is, when you have called init_process_group and have "
+                "not passed process_group argument to DDP constructor "
+                f"(gradd job '{self.job_id}' runs on a subgroup)",
+            )
+        attrs = dict(self.__dict__)
+        for key in self._NOT_PICKLED:
+            attrs.pop(key, None)
+        return attrs
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.__dict__.setdefault("require_forward_param_sync", True)
+        self.__dict__.setdefault("require_backward_grad_sync", True)
+        self._client = None
+        self._reducer = None
+        self._failure = None
+        self._logged_error = None
+        self.process_group = _world.default_group()
+        self._has_rebuilt_buckets = False
+        self._needs_attach = True
+
+    def _attach_again(self) -> None:
+        """The first forward of an unpickled copy: a new job (see above)."""
+        opts = self._attach_options
+        world = _world.resolve(None, device=self._device, **{
+            k: opts[k]
+            for k in ("socket", "rank", "world_size", "local_rank", "local_world_size",
+                      "node_rank", "coordinator", "job_id")
+        })
+        self._attach(world)
 
     # ------------------------------------------------------------------ info
     @property
@@ -387,6 +427,67 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """Names of the registered parameters, in registration order."""
         return list(self._param_names)
 
+    def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        """torch's: runtime stats for the first 10 iterations, then every
+        `sample_rate`-th. gradd measures every iteration at no cost (the
+        client timestamps what it does anyway), so the rate is checked and
+        kept (``gradd_runtime_logging_sample_rate``) and every iteration's
+        times are reported."""
+        if sample_rate < 1:
+            self._log_and_throw(
+                ValueError,
+                "DDP runtime logging sample rate should be equal or greater than 1",
+            )
+        self._logging_sample_rate = int(sample_rate)
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """torch's: names ('<module>.<param>') DDP leaves alone, set on the
+        module before wrapping it."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+
+    def _build_params_for_reducer(self):
+        """torch's: (the parameters DDP reduces, in registration order, and
+        whether each expects a sparse gradient)."""
+        params = list(self._params) + list(self._sparse_params)
+        sparse = [False] * len(self._params) + [True] * len(self._sparse_params)
+        by_id = {id(p): i for i, (_, p) in enumerate(self.module.named_parameters())}
+        order = sorted(range(len(params)), key=lambda i: by_id.get(id(params[i]), i))
+        return [params[i] for i in order], [sparse[i] for i in order]
+
+    def _build_debug_param_to_name_mapping(self, parameters) -> dict:
+        """torch's: {index in `parameters`: fully qualified name}, checking
+        (with torch's messages) that `parameters` are exactly the ones DDP
+        reduces."""
+        index = {id(p): i for i, p in enumerate(parameters)}
+        out = {}
+        for name, p in list(zip(self._param_names, self._params)) + list(
+            zip(self._sparse_names, self._sparse_params)
+        ):
+            if id(p) not in index:
+                self._log_and_throw(
+                    ValueError,
+                    f"Param with name {name} found in module parameters, but not DDP "
+                    "parameters.",
+                )
+            out[index[id(p)]] = name
+        if len(out) != len(parameters):
+            self._log_and_throw(
+                ValueError,
+                "Expected param to name mapping to cover all parameters, but got "
+                f"conflicting lengths: {len(out)} vs {len(parameters)}.",
+            )
+        return out
+
+    def _distributed_rank(self) -> int:
+        """torch's: this trainer's rank in the DDP's group (the job's rank
+        without a process group)."""
+        if self.process_group is not None:
+            import torch.distributed as dist
+
+            return dist.get_rank(self.process_group)
+        return self.rank
+
     def _get_ddp_logging_data(self) -> dict:
         """torch's DDP logging data (the main keys, same names and types;
         times in nanoseconds, measured by this client: forward = the module's
@@ -399,6 +500,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # --------------------------------------------------------------- forward
     def forward(self, *inputs, **kwargs):
         self._raise_if_failed()
+        if self._client is None and self.__dict__.get("_needs_attach"):
+            self._attach_again()  # an unpickled copy: see __setstate__
         if self._client is None:
             raise RuntimeError(
                 f"gradd.torch.DistributedDataParallel (job '{self.job_id}', rank "
@@ -456,7 +559,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     # ------------------------------------------------------- not supported
     def register_comm_hook(self, state, hook):
-        """torch's hooks run in the daemon: see gradd/_comm_hooks.py."""
+        """Any hook torch accepts: torch's allreduce, fp16/bf16 and PowerSGD
+        hooks run in the daemon, every other one in this process over the
+        user's torch.distributed group (see gradd/_comm_hooks.py)."""
         from gradd import _comm_hooks
 
         _comm_hooks.register_comm_hook(self, state, hook)
@@ -465,6 +570,25 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         from gradd import _comm_hooks
 
         _comm_hooks.register_builtin_comm_hook(self, comm_hook_type)
+
+    def _register_fused_optim(self, optim, *args, optim_params=None, **kwargs):
+        """torch's optimizer overlap: the optimizer steps each bucket's
+        parameters as soon as its allreduce is done. What torch's
+        ``_OverlappedStandardOptimizer.register_ddp`` registers (torch's
+        ``_hook_then_optimizer`` over ``allreduce_hook``, with the
+        functional counterpart of `optim`), so it runs in the trainer;
+        built here because torch 1.13's own path imports FSDP, which fails
+        on Python 3.11."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks import (
+            _hook_then_optimizer,
+            _OptimizerHookState,
+        )
+        from torch.distributed.optim import as_functional_optim
+
+        functional = as_functional_optim(optim, *args, **kwargs)
+        state = _OptimizerHookState(functional, optim_params)
+        self.register_comm_hook(None, _hook_then_optimizer(default_hooks.allreduce_hook, state))
 
     # ------------------------------------------------------------- join
     # Uneven inputs: the daemon fills in for ranks that ran out of inputs
@@ -502,14 +626,17 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if self.static_graph:
             warnings.warn("You've set static_graph to be True, no need to set it again.")
             return
-        if self._reducer.iterations_done > 0 or self._reducer.backward_in_progress:
-            raise RuntimeError(
+        reducer = self._reducer  # None in an unpickled copy before its first forward
+        if reducer is not None and (reducer.iterations_done > 0 or reducer.backward_in_progress):
+            self._log_and_throw(
+                RuntimeError,
                 "set_static_graph() should be called before training loop starts and "
                 f"after DistributedDataParallel is constructed (job '{self.job_id}', rank "
-                f"{self.rank})"
+                f"{self.rank})",
             )
         self.static_graph = True
-        self._reducer.static_graph = True
+        if reducer is not None:
+            reducer.static_graph = True
         if self.find_unused_parameters:
             warnings.warn(
                 "You passed find_unused_parameters=true to DistributedDataParallel, "
@@ -548,7 +675,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """Records the first error: the job can't continue after it."""
         if self._failure is None:
             self._failure = error
+        if self._logged_error is None:
+            self._logged_error = f"{type(error)}: {error}"
         raise error
+
+    def _log_and_throw(self, err_type, err_msg: str):
+        """As torch's: the error is kept for _get_ddp_logging_data()
+        (``has_error``, ``error``) and raised."""
+        self._logged_error = f"{err_type}: {err_msg}"
+        raise err_type(err_msg)
 
     def _raise_if_failed(self):
         if self._failure is not None:
