@@ -14,6 +14,14 @@ int CurrentNiceness() {
   return getpriority(PRIO_PROCESS, 0);  // Linux: this thread
 }
 
+int LowerThreadPriorityTo(int floor) {
+  const int current = CurrentNiceness();
+  if (current >= floor) return current;
+  // Linux: PRIO_PROCESS with 0 is this thread only.
+  if (setpriority(PRIO_PROCESS, 0, floor) != 0) return current;
+  return CurrentNiceness();
+}
+
 absl::Status ApplyNiceness(int nice) {
   if (nice < -20 || nice > 19) {
     return absl::InvalidArgumentError(

@@ -11,6 +11,7 @@
 #include "server/engine/area_collective.h"
 #include "server/engine/bucket_specs.h"
 #include "server/logging.h"
+#include "server/scheduling.h"
 
 namespace gradd {
 namespace {
@@ -238,6 +239,9 @@ void Job::FailJob(absl::StatusCode code, absl::string_view message) {
 }
 
 void Job::Loop() {
+  // A single-node job's hand-overs are meetings of the trainers and this
+  // thread: it runs at their niceness (server/scheduling.h, issue 21).
+  if (spec_.num_nodes <= 1) LowerThreadPriorityTo(kTrainerNiceness);
   while (!stop_.load(std::memory_order_acquire)) {
     // Snapshot the ranks' doorbells before scanning: a publish that lands
     // after the scan moves one past the snapshot, so the wait returns at once.

@@ -1,9 +1,13 @@
 """The daemon's niceness (config key `nice`, server/scheduling.h): every
-thread of a real gradd runs at it; without CAP_SYS_NICE the daemon warns and
+thread of a real gradd runs at it, except a single-node job's engine thread
+(at the trainers' niceness); without CAP_SYS_NICE the daemon warns and
 keeps the niceness it was started with, and still serves."""
+import collections
 import os
 import shutil
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -45,6 +49,63 @@ def test_default_is_minus_ten_on_every_thread(gradd_binary):
     try:
         assert set(thread_niceness(d.proc.pid).values()) == {-10}
     finally:
+        d.stop()
+
+
+def wait_for_niceness(pid, want, timeout=10.0):
+    """Polls until the daemon's threads count `want` ({niceness: threads});
+    returns the last {niceness: threads} seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = dict(collections.Counter(thread_niceness(pid).values()))
+        if all(seen.get(n, 0) == k for n, k in want.items()) or time.monotonic() > deadline:
+            return seen
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering the niceness needs root")
+def test_a_single_node_jobs_engine_thread_runs_at_the_trainers_niceness(gradd_binary, job_id):
+    import gradd  # the built package (PYTHONPATH), as in test_client.py
+
+    d = Daemon(gradd_binary)
+    attached = threading.Barrier(3, timeout=60)
+    checked = threading.Event()
+    errors = []
+
+    def rank_fn(rank):
+        try:
+            c = gradd.attach([("w", (1000,), "float32")], socket=d.socket, job_id=job_id,
+                             local_rank=rank, local_world_size=2)
+            try:
+                attached.wait()
+                checked.wait(60)
+            finally:
+                c.detach()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            attached.abort()
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in range(2)]
+    try:
+        before = dict(collections.Counter(thread_niceness(d.proc.pid).values()))
+        assert set(before) == {-10}, before
+        for t in threads:
+            t.start()
+        try:
+            attached.wait()
+        except threading.BrokenBarrierError:
+            pytest.fail(f"the ranks did not attach: {errors}")
+        # The job's engine thread, and only it, left -10 for 0.
+        during = wait_for_niceness(d.proc.pid, {0: 1})
+        assert during.get(0) == 1 and set(during) == {-10, 0}, during
+        checked.set()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        # The job ended with its ranks: every thread left is at -10.
+        after = wait_for_niceness(d.proc.pid, {0: 0})
+        assert set(after) == {-10}, after
+    finally:
+        checked.set()
         d.stop()
 
 
