@@ -28,6 +28,7 @@ install(TARGETS gradd_client EXPORT gradd-targets
           NAMELINK_COMPONENT Development)
 install(FILES
     ${PROJECT_SOURCE_DIR}/client/include/gradd/client.h
+    ${PROJECT_SOURCE_DIR}/client/include/gradd/collectives.h
     ${PROJECT_SOURCE_DIR}/client/include/gradd/gradd.h
     ${PROJECT_BINARY_DIR}/client/include/gradd/version.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/gradd COMPONENT Development)

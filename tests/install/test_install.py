@@ -74,7 +74,7 @@ def test_public_headers_include_only_public_names(prefix):
     """The installed headers need std, Abseil's status and each other --
     nothing from gradd's tree (common/, server/, generated protobuf)."""
     headers = sorted((prefix / "include/gradd").glob("*.h"))
-    assert {h.name for h in headers} == {"client.h", "gradd.h", "version.h"}
+    assert {h.name for h in headers} == {"client.h", "collectives.h", "gradd.h", "version.h"}
     for h in headers:
         for inc in re.findall(r'#include\s+[<"]([^>"]+)[>"]', h.read_text()):
             assert inc.startswith(("gradd/", "absl/status/")) or "/" not in inc, \
