@@ -26,17 +26,10 @@ class CollectivesTest : public GraddTest {
  protected:
   Proc Trainer(const std::string& socket, const std::string& job, int rank,
                int world, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {GRADD_COLLECTIVE_TRAINER,
-                                     "--socket",
-                                     socket,
-                                     "--job",
-                                     job,
-                                     "--local-rank",
-                                     absl::StrCat(rank),
-                                     "--local-world-size",
-                                     absl::StrCat(world)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return Spawn(absl::StrCat(job, ".", procs_.size(), ".rank", rank), argv);
+    return SpawnTrainerBinary(
+        GRADD_COLLECTIVE_TRAINER, socket,
+        absl::StrCat(job, ".", procs_.size(), ".rank", rank), job, rank, world,
+        extra);
   }
 
   // `world` trainers of `job` on the test's daemon; their exits.

@@ -236,9 +236,19 @@ bool GraddTest::WaitForText(const Proc& p, const std::string& text,
 
 Proc GraddTest::SpawnTrainer(const std::string& job, int rank, int world,
                              const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {TrainerBinary(),
+  return SpawnTrainerBinary(TrainerBinary(), socket_,
+                            absl::StrCat(job, ".rank", rank), job, rank, world,
+                            extra);
+}
+
+Proc GraddTest::SpawnTrainerBinary(const std::string& binary,
+                                   const std::string& socket,
+                                   const std::string& name,
+                                   const std::string& job, int rank, int world,
+                                   const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {binary,
                                    "--socket",
-                                   socket_,
+                                   socket,
                                    "--job",
                                    job,
                                    "--local-rank",
@@ -246,7 +256,7 @@ Proc GraddTest::SpawnTrainer(const std::string& job, int rank, int world,
                                    "--local-world-size",
                                    absl::StrCat(world)};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  return Spawn(absl::StrCat(job, ".rank", rank), argv);
+  return Spawn(name, argv);
 }
 
 std::vector<Exit> GraddTest::RunJob(const std::string& job, int world,

@@ -71,6 +71,13 @@ class GraddTest : public ::testing::Test {
   // A test trainer for `job` with the common flags plus `extra`.
   Proc SpawnTrainer(const std::string& job, int rank, int world,
                     const std::vector<std::string>& extra = {});
+  // The same for any trainer binary taking the common flags (--socket,
+  // --job, --local-rank, --local-world-size), on `socket`; its log is
+  // named `name`.
+  Proc SpawnTrainerBinary(const std::string& binary, const std::string& socket,
+                          const std::string& name, const std::string& job,
+                          int rank, int world,
+                          const std::vector<std::string>& extra);
   // Runs `world` trainers of `job` (extra_for_rank(r) flags each) and waits
   // for all of them.
   std::vector<Exit> RunJob(const std::string& job, int world,

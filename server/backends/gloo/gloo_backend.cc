@@ -292,6 +292,21 @@ absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
   return broken_;
 }
 
+void GlooBackend::RunAllreduce(gloo::AllreduceOptions& opts, size_t bytes) {
+  Algorithm algorithm = algorithm_;
+  if (algorithm == Algorithm::kAuto) {
+    algorithm =
+        bytes <= bcube_max_bytes_ ? Algorithm::kBcube : Algorithm::kRing;
+  }
+  opts.setAlgorithm(algorithm == Algorithm::kBcube
+                        ? gloo::AllreduceOptions::Algorithm::BCUBE
+                        : gloo::AllreduceOptions::Algorithm::RING);
+  if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
+  opts.setTag(next_tag_++);
+  opts.setTimeout(ToMillis(collective_timeout_));
+  gloo::allreduce(opts);
+}
+
 absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   if (absl::Status s = CheckUsable(); !s.ok()) return s;
   if (absl::Status s = CheckWireDType("gloo AllreduceSum", dtype); !s.ok()) {
@@ -302,12 +317,6 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
     return absl::FailedPreconditionError("gloo backend is closed");
   }
   const absl::Time start = absl::Now();
-  const size_t elem = DTypeSize(dtype);
-  Algorithm algorithm = algorithm_;
-  if (algorithm == Algorithm::kAuto) {
-    algorithm =
-        count * elem <= bcube_max_bytes_ ? Algorithm::kBcube : Algorithm::kRing;
-  }
   try {
     gloo::AllreduceOptions opts(context_);
     if (dtype == DType::kFloat32) {
@@ -323,13 +332,7 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
       opts.setOutput(static_cast<double*>(data), count);
       opts.setReduceFunction(&SumInto<double>);
     }
-    opts.setAlgorithm(algorithm == Algorithm::kBcube
-                          ? gloo::AllreduceOptions::Algorithm::BCUBE
-                          : gloo::AllreduceOptions::Algorithm::RING);
-    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
-    opts.setTag(next_tag_++);
-    opts.setTimeout(ToMillis(collective_timeout_));
-    gloo::allreduce(opts);
+    RunAllreduce(opts, count * DTypeSize(dtype));
   } catch (const std::exception& e) {
     return Fail("allreduce", e.what(), start);
   }
@@ -666,18 +669,7 @@ absl::Status GlooBackend::AllreduceWith(void* data, size_t count,
         break;
     }
     opts.setReduceFunction(combine);
-    Algorithm algorithm = algorithm_;
-    if (algorithm == Algorithm::kAuto) {
-      algorithm = count * elem_bytes <= bcube_max_bytes_ ? Algorithm::kBcube
-                                                         : Algorithm::kRing;
-    }
-    opts.setAlgorithm(algorithm == Algorithm::kBcube
-                          ? gloo::AllreduceOptions::Algorithm::BCUBE
-                          : gloo::AllreduceOptions::Algorithm::RING);
-    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
-    opts.setTag(next_tag_++);
-    opts.setTimeout(ToMillis(collective_timeout_));
-    gloo::allreduce(opts);
+    RunAllreduce(opts, count * elem_bytes);
   } catch (const std::exception& e) {
     return Fail("allreduce", e.what(), start);
   }

@@ -46,6 +46,7 @@
 #include "server/rendezvous/store_interface.h"
 
 namespace gloo {
+class AllreduceOptions;
 class Context;
 namespace transport {
 class Device;
@@ -156,6 +157,10 @@ class GlooBackend final : public CollectiveBackendInterface {
   // Nodes that did not mark themselves failed within the probe budget.
   std::vector<int> SilentPeers(absl::Time op_start);
   absl::Status CheckUsable() const;
+  // Runs gloo::allreduce over `opts` (output and reduce function set) with
+  // this backend's algorithm choice for `bytes`, segment size, next tag and
+  // timeout; throws what Gloo throws.
+  void RunAllreduce(gloo::AllreduceOptions& opts, size_t bytes);
   // The fused ring of AllreduceAverage; throws what Gloo throws. Its
   // buffers outlive Gloo's use of them on every path (see retired_buffers_).
   void FusedRing(const LocalAverage& work, absl::Time deadline);
