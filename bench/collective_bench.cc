@@ -13,10 +13,19 @@
 // 99th percentile time of one Allreduce call and the algorithm bandwidth
 // (bytes / median time). Collectives larger than the collective area
 // (--collective_bytes, 0 = the client's default) take several rounds.
+//
+// --format=json prints instead one object per size (after all ranks are
+// done), timed across the ranks as gradd-bench times a bucket: every rank
+// stamps CLOCK_MONOTONIC right before and after each call (the barrier
+// before it is not timed), and an iteration's time is the last rank's end
+// minus the last rank's start. bench/compare_torch.py --collective reads it.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -42,13 +51,22 @@ ABSL_FLAG(std::string, gradd, "",
           "The daemon binary (default ../server/gradd).");
 ABSL_FLAG(std::string, socket, "",
           "A running daemon's socket (empty: start one).");
+ABSL_FLAG(std::string, format, "table", "Output: table (human) or json.");
 
 namespace gradd::bench {
 namespace {
 
-// One trainer process; returns its exit code.
+// Index of rank `rank`'s (start, end) stamp pair of timed iteration `it` of
+// size number `size_index` in the stamps area shared by all ranks.
+size_t StampIndex(size_t size_index, int it, int rank, int world) {
+  const size_t iters = absl::GetFlag(FLAGS_iters);
+  return ((size_index * iters + it) * world + rank) * 2;
+}
+
+// One trainer process; returns its exit code. Writes its timed calls'
+// start and end stamps into `stamps` (shared with the parent).
 int RunRank(const std::string& socket, int rank, int world,
-            const std::vector<uint64_t>& sizes) {
+            const std::vector<uint64_t>& sizes, bool json, int64_t* stamps) {
   ClientOptions options;
   options.socket_path = socket;
   options.job_id = "collective-bench";
@@ -62,12 +80,13 @@ int RunRank(const std::string& socket, int rank, int world,
     return 3;
   }
   Client& c = **client;
-  if (rank == 0) {
+  if (rank == 0 && !json) {
     std::printf("%-10s %12s %12s %12s   (%d ranks, allreduce sum float32)\n",
                 "size", "p50 us", "p99 us", "algbw GB/s", world);
   }
   const double sum_of_ranks = world * (world + 1) / 2.0;
-  for (uint64_t bytes : sizes) {
+  for (size_t size_index = 0; size_index < sizes.size(); ++size_index) {
+    const uint64_t bytes = sizes[size_index];
     const size_t count = bytes / sizeof(float);
     std::vector<float> data(count);
     std::vector<double> samples;
@@ -84,7 +103,8 @@ int RunRank(const std::string& socket, int rank, int world,
       const int64_t start = NowNs();
       absl::Status s =
           c.Allreduce(data.data(), count, dtype::kFloat32, ReduceOp::kSum);
-      const int64_t ns = NowNs() - start;
+      const int64_t end = NowNs();
+      const int64_t ns = end - start;
       if (!s.ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank,
                      std::string(s.message()).c_str());
@@ -96,9 +116,15 @@ int RunRank(const std::string& socket, int rank, int world,
           return 4;
         }
       }
-      if (it >= absl::GetFlag(FLAGS_warmup)) samples.push_back(ns / 1e3);
+      if (it >= absl::GetFlag(FLAGS_warmup)) {
+        samples.push_back(ns / 1e3);
+        const size_t at = StampIndex(
+            size_index, it - absl::GetFlag(FLAGS_warmup), rank, world);
+        stamps[at] = start;
+        stamps[at + 1] = end;
+      }
     }
-    if (rank == 0) {
+    if (rank == 0 && !json) {
       const double p50 = Percentile(samples, 50);
       std::printf("%-10s %12.1f %12.1f %12.3f\n", FormatSize(bytes).c_str(),
                   p50, Percentile(samples, 99),
@@ -109,6 +135,44 @@ int RunRank(const std::string& socket, int rank, int world,
   return 0;
 }
 
+// --format=json: one object per size from the ranks' stamps.
+void PrintJson(const std::vector<uint64_t>& sizes, int world,
+               const int64_t* stamps) {
+  const int iters = absl::GetFlag(FLAGS_iters);
+  for (size_t size_index = 0; size_index < sizes.size(); ++size_index) {
+    std::vector<double> times;  // last start -> last end, us
+    std::vector<double> rank0;  // rank 0's own call, us
+    for (int it = 0; it < iters; ++it) {
+      int64_t last_start = INT64_MIN;
+      int64_t last_end = INT64_MIN;
+      for (int r = 0; r < world; ++r) {
+        const size_t at = StampIndex(size_index, it, r, world);
+        last_start = std::max(last_start, stamps[at]);
+        last_end = std::max(last_end, stamps[at + 1]);
+        if (r == 0) rank0.push_back((stamps[at + 1] - stamps[at]) / 1e3);
+      }
+      times.push_back((last_end - last_start) / 1e3);
+    }
+    double sum = 0;
+    for (double t : times) sum += t;
+    const double p50 = Percentile(times, 50);
+    std::printf(
+        "{\"size_bytes\": %llu, \"p50_us\": %.3f, \"p90_us\": %.3f, "
+        "\"p99_us\": %.3f, \"mean_us\": %.3f, \"min_us\": %.3f, "
+        "\"max_us\": %.3f, \"algbw_gbps\": %.4f, "
+        "\"rank0_call_p50_us\": %.3f, \"rank0_call_p99_us\": %.3f, "
+        "\"trainers\": %d, \"iters\": %d, \"warmup\": %d, "
+        "\"op\": \"sum\", \"dtype\": \"float32\"}\n",
+        static_cast<unsigned long long>(sizes[size_index]), p50,
+        Percentile(times, 90), Percentile(times, 99),
+        times.empty() ? 0.0 : sum / times.size(), Percentile(times, 0),
+        Percentile(times, 100), p50 > 0 ? sizes[size_index] / (p50 * 1e3) : 0.0,
+        Percentile(rank0, 50), Percentile(rank0, 99), world, iters,
+        absl::GetFlag(FLAGS_warmup));
+  }
+  std::fflush(stdout);
+}
+
 int Main() {
   absl::StatusOr<std::vector<uint64_t>> sizes =
       ParseSizeList(absl::GetFlag(FLAGS_sizes));
@@ -117,6 +181,28 @@ int Main() {
     std::fprintf(stderr, "bad --sizes or --trainers\n");
     return 2;
   }
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "table" && format != "json") {
+    std::fprintf(stderr, "--format=%s: use table or json\n", format.c_str());
+    return 2;
+  }
+  const bool json = format == "json";
+  if (absl::GetFlag(FLAGS_iters) < 0 || absl::GetFlag(FLAGS_warmup) < 0) {
+    std::fprintf(stderr, "--iters and --warmup must be >= 0\n");
+    return 2;
+  }
+  // Every rank's (start, end) stamps of every timed call, shared with the
+  // forked ranks.
+  const size_t stamp_bytes =
+      std::max<size_t>(1, sizes->size() * absl::GetFlag(FLAGS_iters) * world *
+                              2 * sizeof(int64_t));
+  void* area = mmap(nullptr, stamp_bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (area == MAP_FAILED) {
+    std::perror("mmap");
+    return 1;
+  }
+  int64_t* const stamps = static_cast<int64_t*>(area);
   std::optional<TempDir> dir;
   std::optional<Child> daemon;
   std::string socket = absl::GetFlag(FLAGS_socket);
@@ -148,7 +234,7 @@ int Main() {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(RunRank(socket, r, world, *sizes));
+    if (pid == 0) _exit(RunRank(socket, r, world, *sizes, json, stamps));
     if (pid < 0) {
       std::perror("fork");
       return 1;
@@ -166,6 +252,8 @@ int Main() {
     }
   }
   if (daemon.has_value()) daemon->Stop(15, std::chrono::seconds(10));
+  if (failed == 0 && json) PrintJson(*sizes, world, stamps);
+  munmap(area, stamp_bytes);
   return failed == 0 ? 0 : 1;
 }
 

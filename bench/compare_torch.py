@@ -20,6 +20,14 @@ gradd, torch, ...) and keeps, per size and per side, the round with the
 lower p50: on a shared or noisy machine a burst of load from elsewhere
 then does not decide the ratio. Every round runs the full iteration count.
 
+--collective compares gradd's collectives of arbitrary data instead:
+gradd-collective-bench --format=json (Client::Allreduce, sum, float32,
+between --trainers processes attached to one daemon) against torch's plain
+all_reduce(SUM) of one float32 tensor on Gloo (no div_), same process
+count, sizes, warm-up, iterations, rounds and timing:
+
+    /usr/bin/python3 bench/compare_torch.py --collective --trainers 2
+
 Use Debian's /usr/bin/python3 (python3-torch); a pyenv/venv python usually
 has no torch.
 """
@@ -74,7 +82,8 @@ def percentile(samples, p):
 
 # --- torch side ----------------------------------------------------------------
 
-def _torch_worker(rank, world, init_file, sizes, warmup, iters, out_dir):
+def _torch_worker(rank, world, init_file, sizes, warmup, iters, out_dir,
+                  divide=True):
     import torch
     import torch.distributed as dist
 
@@ -90,11 +99,14 @@ def _torch_worker(rank, world, init_file, sizes, warmup, iters, out_dir):
             dist.barrier()
             t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             dist.all_reduce(t)
-            t.div_(world)
+            if divide:
+                t.div_(world)
             t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             if i >= warmup:
                 rows.append((t0, t1))
-            want = sum(r + 1 + i % 8 for r in range(world)) / world
+            want = sum(r + 1 + i % 8 for r in range(world))
+            if divide:
+                want /= world
             got = float(t[-1])
             if abs(got - want) > 1e-5 * abs(want):
                 raise RuntimeError(f"torch rank {rank}: size {size} iteration "
@@ -107,14 +119,15 @@ def _torch_worker(rank, world, init_file, sizes, warmup, iters, out_dir):
     dist.destroy_process_group()
 
 
-def run_torch(world, sizes, warmup, iters):
+def run_torch(world, sizes, warmup, iters, divide=True):
+    """all_reduce(SUM) (+ div_(world) if divide) on Gloo; p50/p90/mean."""
     import torch.multiprocessing as mp
 
     tmp = tempfile.mkdtemp(prefix="gradd-compare.")
     try:
         init_file = os.path.join(tmp, "rendezvous")
         mp.spawn(_torch_worker,
-                 args=(world, init_file, sizes, warmup, iters, tmp),
+                 args=(world, init_file, sizes, warmup, iters, tmp, divide),
                  nprocs=world, join=True)
         per_rank = []
         for r in range(world):
@@ -138,12 +151,17 @@ def run_torch(world, sizes, warmup, iters):
 # --- gradd side ----------------------------------------------------------------
 
 def run_gradd(args, sizes):
-    cmd = [args.gradd_bench, f"--trainers={args.trainers}",
-           f"--nodes={args.nodes}",
-           "--sizes=" + ",".join(str(s) for s in sizes),
-           f"--iters={args.iters}", f"--warmup={args.warmup}", "--format=json"]
+    """gradd-bench, or with --collective gradd-collective-bench (one node)."""
+    if args.collective:
+        cmd = [args.collective_bench, f"--trainers={args.trainers}"]
+    else:
+        cmd = [args.gradd_bench, f"--trainers={args.trainers}",
+               f"--nodes={args.nodes}"]
+    cmd += ["--sizes=" + ",".join(str(s) for s in sizes),
+            f"--iters={args.iters}", f"--warmup={args.warmup}", "--format=json"]
     if args.gradd:
         cmd.append(f"--gradd={args.gradd}")
+    name = os.path.basename(cmd[0])
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     rows = {}
     for line in proc.stdout.splitlines():
@@ -152,7 +170,7 @@ def run_gradd(args, sizes):
             row = json.loads(line)
             rows[row["size_bytes"]] = row
     if proc.returncode != 0:
-        print(f"# gradd-bench exited with status {proc.returncode}; gradd "
+        print(f"# {name} exited with status {proc.returncode}; gradd "
               "columns are n/a", file=sys.stderr)
     return rows, proc.returncode
 
@@ -162,6 +180,41 @@ def keep_best(best, rows):
     for size, row in rows.items():
         if size not in best or row["p50_us"] < best[size]["p50_us"]:
             best[size] = row
+
+
+def print_collective(args, sizes, gradd, torch_results):
+    """--collective's output: both sides' p50/p90 per size and the ratio."""
+    if args.format == "json":
+        for size in sizes:
+            g = gradd.get(size, {})
+            t = torch_results[size]
+            print(json.dumps({
+                "mode": "collective", "size_bytes": size,
+                "gradd_p50_us": g.get("p50_us"),
+                "gradd_p90_us": g.get("p90_us"),
+                "torch_p50_us": t["p50_us"], "torch_p90_us": t["p90_us"],
+                "ratio": (t["p50_us"] / g["p50_us"]) if g else None,
+                "trainers": args.trainers}))
+        return
+    print(f"# gradd Client::Allreduce ({args.trainers} trainer(s), one daemon) "
+          f"vs torch.distributed Gloo all_reduce(SUM) ({args.trainers} "
+          f"processes), float32, {args.warmup} warm-up + {args.iters} timed "
+          f"iterations, best p50 of {args.rounds} alternating round(s) per side")
+    print("# time = last rank's start -> last rank's end, p50 over "
+          "iterations; ratio = torch / gradd (higher: gradd faster)")
+    print(f"# {'size':>10} {'gradd p50(us)':>14} {'torch p50(us)':>14} "
+          f"{'ratio':>8} {'gradd p90(us)':>14} {'torch p90(us)':>14}")
+    for size in sizes:
+        g = gradd.get(size)
+        t = torch_results[size]
+        if g:
+            print(f"  {format_size(size):>10} {g['p50_us']:>14.1f} "
+                  f"{t['p50_us']:>14.1f} {t['p50_us'] / g['p50_us']:>7.1f}x "
+                  f"{g['p90_us']:>14.1f} {t['p90_us']:>14.1f}")
+        else:
+            print(f"  {format_size(size):>10} {'n/a':>14} "
+                  f"{t['p50_us']:>14.1f} {'n/a':>8} {'n/a':>14} "
+                  f"{t['p90_us']:>14.1f}")
 
 
 def main():
@@ -176,8 +229,15 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--gradd-bench", default=str(REPO / "build/bench/gradd-bench"),
                    help="gradd-bench binary (default: build/bench/gradd-bench)")
+    p.add_argument("--collective", action="store_true",
+                   help="gradd-collective-bench (Client::Allreduce of arbitrary "
+                        "data) vs plain dist.all_reduce(SUM), no div_; one node")
+    p.add_argument("--collective-bench",
+                   default=str(REPO / "build/bench/gradd-collective-bench"),
+                   help="gradd-collective-bench binary (with --collective; "
+                        "default: build/bench/gradd-collective-bench)")
     p.add_argument("--gradd", default="",
-                   help="gradd daemon binary (default: gradd-bench's)")
+                   help="gradd daemon binary (default: the bench's)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--rounds", type=int, default=2,
                    help="alternating rounds; each side keeps its best p50 per size")
@@ -187,7 +247,15 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     world = args.nodes * args.trainers
 
-    if not os.access(args.gradd_bench, os.X_OK):
+    if args.collective:
+        if args.nodes != 1:
+            sys.exit("compare_torch: --collective runs on one node "
+                     "(gradd-collective-bench has no --nodes)")
+        if not os.access(args.collective_bench, os.X_OK):
+            sys.exit("compare_torch: no gradd-collective-bench at "
+                     f"{args.collective_bench} (run scripts/setup, or pass "
+                     "--collective-bench)")
+    elif not os.access(args.gradd_bench, os.X_OK):
         sys.exit(f"compare_torch: no gradd-bench at {args.gradd_bench} "
                  "(run scripts/setup, or pass --gradd-bench)")
 
@@ -196,7 +264,12 @@ def main():
         rows, rc = run_gradd(args, sizes)
         gradd_rc = gradd_rc or rc
         keep_best(gradd, rows)
-        keep_best(torch_results, run_torch(world, sizes, args.warmup, args.iters))
+        keep_best(torch_results, run_torch(world, sizes, args.warmup, args.iters,
+                                           divide=not args.collective))
+
+    if args.collective:
+        print_collective(args, sizes, gradd, torch_results)
+        return 0 if gradd_rc == 0 else 1
 
     if args.format == "json":
         for size in sizes:
