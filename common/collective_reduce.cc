@@ -1,6 +1,7 @@
 #include "common/collective_reduce.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -57,8 +58,16 @@ CombineFn CombineFor(CollectiveOp op) {
   return &CombineInto<T, CollectiveOp::kSum>;
 }
 
+// out[i] = Combine(kOp, out[i], in[i]) over [begin, end); `out` and `in`
+// never overlap (distinct areas), which lets the loop vectorise.
+template <typename T, CollectiveOp kOp>
+void CombineRange(T* __restrict out, const T* __restrict in, size_t begin,
+                  size_t end) {
+  for (size_t i = begin; i < end; ++i) out[i] = Combine(kOp, out[i], in[i]);
+}
+
 // Sources of type T reduced into an accumulator of type T (in place when
-// acc == srcs[0]).
+// acc == srcs[0]). The op is dispatched once, outside the loops.
 template <typename T>
 void ReduceSame(CollectiveOp op, const void* const* srcs, int n, void* acc,
                 size_t begin, size_t end) {
@@ -67,7 +76,18 @@ void ReduceSame(CollectiveOp op, const void* const* srcs, int n, void* acc,
   if (out != first) std::copy(first + begin, first + end, out + begin);
   for (int k = 1; k < n; ++k) {
     const T* in = static_cast<const T*>(srcs[k]);
-    for (size_t i = begin; i < end; ++i) out[i] = Combine(op, out[i], in[i]);
+    switch (op) {
+      case CollectiveOp::kMin:
+        CombineRange<T, CollectiveOp::kMin>(out, in, begin, end);
+        break;
+      case CollectiveOp::kMax:
+        CombineRange<T, CollectiveOp::kMax>(out, in, begin, end);
+        break;
+      case CollectiveOp::kSum:
+      case CollectiveOp::kAvg:
+        CombineRange<T, CollectiveOp::kSum>(out, in, begin, end);
+        break;
+    }
   }
 }
 
@@ -85,28 +105,53 @@ void Reduce16(CollectiveOp op, const void* const* srcs, int n, void* acc,
   }
 }
 
+// The result into every destination: computed once into dsts[0] (which may
+// be the accumulator itself: the in-place case), then copied to the others,
+// so each loop is a plain vectorisable pass. An average divides in T (for
+// float, a division by the exactly representable world size rounds as the
+// division in double then rounded to float does).
 template <typename T>
 void WriteSame(CollectiveOp op, const void* acc, double divisor,
                void* const* dsts, int n, size_t begin, size_t end) {
+  if (n <= 0 || begin >= end) return;
   const T* in = static_cast<const T*>(acc);
-  for (size_t i = begin; i < end; ++i) {
-    T v = in[i];
-    if constexpr (std::is_floating_point_v<T>) {
-      if (op == CollectiveOp::kAvg) v = static_cast<T>(v / divisor);
+  T* first = static_cast<T*>(dsts[0]);
+  if constexpr (std::is_floating_point_v<T>) {
+    if (op == CollectiveOp::kAvg) {
+      const T d = static_cast<T>(divisor);
+      if (first == in) {
+        for (size_t i = begin; i < end; ++i) first[i] = first[i] / d;
+      } else {
+        T* __restrict o = first;
+        const T* __restrict x = in;
+        for (size_t i = begin; i < end; ++i) o[i] = x[i] / d;
+      }
+      in = first;
     }
-    for (int k = 0; k < n; ++k) static_cast<T*>(dsts[k])[i] = v;
+  }
+  for (int k = 0; k < n; ++k) {
+    T* dst = static_cast<T*>(dsts[k]);
+    if (dst == in) continue;
+    std::memcpy(dst + begin, in + begin, (end - begin) * sizeof(T));
   }
 }
 
 template <uint16_t (*FromFloat)(float)>
 void Write16(CollectiveOp op, const void* acc, double divisor,
              void* const* dsts, int n, size_t begin, size_t end) {
-  const float* in = static_cast<const float*>(acc);
-  for (size_t i = begin; i < end; ++i) {
-    float v = in[i];
-    if (op == CollectiveOp::kAvg) v = static_cast<float>(v / divisor);
-    const uint16_t h = FromFloat(v);
-    for (int k = 0; k < n; ++k) static_cast<uint16_t*>(dsts[k])[i] = h;
+  if (n <= 0 || begin >= end) return;
+  // The float32 accumulator is never one of the 16-bit areas.
+  const float* __restrict in = static_cast<const float*>(acc);
+  uint16_t* __restrict first = static_cast<uint16_t*>(dsts[0]);
+  if (op == CollectiveOp::kAvg) {
+    const float d = static_cast<float>(divisor);
+    for (size_t i = begin; i < end; ++i) first[i] = FromFloat(in[i] / d);
+  } else {
+    for (size_t i = begin; i < end; ++i) first[i] = FromFloat(in[i]);
+  }
+  for (int k = 1; k < n; ++k) {
+    std::memcpy(static_cast<uint16_t*>(dsts[k]) + begin, first + begin,
+                (end - begin) * sizeof(uint16_t));
   }
 }
 
