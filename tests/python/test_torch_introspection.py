@@ -4,6 +4,7 @@ DDP, and pickling without a daemon round trip (the attach is captured; the
 trainings after a load run in test_torch_checkpoint.py)."""
 import copy
 import pickle
+import time
 
 import pytest
 import torch
@@ -61,6 +62,71 @@ def test_sample_rate_and_logged_errors(one_rank):
     assert data["has_error"] == 1
     assert "sample rate should be equal or greater than 1" in data["error"]
     assert "iteration" in data
+
+
+class _StepClient(_Client):
+    """Lets a world of one run training steps (nothing to reduce)."""
+
+    def mark_ready(self, i, stream):
+        pass
+
+    def mark_unused(self, i, keep):
+        pass
+
+    def skip_used_map(self):
+        pass
+
+    def wait_all(self, stream):
+        pass
+
+    def globally_used_all(self):
+        return [True] * len(self.specs)
+
+    def rebuild_buckets(self):
+        return False
+
+
+class MiddleUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 4, bias=False)  # never used
+        self.c = nn.Linear(4, 1, bias=False)
+
+    def forward(self, x):
+        return self.c(self.a(x))
+
+
+def test_grad_ready_order_and_host_stamps(monkeypatch, one_rank):
+    """torch's prev_iteration_grad_ready_order_indices (an unused parameter
+    is ready when the backward ends) and host-clock stamps, both of the last
+    sampled iteration."""
+    monkeypatch.setattr(gt._C, "attach", lambda specs, **kw: _StepClient(specs, kw, 0, 1))
+    ddp = gt.DistributedDataParallel(MiddleUnused(), find_unused_parameters=True)
+    x = torch.randn(3, 4)
+    before = time.time_ns()
+    ddp(x).sum().backward()
+    data = ddp._get_ddp_logging_data()
+    # Before any sample, the one finished iteration's.
+    assert data["prev_iteration_grad_ready_order_indices"] == "2, 0, 1"
+    seen = []
+    for _ in range(11):  # forwards 2..12; the 11th samples iteration 10
+        ddp(x).sum().backward()
+        seen.append(ddp._get_ddp_logging_data())
+    after = time.time_ns()
+    data = seen[-2]
+    assert data["iteration"] == 10
+    assert data["prev_iteration_grad_ready_order_indices"] == "2, 0, 1"
+    stamps = [data[k] for k in (
+        "forward_compute_time_start", "backward_compute_time_start",
+        "backward_comm_time_start", "backward_compute_time_end", "backward_comm_time_end")]
+    assert stamps == sorted(stamps)
+    assert before - 10**9 <= stamps[0] and stamps[-1] <= after + 10**9  # host clock
+    # Iteration 11 is not sampled: the 12th forward keeps iteration 10's.
+    for k in ("iteration", "forward_compute_time_start", "backward_comm_time_end"):
+        assert seen[-1][k] == data[k]
+    assert seen[-3]["iteration"] == 9
+    assert seen[-3]["forward_compute_time_start"] < data["forward_compute_time_start"]
 
 
 def test_late_static_graph_is_logged(one_rank):

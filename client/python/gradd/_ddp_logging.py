@@ -8,6 +8,14 @@ reducer and flags); it imports no other part of gradd.torch, so every other
 module may import it."""
 from __future__ import annotations
 
+import os
+import time
+
+# Host clock (ns since the epoch, as torch's logger stamps) of the reducer's
+# time.monotonic_ns() readings: one offset per process, so the stamps keep
+# their monotonic order.
+_HOST_CLOCK_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+
 _TORCH_DTYPE_NAMES = {
     "float32": "float",
     "float64": "double",
@@ -49,6 +57,39 @@ def rebuild_fields(ddp) -> dict:
     return out
 
 
+def _env(name: str) -> str:
+    """torch's logger reports these variables as set, else "N/A"."""
+    return os.environ.get(name, "N/A")
+
+
+def _backend_name(ddp) -> str:
+    """torch reports the backend of the DDP's process group. gradd does the
+    same when there is one (the group the job was formed through, and the
+    one trainer-side comm hooks use); the gradients themselves always go
+    through the gradd daemon (``gradd_job_id``). Without a group: "gradd"."""
+    group = getattr(ddp, "process_group", None)
+    if group is None:
+        return "gradd"
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(group))
+    except Exception:  # a group torch no longer knows (destroyed)
+        return "gradd"
+
+
+def sample_runtime_stats(ddp) -> None:
+    """Called by a synced forward before it counts its iteration, where
+    torch's logger records runtime stats: iterations 1..10, then every
+    `sample_rate`-th, keep the iteration number and its times (torch's
+    ``iteration`` key only moves at sampled iterations)."""
+    n = ddp.num_iterations
+    rate = getattr(ddp, "_logging_sample_rate", 100)
+    reducer = ddp._reducer
+    if n > 0 and (n <= 10 or n % rate == 0) and reducer is not None:
+        ddp._sampled_stats = (n, dict(reducer.last))
+
+
 def logging_data(ddp) -> dict:
     reducer = ddp._reducer  # None in an unpickled copy before its first forward
     params = ddp._params
@@ -61,15 +102,19 @@ def logging_data(ddp) -> dict:
     iterations_done = reducer.iterations_done if reducer is not None else 0
     unused = reducer.unused_parameter_size if reducer is not None else 0
     done = max(1, iterations_done)
+    # (last sampled iteration, its times): see sample_runtime_stats.
+    sampled = getattr(ddp, "_sampled_stats", None) or (0, None)
     data = {
         # strings, as torch's strs_map
-        "backend_name": "gradd",
+        "backend_name": _backend_name(ddp),
         "module_name": type(ddp.module).__name__,
         "device_ids": "",
         "dtypes": ", ".join(dtypes),
         "bucket_sizes": ", ".join(str(b) for b in buckets),
-        "master_addr": "N/A",
-        "master_port": "N/A",
+        "master_addr": _env("MASTER_ADDR"),
+        "master_port": _env("MASTER_PORT"),
+        "torch_distributed_debug": _env("TORCH_DISTRIBUTED_DEBUG"),
+        "cuda_visible_devices": _env("CUDA_VISIBLE_DEVICES"),
         # ints, as torch's ints_map
         "world_size": ddp.world_size,
         "rank": ddp.rank,
@@ -82,7 +127,7 @@ def logging_data(ddp) -> dict:
         "is_multi_device_module": 0,
         "num_parameter_tensors": len(params),
         "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),
-        "iteration": ddp.num_iterations,
+        "iteration": sampled[0],
         # torch reports whether the graph looked static so far; gradd knows
         # as much as "no parameter went unused and none fired twice".
         "can_set_static_graph": int(unused == 0),
@@ -91,6 +136,13 @@ def logging_data(ddp) -> dict:
         "gradd_num_buckets": len(buckets),
         "gradd_runtime_logging_sample_rate": getattr(ddp, "_logging_sample_rate", 100),
     }
+    if data["backend_name"] == "gloo":
+        # As torch's logger for a Gloo group: its environment and threads.
+        data["gloo_socket_ifname"] = _env("GLOO_SOCKET_IFNAME")
+        data["gloo_device_transport"] = _env("GLOO_DEVICE_TRANSPORT")
+        threads = getattr(getattr(ddp.process_group, "options", None), "_threads", None)
+        if threads is not None:
+            data["gloo_num_threads"] = int(threads)
     # torch's logger: has_error (and the message) once DDP raised an error it
     # logs (a failed iteration, a misuse such as a late _set_static_graph).
     error = getattr(ddp, "_logged_error", None)
@@ -98,7 +150,7 @@ def logging_data(ddp) -> dict:
         data["has_error"] = 1
         data["error"] = error
     if iterations_done:
-        t, last = reducer.totals, reducer.last
+        t, last = reducer.totals, sampled[1] or reducer.last
         data.update(
             avg_forward_compute_time=t["forward"] // done,
             avg_backward_compute_time=t["backward_compute"] // done,
@@ -109,5 +161,24 @@ def logging_data(ddp) -> dict:
             backward_comm_time=last["backward_comm"],
             backward_compute_comm_overlap_time=last["overlap"],
         )
+        # Host-clock stamps (ns since the epoch) of that iteration, as
+        # torch's: its module forward's start, backward compute from the end
+        # of forward to the end-of-backward callback, comm from the first
+        # gradient handed over to all averaged.
+        for key, stamp in (
+            ("forward_compute_time_start", "t_forward_start"),
+            ("backward_compute_time_start", "t_forward_end"),
+            ("backward_compute_time_end", "t_compute_end"),
+            ("backward_comm_time_start", "t_first_mark"),
+            ("backward_comm_time_end", "t_done"),
+        ):
+            if stamp in last:
+                data[key] = last[stamp] + _HOST_CLOCK_OFFSET_NS
+        # torch's: the order (indices into the DDP's parameters) in which
+        # the gradients became ready in the backward before that forward.
+        if last.get("ready_order"):
+            data["prev_iteration_grad_ready_order_indices"] = ", ".join(
+                str(i) for i in last["ready_order"]
+            )
     data.update(rebuild_fields(ddp))
     return data

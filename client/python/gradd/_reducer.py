@@ -150,13 +150,19 @@ class Reducer:
         self._static_unused: List[int] = []
         self._static_globally_used: List[bool] = []
         self._remaining: List[int] = []
-        # Statistics (nanoseconds), for _get_ddp_logging_data.
+        # Statistics (nanoseconds), for _get_ddp_logging_data. `last` holds
+        # the latest synced iteration's durations, its monotonic stamps
+        # ("t_forward_start", "t_forward_end" = backward compute start,
+        # "t_compute_end", "t_first_mark" = comm start, "t_done") and
+        # "ready_order": the parameter indices in the order this rank handed
+        # their gradients over (used or unused).
         self.iterations_done = 0
         self.unused_parameter_size = 0
         self.totals = {"forward": 0, "backward_compute": 0, "backward_comm": 0, "overlap": 0}
         self.last = dict(self.totals)
         self._t_forward_end = 0
         self._t_first_mark = 0
+        self._ready_order: List[int] = []
         self._hooks = []
         self_ref = weakref.ref(self)
         with torch.enable_grad():
@@ -178,12 +184,16 @@ class Reducer:
     def backward_in_progress(self) -> bool:
         return self._any_marked
 
-    def prepare_for_backward(self, forward_ns: int) -> None:
-        """A DDP forward with gradient sync ran: the next backward syncs."""
+    def prepare_for_backward(self, forward_start_ns: int) -> None:
+        """A DDP forward with gradient sync ran (its module forward started
+        at `forward_start_ns`, time.monotonic_ns()): the next backward
+        syncs."""
         self._reset()
         self.expect_hooks = True
-        self.last["forward"] = forward_ns
         self._t_forward_end = time.monotonic_ns()
+        self.last["forward"] = max(0, self._t_forward_end - forward_start_ns)
+        self.last["t_forward_start"] = forward_start_ns
+        self.last["t_forward_end"] = self._t_forward_end
 
     def wrap_output(self, output):
         """Routes the output's tensors that need a gradient through _Sink."""
@@ -211,6 +221,7 @@ class Reducer:
         self._marked = [False] * n
         self._any_marked = False
         self._first_hook_done = False
+        self._ready_order = []
         self._unused.clear()
         self._saved.clear()
         if self._static_counts is not None:
@@ -312,6 +323,7 @@ class Reducer:
             self._any_marked = True
             self._t_first_mark = time.monotonic_ns()
         self._marked[i] = True
+        self._ready_order.append(i)
 
     def _call(self, fn, *args):
         try:
@@ -389,6 +401,7 @@ class Reducer:
                     view.copy_(self._saved[i])
         self.unused_parameter_size = unused_bytes
         self._record_times(t_compute_end, t_done)
+        self.last["ready_order"] = tuple(self._ready_order)
         self._reset()
         self._used_since_sync = [False] * n
         self.expect_hooks = False
@@ -409,6 +422,9 @@ class Reducer:
             backward_compute=compute,
             backward_comm=comm,
             overlap=max(0, t_compute_end - self._t_first_mark),
+            t_compute_end=t_compute_end,
+            t_first_mark=self._t_first_mark,
+            t_done=t_done,
         )
         for k in self.totals:
             self.totals[k] += self.last[k]

@@ -47,7 +47,7 @@ import torch  # the real torch: this module is gradd.torch, imports are absolute
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
-from gradd import _cuda, _rebuild, _state_sync, _world
+from gradd import _cuda, _ddp_logging, _rebuild, _state_sync, _world
 from gradd import _join  # join() for uneven inputs
 from gradd import distributed as _distributed  # noqa: F401  (registers torch.distributed's backend "gradd"; off without gradd._c10d)
 from gradd._C import GraddError
@@ -430,9 +430,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
         """torch's: runtime stats for the first 10 iterations, then every
         `sample_rate`-th. gradd measures every iteration at no cost (the
-        client timestamps what it does anyway), so the rate is checked and
-        kept (``gradd_runtime_logging_sample_rate``) and every iteration's
-        times are reported."""
+        client timestamps what it does anyway); as torch's logger, the
+        reported ``iteration`` and per-iteration times are those of the last
+        sampled iteration (gradd/_ddp_logging.py), the averages cover every
+        iteration."""
         if sample_rate < 1:
             self._log_and_throw(
                 ValueError,
@@ -517,6 +518,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                         f"(job '{self.job_id}', rank {self.rank})"
                     )
                 )
+            _ddp_logging.sample_runtime_stats(self)
             self.num_iterations += 1
         # Where torch's forward calls reducer._rebuild_buckets(): any
         # grad-enabled forward, between iterations.
@@ -539,7 +541,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         output = self.module(*inputs, **kwargs)
         if grad_sync:
             self.require_forward_param_sync = True
-            self._reducer.prepare_for_backward(time.monotonic_ns() - t0)
+            self._reducer.prepare_for_backward(t0)
             output = self._reducer.wrap_output(output)
         else:
             self.require_forward_param_sync = False
