@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "attach_internal.h"
+#include "client/src/area_collectives.h"
 #include "client/src/comm_hook_options.h"
 #include "client/src/daemon_peer.h"
 #include "client/src/device_client.h"
@@ -52,7 +53,6 @@
 #include "client/src/plan_move.h"
 #include "client/src/plan_views.h"
 #include "client/src/rebuild.h"
-#include "common/collective_reduce.h"
 #include "common/control_block.h"
 #include "common/control_mapping.h"
 #include "common/doorbell.h"
@@ -220,14 +220,21 @@ class ClientImpl final : public Client {
   }
   bool BucketDone(int bucket) const override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
-  // Collectives (collectives.h), in client_collectives below.
+  // Collectives (collectives.h): area_collectives.h splits them into
+  // rounds on the collective area.
   absl::Status Allreduce(void* data, size_t count, int32_t dtype,
-                         ReduceOp op) override;
+                         ReduceOp op) override {
+    return AreaAllreduce(area_, data, count, dtype, op);
+  }
   absl::Status Allgather(const void* input, size_t bytes,
-                         void* output) override;
+                         void* output) override {
+    return AreaAllgather(area_, input, bytes, output);
+  }
   absl::Status ReduceScatter(const void* input, void* output, size_t count,
-                             int32_t dtype, ReduceOp op) override;
-  absl::Status Barrier() override;
+                             int32_t dtype, ReduceOp op) override {
+    return AreaReduceScatter(area_, input, output, count, dtype, op);
+  }
+  absl::Status Barrier() override { return AreaBarrier(area_); }
   absl::Status Detach() override;
   absl::StatusOr<bool> RebuildBuckets() override;
   bool buckets_rebuilt() const override { return rebuilt_; }
@@ -305,17 +312,35 @@ class ClientImpl final : public Client {
     iteration_.store(c.next_iteration, std::memory_order_release);
     broadcast_seq_ = std::max(broadcast_seq_, c.bcast_seq);
   }
-  absl::Status BroadcastImpl(void* data, size_t bytes, int root);
+  // Broadcast without the join-mode check (JoinActive's sync uses it).
+  absl::Status BroadcastImpl(void* data, size_t bytes, int root) {
+    RETURN_IF_ERROR(CheckFailed());
+    return AreaBroadcast(area_, data, bytes, root);
+  }
   // One collective round on the area (common/control_block.h), whose
   // contents the caller has written: publishes the round, waits for the
   // daemon.
   absl::Status AreaRound(CollectiveKind kind, int32_t dtype, int32_t op,
                          uint64_t bytes, int32_t root);
-  // OK when collectives can run now; `what` names the call in errors.
-  absl::Status CollectiveUsable(absl::string_view what) const;
-  // Validated dtype / op of Allreduce and ReduceScatter.
-  absl::StatusOr<size_t> ReductionElementSize(absl::string_view what,
-                                              int32_t dtype, ReduceOp op) const;
+  // This client's collective area and rounds, as area_collectives.h sees
+  // them (the caller thread's).
+  class Area final : public CollectiveAreaInterface {
+   public:
+    explicit Area(ClientImpl* client) : client_(client) {}
+    char* area() override { return client_->broadcast_area_; }
+    size_t area_bytes() const override { return client_->broadcast_bytes_; }
+    int global_rank() const override { return client_->global_rank_; }
+    int world_size() const override { return client_->world_size_; }
+    std::string Who() const override { return client_->Who(); }
+    absl::Status Usable(absl::string_view what) const override;
+    absl::Status Round(CollectiveKind kind, int32_t dtype, int32_t op,
+                       uint64_t bytes, int32_t root) override {
+      return client_->AreaRound(kind, dtype, op, bytes, root);
+    }
+
+   private:
+    ClientImpl* const client_;
+  };
   // Points the parameters and buckets at `views` and resets the per-bucket
   // counters (between iterations only).
   void UsePlan(PlanViews views);
@@ -345,6 +370,7 @@ class ClientImpl final : public Client {
   char* broadcast_area_ = nullptr;
   size_t broadcast_bytes_ = 0;
   uint64_t broadcast_seq_ = 0;
+  Area area_{this};
 
   std::vector<ParamSlot> params_;
   std::vector<BucketInfo> buckets_;
@@ -739,40 +765,6 @@ absl::Status ClientImpl::Broadcast(void* data, size_t bytes, int root) {
   return BroadcastImpl(data, bytes, root);
 }
 
-absl::Status ClientImpl::BroadcastImpl(void* data, size_t bytes, int root) {
-  RETURN_IF_ERROR(CheckFailed());
-  if (broadcast_bytes_ == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Broadcast needs a broadcast area: attach with "
-                     "ClientOptions::broadcast_bytes or collective_bytes > 0 (",
-                     Who(), ")"));
-  }
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Broadcast root ", root, " is not a rank of the job (world size ",
-        world_size_, ", ", Who(), ")"));
-  }
-  if (bytes > 0 && data == nullptr) {
-    return absl::InvalidArgumentError("Broadcast of a null buffer");
-  }
-  // Larger data goes in rounds of at most the area's size (every rank
-  // computes the same split from the same size).
-  char* p = static_cast<char*>(data);
-  size_t off = 0;
-  do {
-    const size_t n = std::min(bytes - off, broadcast_bytes_);
-    if (root == global_rank_ && n > 0) {
-      std::memcpy(broadcast_area_, p + off, n);
-    }
-    RETURN_IF_ERROR(AreaRound(CollectiveKind::kBroadcast, 0, 0, n, root));
-    if (root != global_rank_ && n > 0) {
-      std::memcpy(p + off, broadcast_area_, n);
-    }
-    off += n;
-  } while (off < bytes);
-  return absl::OkStatus();
-}
-
 absl::Status ClientImpl::AreaRound(CollectiveKind kind, int32_t dtype,
                                    int32_t op, uint64_t bytes, int32_t root) {
   const uint64_t k = ++broadcast_seq_;
@@ -797,144 +789,14 @@ absl::Status ClientImpl::AreaRound(CollectiveKind kind, int32_t dtype,
                          " (collective round ", k, ")"));
 }
 
-// Collectives (collectives.h). Each call is one or more rounds through the
-// area: every rank computes the same split from the same sizes, so the
-// daemon sees the same sequence of rounds from every rank and checks each
-// one's description (kind, dtype, op, bytes). Zero-size calls still run one
-// (empty) round, so that a rank that passes 0 where the others pass data
-// is caught, not left to hang the next call.
-
-absl::Status ClientImpl::CollectiveUsable(absl::string_view what) const {
-  RETURN_IF_ERROR(CheckFailed());
-  if (in_join()) {
+absl::Status ClientImpl::Area::Usable(absl::string_view what) const {
+  RETURN_IF_ERROR(client_->CheckFailed());
+  if (client_->in_join()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " in join mode (", Who(),
                      "); only Broadcast (JoinActive's sync) runs there"));
   }
-  if (broadcast_bytes_ == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what,
-                     " needs a collective area: attach with "
-                     "ClientOptions::collective_bytes > 0 (",
-                     Who(), ")"));
-  }
   return absl::OkStatus();
-}
-
-absl::StatusOr<size_t> ClientImpl::ReductionElementSize(absl::string_view what,
-                                                        int32_t dtype,
-                                                        ReduceOp op) const {
-  absl::StatusOr<CollectiveDType> t = CollectiveDTypeFromInt(dtype);
-  absl::StatusOr<CollectiveOp> o =
-      CollectiveOpFromInt(static_cast<int32_t>(op));
-  absl::Status s = !t.ok()   ? t.status()
-                   : !o.ok() ? o.status()
-                             : CheckReduction(*t, *o);
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", s.message(), " (", Who(), ")"));
-  }
-  return CollectiveDTypeSize(*t);
-}
-
-absl::Status ClientImpl::Allreduce(void* data, size_t count, int32_t dtype,
-                                   ReduceOp op) {
-  ASSIGN_OR_RETURN(const size_t elem,
-                   ReductionElementSize("Allreduce", dtype, op));
-  RETURN_IF_ERROR(CollectiveUsable("Allreduce"));
-  if (count > 0 && data == nullptr) {
-    return absl::InvalidArgumentError("Allreduce of a null buffer");
-  }
-  const size_t per_round = broadcast_bytes_ / elem;
-  if (per_round == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Allreduce: the collective area of ", broadcast_bytes_,
-                     " bytes holds no element (", Who(), ")"));
-  }
-  char* p = static_cast<char*>(data);
-  size_t off = 0;  // elements
-  do {
-    const size_t n = std::min(count - off, per_round);
-    if (n > 0) std::memcpy(broadcast_area_, p + off * elem, n * elem);
-    RETURN_IF_ERROR(AreaRound(CollectiveKind::kAllreduce, dtype,
-                              static_cast<int32_t>(op), n * elem, 0));
-    if (n > 0) std::memcpy(p + off * elem, broadcast_area_, n * elem);
-    off += n;
-  } while (off < count);
-  return absl::OkStatus();
-}
-
-absl::Status ClientImpl::Allgather(const void* input, size_t bytes,
-                                   void* output) {
-  RETURN_IF_ERROR(CollectiveUsable("Allgather"));
-  if (bytes > 0 && (input == nullptr || output == nullptr)) {
-    return absl::InvalidArgumentError("Allgather of a null buffer");
-  }
-  const size_t world = static_cast<size_t>(world_size_);
-  // Every rank's block of a round must fit the area together.
-  const size_t per_round = broadcast_bytes_ / world;
-  if (per_round == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Allgather: the collective area of ", broadcast_bytes_,
-        " bytes is smaller than the world size ", world, " (", Who(), ")"));
-  }
-  const char* in = static_cast<const char*>(input);
-  char* out = static_cast<char*>(output);
-  size_t off = 0;
-  do {
-    const size_t n = std::min(bytes - off, per_round);
-    if (n > 0) std::memcpy(broadcast_area_, in + off, n);
-    RETURN_IF_ERROR(AreaRound(CollectiveKind::kAllgather, 0, 0, n, 0));
-    for (size_t j = 0; j < world && n > 0; ++j) {
-      std::memcpy(out + j * bytes + off, broadcast_area_ + j * n, n);
-    }
-    off += n;
-  } while (off < bytes);
-  return absl::OkStatus();
-}
-
-absl::Status ClientImpl::ReduceScatter(const void* input, void* output,
-                                       size_t count, int32_t dtype,
-                                       ReduceOp op) {
-  ASSIGN_OR_RETURN(const size_t elem,
-                   ReductionElementSize("ReduceScatter", dtype, op));
-  RETURN_IF_ERROR(CollectiveUsable("ReduceScatter"));
-  if (count > 0 && (input == nullptr || output == nullptr)) {
-    return absl::InvalidArgumentError("ReduceScatter of a null buffer");
-  }
-  const size_t world = static_cast<size_t>(world_size_);
-  // A round reduces the same slice [off, off + n) of every rank block,
-  // packed block after block in the area; this rank keeps its block's.
-  const size_t per_round = broadcast_bytes_ / (world * elem);
-  if (per_round == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ReduceScatter: the collective area of ", broadcast_bytes_,
-                     " bytes holds no element per rank (world size ", world,
-                     ", ", Who(), ")"));
-  }
-  const char* in = static_cast<const char*>(input);
-  char* out = static_cast<char*>(output);
-  const size_t me = static_cast<size_t>(global_rank_);
-  size_t off = 0;  // elements within a block
-  do {
-    const size_t n = std::min(count - off, per_round);
-    for (size_t j = 0; j < world && n > 0; ++j) {
-      std::memcpy(broadcast_area_ + j * n * elem, in + (j * count + off) * elem,
-                  n * elem);
-    }
-    RETURN_IF_ERROR(AreaRound(CollectiveKind::kReduceScatter, dtype,
-                              static_cast<int32_t>(op), world * n * elem, 0));
-    if (n > 0) {
-      std::memcpy(out + off * elem, broadcast_area_ + me * n * elem, n * elem);
-    }
-    off += n;
-  } while (off < count);
-  return absl::OkStatus();
-}
-
-absl::Status ClientImpl::Barrier() {
-  RETURN_IF_ERROR(CollectiveUsable("Barrier"));
-  return AreaRound(CollectiveKind::kBarrier, 0, 0, 0, 0);
 }
 
 absl::Status ClientImpl::Detach() {
