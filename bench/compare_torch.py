@@ -182,39 +182,43 @@ def keep_best(best, rows):
             best[size] = row
 
 
-def print_collective(args, sizes, gradd, torch_results):
-    """--collective's output: both sides' p50/p90 per size and the ratio."""
+def print_results(args, sizes, gradd, torch_results, title, bound):
+    """Both sides per size: JSON lines, or the table (p50, ratio, p90, and
+    gradd's bound fraction when `bound`)."""
     if args.format == "json":
         for size in sizes:
             g = gradd.get(size, {})
             t = torch_results[size]
-            print(json.dumps({
-                "mode": "collective", "size_bytes": size,
-                "gradd_p50_us": g.get("p50_us"),
-                "gradd_p90_us": g.get("p90_us"),
+            line = {"size_bytes": size} if bound else {"mode": "collective", "size_bytes": size}
+            line.update({"gradd_p50_us": g.get("p50_us"), "gradd_p90_us": g.get("p90_us")})
+            if bound:
+                line["gradd_bound_fraction"] = g.get("bound_fraction")
+            line.update({
                 "torch_p50_us": t["p50_us"], "torch_p90_us": t["p90_us"],
-                "ratio": (t["p50_us"] / g["p50_us"]) if g else None,
-                "trainers": args.trainers}))
+                "ratio": (t["p50_us"] / g["p50_us"]) if g else None})
+            if bound:
+                line["nodes"] = args.nodes
+            line["trainers"] = args.trainers
+            print(json.dumps(line))
         return
-    print(f"# gradd Client::Allreduce ({args.trainers} trainer(s), one daemon) "
-          f"vs torch.distributed Gloo all_reduce(SUM) ({args.trainers} "
-          f"processes), float32, {args.warmup} warm-up + {args.iters} timed "
-          f"iterations, best p50 of {args.rounds} alternating round(s) per side")
+    print(title)
     print("# time = last rank's start -> last rank's end, p50 over "
           "iterations; ratio = torch / gradd (higher: gradd faster)")
     print(f"# {'size':>10} {'gradd p50(us)':>14} {'torch p50(us)':>14} "
-          f"{'ratio':>8} {'gradd p90(us)':>14} {'torch p90(us)':>14}")
+          f"{'ratio':>8} {'gradd p90(us)':>14} {'torch p90(us)':>14}"
+          + (f" {'gradd bound':>12}" if bound else ""))
     for size in sizes:
         g = gradd.get(size)
         t = torch_results[size]
         if g:
             print(f"  {format_size(size):>10} {g['p50_us']:>14.1f} "
                   f"{t['p50_us']:>14.1f} {t['p50_us'] / g['p50_us']:>7.1f}x "
-                  f"{g['p90_us']:>14.1f} {t['p90_us']:>14.1f}")
+                  f"{g['p90_us']:>14.1f} {t['p90_us']:>14.1f}"
+                  + (f" {g['bound_fraction']:>12.3f}" if bound else ""))
         else:
             print(f"  {format_size(size):>10} {'n/a':>14} "
                   f"{t['p50_us']:>14.1f} {'n/a':>8} {'n/a':>14} "
-                  f"{t['p90_us']:>14.1f}")
+                  f"{t['p90_us']:>14.1f}" + (f" {'n/a':>12}" if bound else ""))
 
 
 def main():
@@ -268,43 +272,16 @@ def main():
                                            divide=not args.collective))
 
     if args.collective:
-        print_collective(args, sizes, gradd, torch_results)
-        return 0 if gradd_rc == 0 else 1
-
-    if args.format == "json":
-        for size in sizes:
-            g = gradd.get(size, {})
-            t = torch_results[size]
-            print(json.dumps({
-                "size_bytes": size,
-                "gradd_p50_us": g.get("p50_us"),
-                "gradd_p90_us": g.get("p90_us"),
-                "gradd_bound_fraction": g.get("bound_fraction"),
-                "torch_p50_us": t["p50_us"], "torch_p90_us": t["p90_us"],
-                "ratio": (t["p50_us"] / g["p50_us"]) if g else None,
-                "nodes": args.nodes, "trainers": args.trainers}))
+        title = (f"# gradd Client::Allreduce ({args.trainers} trainer(s), one daemon) "
+                 f"vs torch.distributed Gloo all_reduce(SUM) ({args.trainers} "
+                 f"processes), float32, {args.warmup} warm-up + {args.iters} timed "
+                 f"iterations, best p50 of {args.rounds} alternating round(s) per side")
     else:
-        print(f"# gradd ({args.nodes} node(s) x {args.trainers} trainer(s)) vs "
-              f"torch.distributed Gloo allreduce+div ({world} processes), "
-              f"float32, {args.warmup} warm-up + {args.iters} timed iterations, "
-              f"best p50 of {args.rounds} alternating round(s) per side")
-        print("# time = last rank's start -> last rank's end, p50 over "
-              "iterations; ratio = torch / gradd (higher: gradd faster)")
-        print(f"# {'size':>10} {'gradd p50(us)':>14} {'torch p50(us)':>14} "
-              f"{'ratio':>8} {'gradd p90(us)':>14} {'torch p90(us)':>14} "
-              f"{'gradd bound':>12}")
-        for size in sizes:
-            g = gradd.get(size)
-            t = torch_results[size]
-            if g:
-                print(f"  {format_size(size):>10} {g['p50_us']:>14.1f} "
-                      f"{t['p50_us']:>14.1f} {t['p50_us'] / g['p50_us']:>7.1f}x "
-                      f"{g['p90_us']:>14.1f} {t['p90_us']:>14.1f} "
-                      f"{g['bound_fraction']:>12.3f}")
-            else:
-                print(f"  {format_size(size):>10} {'n/a':>14} "
-                      f"{t['p50_us']:>14.1f} {'n/a':>8} {'n/a':>14} "
-                      f"{t['p90_us']:>14.1f} {'n/a':>12}")
+        title = (f"# gradd ({args.nodes} node(s) x {args.trainers} trainer(s)) vs "
+                 f"torch.distributed Gloo allreduce+div ({world} processes), "
+                 f"float32, {args.warmup} warm-up + {args.iters} timed iterations, "
+                 f"best p50 of {args.rounds} alternating round(s) per side")
+    print_results(args, sizes, gradd, torch_results, title, bound=not args.collective)
     return 0 if gradd_rc == 0 else 1
 
 
