@@ -5,9 +5,22 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/reduce.h"
 
 namespace gradd {
+
+// The float types share DType's values, so size and accumulator come from
+// common/dtype.h rather than a second table.
+static_assert(static_cast<int>(CollectiveDType::kFloat32) ==
+              static_cast<int>(DType::kFloat32));
+static_assert(static_cast<int>(CollectiveDType::kFloat64) ==
+              static_cast<int>(DType::kFloat64));
+static_assert(static_cast<int>(CollectiveDType::kFloat16) ==
+              static_cast<int>(DType::kFloat16));
+static_assert(static_cast<int>(CollectiveDType::kBFloat16) ==
+              static_cast<int>(DType::kBFloat16));
+
 namespace {
 
 // Integer sums wrap (two's complement) instead of being undefined: add as
@@ -177,20 +190,16 @@ absl::StatusOr<CollectiveOp> CollectiveOpFromInt(int32_t value) {
 
 size_t CollectiveDTypeSize(CollectiveDType dtype) {
   switch (dtype) {
-    case CollectiveDType::kFloat64:
     case CollectiveDType::kInt64:
       return 8;
-    case CollectiveDType::kFloat32:
     case CollectiveDType::kInt32:
       return 4;
-    case CollectiveDType::kFloat16:
-    case CollectiveDType::kBFloat16:
-      return 2;
     case CollectiveDType::kUInt8:
     case CollectiveDType::kInt8:
       return 1;
+    default:  // the float types: the same values as DType's
+      return DTypeSize(static_cast<DType>(dtype));
   }
-  return 1;
 }
 
 const char* CollectiveDTypeName(CollectiveDType dtype) {
@@ -243,10 +252,10 @@ absl::Status CheckReduction(CollectiveDType dtype, CollectiveOp op) {
 }
 
 CollectiveDType ReductionAccumulator(CollectiveDType dtype) {
-  return dtype == CollectiveDType::kFloat16 ||
-                 dtype == CollectiveDType::kBFloat16
-             ? CollectiveDType::kFloat32
-             : dtype;
+  if (IsIntegerDType(dtype)) return dtype;
+  // The float types accumulate as the gradient buckets do.
+  return static_cast<CollectiveDType>(
+      AccumulatorDType(static_cast<DType>(dtype)));
 }
 
 void ReduceToAccumulator(CollectiveDType dtype, CollectiveOp op,
