@@ -36,6 +36,8 @@ import uuid
 
 import torch.distributed as dist
 
+from gradd import _world
+
 try:
     from gradd import _c10d
 except ImportError as e:  # built without libtorch-dev
@@ -55,10 +57,9 @@ def available() -> bool:
 
 
 def _node_key() -> str:
-    sock = os.environ.get("GRADD_SOCKET", "")
-    if sock:
-        sock = os.path.realpath(sock)
-    return f"{_socket.gethostname()}\n{sock}"
+    # The same node identity as gradd.torch (gradd/_world.py): host name and
+    # the resolved socket the client library will use.
+    return f"{_socket.gethostname()}\n{_world.socket_path(None)}"
 
 
 def _env_int(name):
