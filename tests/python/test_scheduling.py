@@ -20,8 +20,14 @@ def thread_niceness(pid):
     """{tid: niceness} of every thread of `pid` (field 19 of /proc/.../stat)."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            # The thread ended between the listing and the read (a gRPC
+            # worker or a job's engine thread going away): it has no
+            # niceness any more, so it is not counted.
+            continue
         out[int(tid)] = int(fields[16])  # fields[0] is field 3 (state)
     return out
 
