@@ -75,7 +75,7 @@
 // the job's collective backend.
 //
 // Join (uneven inputs, DDP's join(); the state machine is drawn in
-// server/engine/join_state.h), per join "epoch" e = 1, 2, ...:
+// server/engine/job/join_state.h), per join "epoch" e = 1, 2, ...:
 //   client: JoinSlot(r): flags, begin = current iteration, then
 //           epoch.store(e, release) (entering join mode before iteration
 //           `begin`); per iteration it takes part in: sync_bytes, then

@@ -27,7 +27,7 @@
 #include "grpcpp/server.h"
 #include "server/admin/admin_handler.h"
 #include "server/admin/job_manager_source.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/rendezvous/coordinator.h"

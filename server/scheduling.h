@@ -16,7 +16,7 @@
 // keeps no capability); a daemon run without either logs one warning and
 // keeps the niceness it was started with.
 //
-// One exception: the engine thread of a single-node job (server/engine/job.h)
+// One exception: the engine thread of a single-node job (engine/job/job.h)
 // runs at the trainers' niceness, kTrainerNiceness (or the configured one,
 // if that is higher). It has no network to feed, and every local bucket's
 // hand-over is a meeting of the trainers and that thread: ahead of them it

@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/session.h"
 #include "common/shm.h"
-#include "server/engine/session_registry.h"
+#include "server/engine/manager/session_registry.h"
 
 namespace gradd {
 

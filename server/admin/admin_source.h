@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradd/v1/admin.pb.h"
-#include "server/engine/job_snapshot.h"
+#include "server/engine/job/job_snapshot.h"
 
 namespace gradd {
 

@@ -2,7 +2,8 @@
 // with each attached rank's pid and uid looked up in the session listener.
 //
 // Timeline and stalls: the engine's timeline ring and stall inspector
-// (JobManager::Timeline / JobManager::Stalls, server/engine/job_events.h).
+// (JobManager::Timeline / JobManager::Stalls,
+// server/engine/observe/job_events.h).
 //
 // Threads: any (JobManager and SessionListener are thread-safe).
 #ifndef GRADD_SERVER_ADMIN_JOB_MANAGER_SOURCE_H_
@@ -12,14 +13,14 @@
 #include <vector>
 
 #include "server/admin/admin_source.h"
-#include "server/engine/job_events.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
+#include "server/engine/observe/job_events.h"
 #include "server/session_listener.h"
 
 namespace gradd {
 
-// The engine's timeline event and stall report (engine/job_events.h) as the
-// admin protos carry them.
+// The engine's timeline event and stall report (engine/observe/job_events.h) as
+// the admin protos carry them.
 v1::TraceEvent ToTraceEvent(const TimelineEvent& e);
 v1::Stall ToStall(const StallReport& r);
 

@@ -1,4 +1,4 @@
-// Pure functions turning engine snapshots (engine/job_snapshot.h) and
+// Pure functions turning engine snapshots (engine/job/job_snapshot.h) and
 // timeline events into the admin protos (gradd/v1/admin.proto). No state,
 // no threads.
 #ifndef GRADD_SERVER_ADMIN_JOB_VIEW_H_
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gradd/v1/admin.pb.h"
-#include "server/engine/job_snapshot.h"
+#include "server/engine/job/job_snapshot.h"
 
 namespace gradd {
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "common/reduce.h"
-#include "server/engine/bucket_reducer.h"
+#include "server/engine/reduce/bucket_reducer.h"
 
 namespace gradd {
 namespace {

@@ -1,6 +1,7 @@
 // DaemonMetrics: the daemon's Prometheus metrics (prometheus-cpp registry),
-// fed by the engine's event stream (engine/job_events.h) and the rendezvous
-// service. Every metric is listed, with its meaning, in docs/operations.md.
+// fed by the engine's event stream (engine/observe/job_events.h) and the
+// rendezvous service. Every metric is listed, with its meaning, in
+// docs/operations.md.
 //
 // Cardinality is bounded: labels are status codes, phases and rendezvous
 // methods (fixed sets) and job_id, whose series exist only while the job is
@@ -25,7 +26,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/engine/job_events.h"
+#include "server/engine/observe/job_events.h"
 
 namespace gradd {
 

@@ -32,7 +32,7 @@ class NodeHandlerInterface {
                             AttachCallback done) = 0;
   virtual void HandleDetach(v1::DetachRequest request, DetachCallback done) = 0;
   // Answered by `deadline` at the latest, possibly from a thread of the
-  // job's own (engine/rebuild.h). The default: UNIMPLEMENTED.
+  // job's own (engine/job/rebuild.h). The default: UNIMPLEMENTED.
   virtual void HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                                     absl::Time deadline, RebuildCallback done) {
     std::move(done)(

@@ -52,8 +52,8 @@ TEST_F(GpuDeviceTest, LargeBucketsEveryDtype) {
 
 // Two daemons with one trainer each, both on GPU 0: a multi-node CUDA job,
 // its buckets staged through pinned host memory and Gloo between the
-// daemons (server/engine/host_staging.h; NCCL cannot put two ranks on one
-// GPU). Every dtype, every value checked against the global world size.
+// daemons (server/engine/reduce/host_staging.h; NCCL cannot put two ranks on
+// one GPU). Every dtype, every value checked against the global world size.
 TEST_F(GpuDeviceTest, TwoDaemonsOneTrainerEachStageThroughHost) {
   std::vector<std::string> sockets = StartNodeDaemons(2);
   ASSERT_EQ(sockets.size(), 2u);

@@ -1,4 +1,4 @@
-"""The daemon's staged CUDA path on a GPU (server/engine/host_staging.h:
+"""The daemon's staged CUDA path on a GPU (server/engine/reduce/host_staging.h:
 buckets copied to pinned host memory, reduced by the host path, copied
 back): communication hooks and join on CUDA buckets, and two daemons with
 one trainer each sharing GPU 0 (a multi-node CUDA job; NCCL cannot run two
@@ -100,7 +100,7 @@ def test_cuda_two_daemons_match_torch(two_daemons, job_id, tmp_path, dtype):
 
 
 def test_cuda_two_daemons_on_one_gpu_fall_back_to_staging(two_daemons, job_id, tmp_path):
-    """The NCCL setup between the nodes (server/engine/nccl_job_setup.h)
+    """The NCCL setup between the nodes (server/engine/formation/nccl_job_setup.h)
     sees both daemons offer the same GPU: every node logs that it stages,
     naming the shared GPU (or the node without NCCL), and the values still
     match torch's DDP."""

@@ -602,7 +602,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         throw_on_early_termination: bool = False,
     ):
         # CUDA modules too: the daemon stages join iterations' buckets
-        # through host memory (server/engine/host_staging.h).
+        # through host memory (server/engine/reduce/host_staging.h).
         return _join.GraddJoin(
             [self],
             enable,

@@ -1,9 +1,9 @@
-// CudaNcclJobPlatform (server/engine/cuda/nccl_job_platform.h) without a
-// GPU: a node whose NCCL did not load offers none, and the whole job is
-// staged with that reason (SetUpNcclJob over the in-memory store); a
+// CudaNcclJobPlatform (server/engine/formation/cuda/nccl_job_platform.h)
+// without a GPU: a node whose NCCL did not load offers none, and the whole job
+// is staged with that reason (SetUpNcclJob over the in-memory store); a
 // non-blocking communicator needs ncclCommInitRankConfig, which the
 // toolkit's NCCL has; a malformed unique id is refused before NCCL sees it.
-#include "server/engine/cuda/nccl_job_platform.h"
+#include "server/engine/formation/cuda/nccl_job_platform.h"
 
 #include <memory>
 #include <thread>

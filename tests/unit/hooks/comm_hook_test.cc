@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/fake_collective_backend.h"
-#include "server/engine/hierarchical_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/hooks/compress_hook.h"
 #include "server/hooks/powersgd_hook.h"

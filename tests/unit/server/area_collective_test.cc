@@ -1,8 +1,9 @@
-// Collective rounds on the ranks' areas (server/engine/area_collective.h):
-// the single-node path, and several "nodes" as threads, each with a
-// HierarchicalReducer over FakeCollectiveBackend and its own local ranks'
-// areas, checking every value; nodes that disagree on a round fail it.
-#include "server/engine/area_collective.h"
+// Collective rounds on the ranks' areas
+// (server/engine/reduce/area_collective.h): the single-node path, and several
+// "nodes" as threads, each with a HierarchicalReducer over
+// FakeCollectiveBackend and its own local ranks' areas, checking every value;
+// nodes that disagree on a round fail it.
+#include "server/engine/reduce/area_collective.h"
 
 #include <cstdint>
 #include <cstring>
@@ -18,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/fake_collective_backend.h"
-#include "server/engine/hierarchical_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
 
 namespace gradd {
 namespace {

@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 #include "tests/unit/server/fake_session_registry.h"
 #include "tests/unit/server/test_rank.h"
 

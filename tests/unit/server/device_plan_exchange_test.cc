@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/node_formation.h"
+#include "server/engine/formation/node_formation.h"
 
 namespace gradd {
 namespace {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/shm.h"
-#include "server/engine/session_registry.h"
+#include "server/engine/manager/session_registry.h"
 
 namespace gradd {
 

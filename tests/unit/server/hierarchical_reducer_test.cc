@@ -2,7 +2,7 @@
 // each with its own local ranks' buffers. The fake fails any call whose kind
 // or size differs between nodes, so out-of-plan-order network traffic shows
 // up as an error, not as silently wrong sums.
-#include "server/engine/hierarchical_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
 
 #include <algorithm>
 #include <cstring>

@@ -13,7 +13,7 @@
 #include "common/reduce.h"
 #include "gtest/gtest.h"
 #include "server/backends/fake_collective_backend.h"
-#include "server/engine/hierarchical_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
 
 namespace gradd {
 namespace {

@@ -1,8 +1,8 @@
-// HostStaging (server/engine/host_staging.h) over a fake device whose
+// HostStaging (server/engine/reduce/host_staging.h) over a fake device whose
 // "device memory" is host memory and whose copies run when the staging
 // thread waits for them: the staged average, join subsets, hooks, buffer
 // reuse, timeouts, device errors and stopping.
-#include "server/engine/host_staging.h"
+#include "server/engine/reduce/host_staging.h"
 
 #include <atomic>
 #include <cstring>
@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/bucket_reducer.h"
+#include "server/engine/reduce/bucket_reducer.h"
 
 namespace gradd {
 namespace {

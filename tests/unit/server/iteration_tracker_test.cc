@@ -1,4 +1,4 @@
-#include "server/engine/iteration_tracker.h"
+#include "server/engine/observe/iteration_tracker.h"
 
 #include "gtest/gtest.h"
 

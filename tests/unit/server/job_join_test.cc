@@ -17,8 +17,8 @@
 #include "common/shm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/bucket_reducer.h"
-#include "server/engine/job.h"
+#include "server/engine/job/job.h"
+#include "server/engine/reduce/bucket_reducer.h"
 
 namespace gradd {
 namespace {

@@ -11,7 +11,7 @@
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 #include "tests/unit/server/fake_session_registry.h"
 #include "tests/unit/server/test_rank.h"
 

@@ -1,7 +1,7 @@
 // JobManager + Job driven through the handler interface (no gRPC) with a
 // fake session registry; ranks are threads acting on the real control block
 // and bucket memory the daemon hands out.
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 
 #include <algorithm>
 #include <atomic>

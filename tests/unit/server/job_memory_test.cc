@@ -1,6 +1,6 @@
-// The job memory check (server/engine/job_memory.h): shared and device
+// The job memory check (server/engine/manager/job_memory.h): shared and device
 // memory both count against max_job_memory_bytes.
-#include "server/engine/job_memory.h"
+#include "server/engine/manager/job_memory.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

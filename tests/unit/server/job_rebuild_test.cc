@@ -14,7 +14,7 @@
 #include "common/shm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/job.h"
+#include "server/engine/job/job.h"
 
 namespace gradd {
 namespace {

@@ -1,11 +1,11 @@
-// The control loop's watchdog (engine/loop_watchdog.h): JobManager pings
-// from its control thread, so a hung control thread stops the pings.
+// The control loop's watchdog (engine/manager/loop_watchdog.h): JobManager
+// pings from its control thread, so a hung control thread stops the pings.
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "server/engine/loop_watchdog.h"
+#include "server/engine/manager/loop_watchdog.h"
 #include "tests/unit/server/job_manager_fixture.h"
 
 namespace gradd {

@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/fake_collective_backend.h"
-#include "server/engine/bucket_reducer.h"
-#include "server/engine/hierarchical_reducer.h"
+#include "server/engine/reduce/bucket_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
 
 namespace gradd {
 namespace {

@@ -1,7 +1,7 @@
 // JoinState driven by hand: rank views in, rounds and outcomes out (no
 // control block, no threads). Multi-node rounds are summed here the way the
 // reducer's allreduce would.
-#include "server/engine/join_state.h"
+#include "server/engine/job/join_state.h"
 
 #include <vector>
 

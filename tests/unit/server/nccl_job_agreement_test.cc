@@ -1,6 +1,6 @@
-// AgreeNcclJob (server/engine/nccl_job_agreement.h): the nodes of a CUDA job
-// as threads over the in-memory rendezvous store.
-#include "server/engine/nccl_job_agreement.h"
+// AgreeNcclJob (server/engine/formation/nccl_job_agreement.h): the nodes of a
+// CUDA job as threads over the in-memory rendezvous store.
+#include "server/engine/formation/nccl_job_agreement.h"
 
 #include <string>
 #include <thread>

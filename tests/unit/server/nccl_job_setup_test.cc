@@ -1,7 +1,7 @@
-// SetUpNcclJob (server/engine/nccl_job_setup.h): the nodes of a CUDA job as
-// threads over the in-memory rendezvous store, each with a fake platform;
-// every node must take the same path.
-#include "server/engine/nccl_job_setup.h"
+// SetUpNcclJob (server/engine/formation/nccl_job_setup.h): the nodes of a CUDA
+// job as threads over the in-memory rendezvous store, each with a fake
+// platform; every node must take the same path.
+#include "server/engine/formation/nccl_job_setup.h"
 
 #include <atomic>
 #include <memory>

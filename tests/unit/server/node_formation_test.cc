@@ -1,7 +1,7 @@
 // Multi-node job formation: the plan exchange format, and JobManagers of
 // several "nodes" (one per test thread group) forming jobs through a real
 // in-process rendezvous server over gRPC/TCP on loopback.
-#include "server/engine/node_formation.h"
+#include "server/engine/formation/node_formation.h"
 
 #include <memory>
 #include <set>
@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
 #include "tests/unit/server/fake_session_registry.h"
 #include "tests/unit/server/test_rank.h"

@@ -1,6 +1,6 @@
-// PlanOrderGate (server/engine/plan_order_gate.h): buckets started out of
-// plan order are released in plan order.
-#include "server/engine/plan_order_gate.h"
+// PlanOrderGate (server/engine/reduce/plan_order_gate.h): buckets started out
+// of plan order are released in plan order.
+#include "server/engine/reduce/plan_order_gate.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // Bucket rebuild through the JobManager's handler interface (ranks are
 // threads on the real control block and memory, as in job_manager_test),
 // and the multi-node agreement over an in-memory rendezvous store.
-#include "server/engine/rebuild.h"
+#include "server/engine/job/rebuild.h"
 
 #include <thread>
 
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "server/engine/job_manager.h"
+#include "server/engine/manager/job_manager.h"
 #include "server/rendezvous/kv_store.h"
 #include "tests/unit/server/fake_session_registry.h"
 #include "tests/unit/server/job_manager_fixture.h"

@@ -20,8 +20,8 @@
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gtest/gtest.h"
-#include "server/engine/bucket_reducer.h"
-#include "server/engine/job.h"
+#include "server/engine/job/job.h"
+#include "server/engine/reduce/bucket_reducer.h"
 #include "tests/unit/common/write_fault.h"
 
 namespace gradd {

@@ -1,4 +1,4 @@
-#include "server/engine/stall_inspector.h"
+#include "server/engine/observe/stall_inspector.h"
 
 #include <string>
 #include <vector>

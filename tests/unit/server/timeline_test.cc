@@ -1,4 +1,4 @@
-#include "server/engine/timeline.h"
+#include "server/engine/observe/timeline.h"
 
 #include <string>
 #include <vector>

@@ -1,0 +1,711 @@
+#include "server/engine/job/job.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/doorbell.h"
+#include "common/status_macros.h"
+#include "server/engine/formation/bucket_specs.h"
+#include "server/engine/reduce/area_collective.h"
+#include "server/logging.h"
+#include "server/scheduling.h"
+
+namespace gradd {
+namespace {
+
+constexpr size_t kPage = 4096;
+// Upper bound on one engine sleep: liveness and stop are re-checked at least
+// this often even if no doorbell rings (they also ring it themselves).
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+// How often the engine looks for stalled buckets (when stalls are on).
+constexpr int64_t kStallCheckNs = 50'000'000;
+// Per-rank hand-over times are tracked up to this many bucket x rank
+// entries (8 bytes each).
+constexpr size_t kMaxTrackedReadies = size_t{1} << 20;
+
+StallInspector::Options StallOptions(const JobSpec& spec) {
+  StallInspector::Options o;
+  o.job_id = spec.job_id;
+  o.warning = spec.stall_warning;
+  o.shutdown = spec.stall_shutdown;
+  for (size_t k = 0; k < spec.node_ids.size(); ++k) {
+    if (static_cast<int>(k) == spec.node_rank) continue;
+    o.other_nodes.push_back(
+        absl::StrCat("'", spec.node_ids[k], "' (node rank ", k, ")"));
+  }
+  if (o.other_nodes.empty() && spec.num_nodes > 1) {
+    o.other_nodes.push_back(
+        absl::StrCat("the job's ", spec.num_nodes - 1, " other nodes"));
+  }
+  return o;
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(
+    JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer) {
+  // A plan that came from node rank 0 over the wire carries no flags.
+  MarkInternalBuckets(spec.params, &spec.plan);
+  std::unique_ptr<Job> job(new Job(std::move(spec), std::move(reducer)));
+  const JobSpec& s = job->spec_;
+  const int world = s.local_world_size;
+
+  ASSIGN_OR_RETURN(job->control_fd_,
+                   CreateMemfdForSealing(absl::StrCat("gradd-ctl-", s.job_id),
+                                         job->layout_.job_bytes()));
+  std::vector<int> rank_control_fds;
+  std::vector<int> bell_fds;
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(
+        UniqueFd fd,
+        CreateSealedMemfd(absl::StrCat("gradd-ctl-", s.job_id, "-r", r),
+                          job->layout_.rank_block_bytes()));
+    rank_control_fds.push_back(fd.get());
+    job->rank_control_fds_.push_back(std::move(fd));
+    ASSIGN_OR_RETURN(BellPipe bell, CreateBell());
+    bell_fds.push_back(bell.read_end.get());
+    job->bells_.push_back(std::move(bell));
+  }
+  ASSIGN_OR_RETURN(job->control_, ControlMapping::Map(
+                                      job->layout_, job->control_fd_.get(),
+                                      /*job_writable=*/true, rank_control_fds));
+  // Only now that our mapping exists: from here on nobody else can map the
+  // job block writable, so trainers cannot touch done_seq, status or error.
+  RETURN_IF_ERROR(SealReadOnlyForOthers(job->control_fd_.get()));
+  job->layout_.Initialize(job->control_.data());
+  job->header_ = job->layout_.header(job->control_.data());
+  ASSIGN_OR_RETURN(job->doorbell_,
+                   DaemonDoorbell::Create(job->layout_, job->control_.data(),
+                                          std::move(bell_fds)));
+
+  job->rank_bytes_ = std::max(kPage, RoundUp(job->bucket_region_bytes_, kPage) +
+                                         RoundUp(s.broadcast_bytes, kPage));
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(
+                                      absl::StrCat("gradd-", s.job_id, "-r", r),
+                                      job->rank_bytes_));
+    ASSIGN_OR_RETURN(Mapping map, Mapping::Map(fd.get(), job->rank_bytes_));
+    job->rank_fds_.push_back(std::move(fd));
+    job->rank_maps_.push_back(std::move(map));
+  }
+  for (int r = 0; r < world; ++r) {
+    job->bcast_areas_.push_back(static_cast<char*>(job->rank_maps_[r].data()) +
+                                job->broadcast_offset());
+  }
+  RETURN_IF_ERROR(job->AllocateDeviceMemory());
+  job->MapBuckets();
+  return job;
+}
+
+Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
+    : spec_(std::move(spec)),
+      // A slot per parameter: no plan has more buckets than parameters, so
+      // a rebuilt plan fits the same block.
+      layout_(spec_.local_world_size,
+              static_cast<uint32_t>(
+                  std::max(spec_.plan.buckets.size(), spec_.params.size()))),
+      bucket_region_bytes_(
+          std::max(spec_.plan.total_bytes,
+                   spec_.params.empty() ? 0 : MaxPlanBytes(spec_.params))),
+      reducer_(std::move(reducer)),
+      rank_state_(new std::atomic<int>[spec_.local_world_size]),
+      plan_(spec_.plan),
+      started_(spec_.plan.buckets.size(), 0),
+      join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
+            spec_.global_world_size(), spec_.num_nodes),
+      active_buffers_(spec_.plan.buckets.size()),
+      active_ranks_(spec_.plan.buckets.size()),
+      hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook),
+      timeline_(spec_.timeline_events),
+      stalls_(StallOptions(spec_)),
+      iterations_(layout_.num_buckets()) {
+  for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
+  used_map_param_ = FindUsedMapParam(spec_.params);
+  events_.Add(&timeline_);
+}
+
+Job::~Job() {
+  Stop();
+  AbortSwitch(absl::CancelledError(absl::StrCat(
+      "job '", spec_.job_id, "' stopped during a bucket rebuild")));
+  // Joins the reducer's threads (if any) while the memory its completions
+  // write to is still mapped.
+  reducer_.reset();
+}
+
+void Job::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Job::Stop() {
+  stop_.store(true, std::memory_order_release);
+  if (doorbell_ != nullptr) doorbell_->Ring();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<int> Job::FdsFor(int rank) const {
+  std::vector<int> fds = {control_fd_.get(), rank_fds_[rank].get(),
+                          rank_control_fds_[rank].get(),
+                          bells_[rank].write_end.get()};
+  if (!device_fds_.empty()) fds.push_back(device_fds_[rank].get());
+  return fds;
+}
+
+void Job::ReleaseFds() {
+  control_fd_.reset();
+  rank_fds_.clear();
+  rank_control_fds_.clear();
+  device_fds_.clear();
+  // Without our copy, a rank's exit closes its bell's last write end, which
+  // the doorbell sees (POLLHUP) and stops polling.
+  for (BellPipe& bell : bells_) bell.write_end.reset();
+}
+
+v1::AttachResponse Job::ResponseFor(int rank) const {
+  v1::AttachResponse resp;
+  AppendBucketSpecs(plan_, resp.mutable_buckets());
+  resp.set_rank_memory_bytes(rank_bytes_);
+  resp.set_control_block_bytes(layout_.job_bytes());
+  resp.set_broadcast_offset(broadcast_offset());
+  resp.set_broadcast_bytes(spec_.broadcast_bytes);
+  resp.set_global_rank(spec_.global_rank_offset + rank);
+  resp.set_world_size(spec_.global_world_size());
+  resp.set_node_rank(spec_.node_rank);
+  resp.set_num_nodes(spec_.num_nodes);
+  resp.set_bucket_slots(layout_.num_buckets());
+  resp.set_bucket_region_bytes(bucket_region_bytes_);
+  // What the rank maps: the allocation as made (rounded up to the device's
+  // granularity; cuMem maps whole granules).
+  if (!device_memory_.empty()) {
+    resp.set_device_memory_bytes(device_memory_[rank]->size());
+  }
+  reducer_->DescribeDevice(rank, &resp);
+  return resp;
+}
+
+void Job::RankGone(int rank, bool detached) {
+  int expected = kLive;
+  rank_state_[rank].compare_exchange_strong(
+      expected, detached ? kDetached : kDisconnected);
+  doorbell_->Ring();  // the engine re-checks who is stuck
+}
+
+int Job::live_ranks() const {
+  int n = 0;
+  for (int r = 0; r < spec_.local_world_size; ++r) {
+    n += rank_state_[r].load() == kLive;
+  }
+  return n;
+}
+
+void Job::Heartbeat() {
+  header_->heartbeat_ns.store(MonotonicNs(), std::memory_order_release);
+}
+
+void Job::Fail(absl::StatusCode code, absl::string_view message) {
+  FailJob(code, message);
+  doorbell_->Ring();
+}
+
+absl::Status Job::status() const { return ReadError(header_); }
+
+uint64_t Job::done_seq(int bucket) const {
+  return layout_.done_seq(control_.data())[bucket].load(
+      std::memory_order_acquire);
+}
+
+std::string Job::RankName(int rank) const {
+  return absl::StrCat("local rank ", rank, " of job '", spec_.job_id, "'");
+}
+
+void Job::FailJob(absl::StatusCode code, absl::string_view message) {
+  absl::MutexLock lock(&error_mu_);
+  if (header_->status.load(std::memory_order_acquire) == 0) {
+    // The first failure is the job's reason; later ones only echo it. The
+    // end of a job whose ranks all left is logged by the job manager.
+    const bool ended = live_ranks() == 0;
+    spdlog::log(ended ? spdlog::level::debug : spdlog::level::err,
+                "job '{}' failed: {}: {}", spec_.job_id,
+                absl::StatusCodeToString(code), message);
+    if (!ended) events_.OnFailed(code, message);
+  }
+  PublishError(layout_, control_.data(), code,
+               std::string_view(message.data(), message.size()));
+}
+
+void Job::Loop() {
+  // A single-node job's hand-overs are meetings of the trainers and this
+  // thread: it runs at their niceness (server/scheduling.h, issue 21).
+  if (spec_.num_nodes <= 1) LowerThreadPriorityTo(kTrainerNiceness);
+  while (!stop_.load(std::memory_order_acquire)) {
+    // Snapshot the ranks' doorbells before scanning: a publish that lands
+    // after the scan moves one past the snapshot, so the wait returns at once.
+    doorbell_->Snapshot();
+    if (!failed_ && header_->status.load(std::memory_order_acquire) != 0) {
+      failed_ = true;  // failed from outside (shutdown): stop reducing
+    }
+    if (failed_ && switch_pending_.load(std::memory_order_acquire)) {
+      AbortSwitch(ReadError(header_));
+    }
+    bool progress = !failed_ && Scan();
+    if (!failed_ && stalls_.enabled()) CheckStalls();
+    if (progress) continue;
+    doorbell_->Wait(failed_ ? std::chrono::nanoseconds(0) : spec_.spin,
+                    kMaxSleep);
+  }
+}
+
+bool Job::Scan() {
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  bool progress = false;
+  bool any_gone = false;
+  for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
+  if (switch_pending_.load(std::memory_order_acquire)) {
+    progress |= TrySwitchPlan();
+    if (failed_) return false;
+  }
+  const uint64_t rebuild_after = rebuild_after_.load(std::memory_order_acquire);
+
+  if (JoinInPlay()) {
+    progress |= StepJoin();
+    if (failed_) return false;
+    if (join_.active()) {
+      progress |= ScanJoinBuckets();
+      if (failed_) return false;
+      progress |= ScanBroadcast();
+      if (any_gone && !failed_) FailGoneInJoin();
+      return progress;
+    }
+  }
+
+  int64_t now = 0;  // read once per scan, when a rank is first seen ready
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) continue;  // still with the reducer
+    const uint64_t need = d + 1;
+    int ready = 0;
+    for (int r = 0; r < world; ++r) {
+      const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
+      uint64_t s = row.load(std::memory_order_acquire);
+      if (s < d && Lagging(r, row, &s)) continue;
+      if (s == need && rebuild_after != 0 && need > rebuild_after) {
+        FailJob(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat(RankName(r), " started iteration ", need,
+                             " without rebuilding buckets, while the job "
+                             "rebuilds them after iteration ",
+                             rebuild_after,
+                             " (every rank must call RebuildBuckets)"));
+        failed_ = true;
+        return false;
+      }
+      if (s == need) {
+        ++ready;
+        NoteReady(b, r, need, &now);
+      } else if (s != d && rank_state_[r].load() == kLive) {
+        // The protocol allows only "done" (waiting) or "done + 1" (ready).
+        FailJob(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat(RankName(r), " published bucket ", b,
+                             " for iteration ", s, " while iteration ", need,
+                             " is in progress (the ready sequence must "
+                             "advance by one per iteration)"));
+        failed_ = true;
+        return false;
+      }
+    }
+    if (ready < world) continue;
+    // A rank may have entered join mode right after the scan above: the
+    // iteration then belongs to the join epoch (StepJoin next time).
+    if (JoinInPlay()) break;
+    if (!hook_resolved_ && !ResolveCommHook()) return false;
+    started_[b] = need;
+    progress = true;
+    StartBucket(b, need, &bucket_buffers_[b], /*divisor=*/0);
+  }
+  if (failed_) return false;
+  progress |= ScanBroadcast();
+  if (any_gone && !failed_) CheckStuck();
+  return progress;
+}
+
+void Job::StartBucket(size_t b, uint64_t iteration,
+                      const std::vector<void*>* buffers, double divisor,
+                      const std::vector<int>* ranks) {
+  const Bucket& bucket = plan_.buckets[b];
+  BucketWork work;
+  work.bucket = static_cast<int>(b);
+  work.iteration = iteration;
+  work.dtype = bucket.dtype;
+  work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
+  work.internal = bucket.internal;
+  work.device = bucket.device;
+  work.rank_buffers = buffers;
+  work.ranks = ranks;
+  work.divisor = divisor;
+  BucketTrace& trace = traces_[b];
+  trace.iteration = iteration;
+  trace.first_ready_ns =
+      first_ready_iter_[b] == iteration ? first_ready_ns_[b] : 0;
+  trace.start_ns = EngineNowNs();
+  trace.timing = BucketTiming();
+  work.timing = &trace.timing;
+  // The reduced used map is read before done_seq hands the bucket back.
+  const float* used_map = nullptr;
+  if (static_cast<int>(b) == used_map_bucket_ && !buffers->empty()) {
+    used_map = reinterpret_cast<const float*>(
+        static_cast<const char*>((*buffers)[0]) + used_map_offset_);
+  }
+  reducer_->Start(work, [this, b, iteration, used_map](absl::Status s) {
+    if (s.ok() && used_map != nullptr) RecordUsedMap(iteration, used_map);
+    Complete(static_cast<int>(b), iteration, std::move(s));
+  });
+}
+
+void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
+  if (!status.ok()) {
+    FailJob(status.code(),
+            absl::StrCat("job '", spec_.job_id, "' bucket ", bucket,
+                         " iteration ", iteration, ": ", status.message()));
+    return;
+  }
+  EmitBucket(bucket, iteration);
+  layout_.done_seq(control_.data())[bucket].store(iteration,
+                                                  std::memory_order_release);
+  WakeClients(layout_, control_.data());
+}
+
+void Job::NoteReady(size_t b, int r, uint64_t iteration, int64_t* now) {
+  if (first_ready_iter_[b] != iteration) {
+    if (*now == 0) *now = EngineNowNs();
+    first_ready_iter_[b] = iteration;
+    first_ready_ns_[b] = *now;
+  }
+  if (rank_ready_ns_.empty()) return;
+  int64_t& ready = rank_ready_ns_[b * spec_.local_world_size + r];
+  if (ready != 0) return;
+  if (*now == 0) *now = EngineNowNs();
+  ready = *now;
+}
+
+void Job::EmitBucket(int b, uint64_t iteration) {
+  BucketTrace& trace = traces_[b];
+  if (trace.iteration != iteration) return;  // not started by StartBucket
+  BucketEvent e;
+  e.iteration = iteration;
+  e.bucket = b;
+  e.num_buckets = num_buckets_.load(std::memory_order_relaxed);
+  e.bytes = reducer_bytes_[b];
+  e.first_ready_ns = trace.first_ready_ns;
+  e.start_ns = trace.start_ns;
+  e.done_ns = EngineNowNs();
+  e.phases = trace.timing;
+  const size_t world = spec_.local_world_size;
+  int64_t* ready = nullptr;
+  if (!rank_ready_ns_.empty()) {
+    ready = &rank_ready_ns_[b * world];
+    e.rank_ready_ns = absl::MakeConstSpan(ready, world);
+  }
+  events_.OnBucket(e);
+  if (std::optional<IterationEvent> it = iterations_.Add(e)) {
+    events_.OnIteration(*it);
+  }
+  if (ready != nullptr) std::fill(ready, ready + world, 0);
+}
+
+void Job::ResetBucketTracking() {
+  const size_t n = plan_.buckets.size();
+  const size_t world = spec_.local_world_size;
+  traces_.assign(n, BucketTrace());
+  rank_ready_ns_.assign(n * world <= kMaxTrackedReadies ? n * world : 0, 0);
+  first_ready_iter_.assign(n, 0);
+  first_ready_ns_.assign(n, 0);
+  reducer_bytes_.resize(n);
+  for (size_t b = 0; b < n; ++b)
+    reducer_bytes_[b] = plan_.buckets[b].size_bytes;
+  num_buckets_.store(static_cast<int>(n), std::memory_order_relaxed);
+}
+
+void Job::CheckStalls() {
+  const int64_t now = EngineNowNs();
+  if (now < next_stall_check_ns_) return;
+  next_stall_check_ns_ = now + kStallCheckNs;
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  const int64_t threshold = stalls_.threshold_ns();
+  std::vector<BucketWait> waits;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) {
+      // With the reducer: only the multi-node one can wait (the fused one
+      // completes inside Start), on the other nodes.
+      if (spec_.num_nodes <= 1) continue;
+      const int64_t since = traces_[b].start_ns;
+      if (since == 0 || now - since < threshold) continue;
+      BucketWait w;
+      w.iteration = started_[b];
+      w.bucket = static_cast<int>(b);
+      w.since_ns = since;
+      w.in_network = true;
+      waits.push_back(std::move(w));
+      continue;
+    }
+    // In a join epoch the ranks that joined hand nothing over by design
+    // (and the join scan does not note hand-overs).
+    if (join_.active() || first_ready_iter_[b] != d + 1 ||
+        now - first_ready_ns_[b] < threshold) {
+      continue;
+    }
+    BucketWait w;
+    w.iteration = d + 1;
+    w.bucket = static_cast<int>(b);
+    w.since_ns = first_ready_ns_[b];
+    for (int r = 0; r < world; ++r) {
+      if (layout_.ready_row(base, r)[b].load(std::memory_order_acquire) !=
+          d + 1) {
+        w.missing_local_ranks.push_back(r);
+      }
+    }
+    if (w.missing_local_ranks.empty()) continue;  // starts on the next scan
+    waits.push_back(std::move(w));
+  }
+  // A bucket queued for the network behind one this node's ranks have not
+  // handed over waits for them, not for the other nodes.
+  std::optional<std::pair<uint64_t, int>> first_local;
+  for (const BucketWait& w : waits) {
+    const std::pair<uint64_t, int> key(w.iteration, w.bucket);
+    if (!w.in_network && (!first_local || key < *first_local)) {
+      first_local = key;
+    }
+  }
+  if (first_local.has_value()) {
+    waits.erase(std::remove_if(waits.begin(), waits.end(),
+                               [&](const BucketWait& w) {
+                                 return w.in_network &&
+                                        std::make_pair(w.iteration, w.bucket) >
+                                            *first_local;
+                               }),
+                waits.end());
+  }
+  std::optional<std::string> fail = stalls_.Update(
+      now, std::move(waits),
+      [this](int b) {
+        std::vector<std::string> names;
+        for (int32_t p : plan_.buckets[b].params) {
+          names.push_back(spec_.params[p].name);
+        }
+        return names;
+      },
+      &events_);
+  if (fail.has_value()) {
+    FailJob(absl::StatusCode::kDeadlineExceeded, *fail);
+    failed_ = true;
+  }
+}
+
+bool Job::ResolveCommHook() {
+  hook_resolved_ = true;
+  auto fail = [&](const absl::Status& s) {
+    FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "': ", s.message()));
+    failed_ = true;
+    return false;
+  };
+  absl::StatusOr<v1::CommHookSpec> spec = hooks_.Resolve();
+  if (!spec.ok()) return fail(spec.status());
+  if (absl::Status s = reducer_->AgreeCommHook(DescribeCommHook(*spec));
+      !s.ok()) {
+    return fail(s);
+  }
+  hook_spec_ = *std::move(spec);
+  if (absl::Status s = InstallCommHook(); !s.ok()) return fail(s);
+  return true;
+}
+
+absl::Status Job::InstallCommHook() {
+  // Built over the live plan: a bucket rebuild (job_rebuild.cc) installs a
+  // fresh hook for the new buckets, as torch's per-bucket hook state starts
+  // over with its rebuilt buckets.
+  CommHookContext context;
+  context.world_size = spec_.global_world_size();
+  context.params = &spec_.params;
+  context.plan = &plan_;
+  context.pool = spec_.hook_pool;
+  ASSIGN_OR_RETURN(std::unique_ptr<CommHookInterface> hook,
+                   MakeCommHook(hook_spec_, context));
+  return reducer_->SetCommHook(std::move(hook));
+}
+
+bool Job::ScanBroadcast() {
+  void* base = control_.data();
+  const int world = spec_.local_world_size;
+  const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
+  if (bcast_started_ > d) return false;  // still with the reducer
+  const uint64_t need = d + 1;
+  // Who takes part: every rank, or in a join iteration the active ones
+  // (none of them broadcasts before the iteration is decided).
+  // (No copy: this runs on every scan of the engine loop.)
+  const std::vector<bool>* active = nullptr;
+  if (join_.active()) {
+    if (join_.phase() != JoinState::Phase::kRunning) return false;
+    active = &join_.current().local_active;
+  }
+  auto part = [active](int r) { return active == nullptr || (*active)[r]; };
+  int ready = 0;
+  int parts = 0;
+  int first_part = -1;
+  for (int r = 0; r < world; ++r) {
+    if (!part(r)) continue;
+    ++parts;
+    if (first_part < 0) first_part = r;
+    const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
+    uint64_t s = row.load(std::memory_order_acquire);
+    if (s < d && Lagging(r, row, &s)) continue;
+    if (s == need) {
+      ++ready;
+    } else if (s != d && rank_state_[r].load() == kLive) {
+      FailJob(absl::StatusCode::kFailedPrecondition,
+              absl::StrCat(RankName(r), " published broadcast ", s,
+                           " while broadcast ", need, " is next"));
+      failed_ = true;
+      return false;
+    }
+  }
+  if (parts == 0 || ready < parts) return false;
+
+  const BroadcastSlot* first = layout_.bcast(base, first_part);
+  const int32_t root = first->root.load(std::memory_order_relaxed);
+  const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
+  const int32_t kind = first->kind.load(std::memory_order_relaxed);
+  if (kind != static_cast<int32_t>(CollectiveKind::kBroadcast)) {
+    return StartAreaCollective(need, first_part, parts < world);
+  }
+  for (int r = first_part + 1; r < world; ++r) {
+    if (!part(r)) continue;
+    const BroadcastSlot* slot = layout_.bcast(base, r);
+    const int32_t rr = slot->root.load(std::memory_order_relaxed);
+    const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
+    const int32_t rk = slot->kind.load(std::memory_order_relaxed);
+    if (rr != root || rb != bytes || rk != kind) {
+      FailJob(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
+                       need, ": local rank ", first_part, " asks for root ",
+                       root, ", ", bytes, " bytes; local rank ", r, " for ",
+                       rk != kind ? CollectiveKindName(rk) + " with " : "",
+                       "root ", rr, ", ", rb, " bytes"));
+      failed_ = true;
+      return false;
+    }
+  }
+  const int global_world = spec_.global_world_size();
+  if (root < 0 || root >= global_world) {
+    FailJob(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " has root ",
+                     root, ", outside ranks 0..", global_world - 1));
+    failed_ = true;
+    return false;
+  }
+  if (const int local_root = root - spec_.global_rank_offset;
+      local_root >= 0 && local_root < world && !part(local_root)) {
+    FailJob(absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
+                         " from root ", root,
+                         ", which has joined (ran out "
+                         "of inputs) in iteration ",
+                         join_.iteration()));
+    failed_ = true;
+    return false;
+  }
+  if (bytes > spec_.broadcast_bytes) {
+    FailJob(absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " of ",
+                         bytes, " bytes exceeds the job's broadcast area of ",
+                         spec_.broadcast_bytes, " bytes"));
+    failed_ = true;
+    return false;
+  }
+  bcast_started_ = need;
+  BroadcastWork work;
+  work.seq = need;
+  work.root = root;
+  work.bytes = bytes;
+  work.rank_areas = &bcast_areas_;
+  if (parts < world) {
+    join_areas_.assign(world, nullptr);
+    for (int r = 0; r < world; ++r) {
+      if (part(r)) join_areas_[r] = bcast_areas_[r];
+    }
+    work.rank_areas = &join_areas_;
+  }
+  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
+    if (!s.ok()) {
+      FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "' broadcast ",
+                                     need, ": ", s.message()));
+      return;
+    }
+    header_->bcast_done_seq.store(need, std::memory_order_release);
+    WakeClients(layout_, control_.data());
+  });
+  return true;
+}
+
+void Job::CheckStuck() {
+  // A gone rank only matters when a live rank waits for something the gone
+  // rank will now never publish; ranks that finished the same iteration and
+  // leave one after the other get no error.
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  auto report = [&](int gone, absl::string_view what) {
+    const bool detached = rank_state_[gone].load() == kDetached;
+    FailJob(absl::StatusCode::kAborted,
+            absl::StrCat(RankName(gone),
+                         detached ? " detached" : " disconnected", " during ",
+                         what, "; the job cannot continue on this node"));
+    failed_ = true;
+  };
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d) continue;
+    bool waiting = false;
+    int missing = -1;
+    for (int r = 0; r < world; ++r) {
+      const bool ready = layout_.ready_row(base, r)[b].load(
+                             std::memory_order_acquire) == d + 1;
+      if (rank_state_[r].load() == kLive) {
+        waiting |= ready;
+      } else if (!ready && missing < 0) {
+        missing = r;
+      }
+    }
+    if (waiting && missing >= 0) {
+      report(missing, absl::StrCat("iteration ", d + 1));
+      return;
+    }
+  }
+  const uint64_t bd = header_->bcast_done_seq.load(std::memory_order_acquire);
+  if (bcast_started_ > bd) return;  // with the reducer: it reports failures
+  bool waiting = false;
+  int missing = -1;
+  for (int r = 0; r < world; ++r) {
+    const bool ready = layout_.bcast(base, r)->ready_seq.load(
+                           std::memory_order_acquire) == bd + 1;
+    if (rank_state_[r].load() == kLive) {
+      waiting |= ready;
+    } else if (!ready && missing < 0) {
+      missing = r;
+    }
+  }
+  if (waiting && missing >= 0) {
+    report(missing, absl::StrCat("broadcast ", bd + 1));
+  }
+}
+
+}  // namespace gradd

@@ -1,0 +1,436 @@
+// One job on this node, once every local rank has attached: its shared
+// memory (control block + one bucket memfd per rank) and its engine thread.
+//
+// Owns: the control-block and rank memfds (until handed out) and their
+// mappings, the engine thread, the reducer.
+// Threads: the engine thread (started by Start) runs the reduce loop and
+// hands buckets and broadcasts to the reducer; the reducer's completion
+// (engine thread for the fused path, the network thread for the
+// hierarchical one) is the only writer of done_seq / bcast_done_seq, one
+// completion per bucket or broadcast in flight; RankGone/Fail/Stop are
+// called from the JobManager's thread. Errors reach trainers through the
+// control block (status + message), never through return values.
+//
+// Rank lifecycle, per local rank:
+//
+//   attached --(Detach RPC)----------> detached     \  error published only if
+//       \-----(session socket closes)-> disconnected /  another rank is waiting
+//                                                       on work that needed it
+//
+// Events (job_events.h): the engine notes when it first sees each rank hand
+// a bucket over (in its scan) and when it starts the bucket; the reducer
+// records the bucket's phases (BucketWork::timing); the completion emits
+// the bucket's event (to timeline_ and the sinks, e.g. metrics) just
+// before publishing done_seq, so the engine may reuse the bucket's
+// bookkeeping once it sees done. Every few tens of ms the engine thread
+// hands the buckets that wait to stalls_ (stall_inspector.h), which may fail
+// the job past stall_shutdown.
+//
+// Join (uneven inputs): the engine side of join_state.h lives in
+// job_join.cc. While a join epoch runs, buckets start only for the
+// iteration the JoinState is running, with the active ranks' buffers and
+// the round's divisor; any rank that goes away fails the job.
+//
+// Plan switch (bucket rebuild; engine/job/rebuild.h decides the new plan, the
+// engine side lives in engine/job/job_rebuild.cc). The control block has a
+// slot per parameter and the rank memory a bucket region that holds any
+// plan (MaxPlanBytes), so a switch reallocates nothing:
+//
+//   running --ExpectRebuild(k)--> expecting k --SwitchPlan(k, plan)-->
+//   switching
+//      ^      a rank publishing iteration k + 1 meanwhile: job error        |
+//      |      naming it (it skipped the rebuild the others wait in)         |
+//      +-- every bucket done == started == k (engine thread): plan_ = plan, +
+//          new buckets' done_seq and every rank's ready rows set to k,
+//          reducer Replan(k + 1), done(OK)
+//
+// The ready rows are written by the daemon here, against the rule that
+// rank r writes only its own: every rank is blocked in RebuildBuckets
+// until done runs, so nobody else writes them.
+#ifndef GRADD_SERVER_ENGINE_JOB_JOB_H_
+#define GRADD_SERVER_ENGINE_JOB_JOB_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/bucket_planner.h"
+#include "common/control_block.h"
+#include "common/control_mapping.h"
+#include "common/device_memory.h"
+#include "common/doorbell.h"
+#include "common/shm.h"
+#include "gradd/v1/node.pb.h"
+#include "server/engine/job/job_snapshot.h"
+#include "server/engine/job/join_state.h"
+#include "server/engine/observe/iteration_tracker.h"
+#include "server/engine/observe/job_events.h"
+#include "server/engine/observe/stall_inspector.h"
+#include "server/engine/observe/timeline.h"
+#include "server/engine/reduce/bucket_reducer.h"
+#include "server/hooks/comm_hook_factory.h"
+
+namespace gradd {
+
+struct NcclJobSetup;
+
+struct JobSpec {
+  std::string job_id;
+  int local_world_size = 1;
+  std::vector<ParamInfo> params;
+  BucketPlan plan;
+  // The caps the plan was made with (a bucket rebuild re-plans with them).
+  PlannerOptions planner;
+  uint64_t broadcast_bytes = 0;
+  // Engine doorbell spin before sleeping.
+  std::chrono::microseconds spin{50};
+  // Where this node's ranks sit in a multi-node job (defaults: one node,
+  // global rank = local rank). world_size 0 means local_world_size.
+  int node_rank = 0;
+  int num_nodes = 1;
+  int global_rank_offset = 0;
+  int world_size = 0;
+  // Multi-node: every node's id by node rank (the admin API; stall reports
+  // name them).
+  std::vector<std::string> node_ids;
+  // Multi-node: the rendezvous coordinator and formation round the job
+  // formed through (a bucket rebuild agrees through them).
+  std::string coordinator;
+  std::string round_prefix;
+
+  // The job's communication hook as chosen at attach (validated; "":
+  // allreduce), until a rank's SetCommHook; and the pool hooks split their
+  // local work across (may be null).
+  v1::CommHookSpec comm_hook;
+  ThreadPool* hook_pool = nullptr;
+
+  // Observability (job_events.h): the size of the job's timeline, the
+  // stall thresholds (stall_inspector.h; 0: off).
+  size_t timeline_events = 4096;
+  std::chrono::milliseconds stall_warning{0};
+  std::chrono::milliseconds stall_shutdown{0};
+  // GPU path: where the ranks' CUDA buckets are allocated (null, or
+  // rank_devices all -1: the job has no CUDA parameters) and each local
+  // rank's device ordinal as the daemon sees it (device_attach.h).
+  DeviceAllocatorInterface* devices = nullptr;
+  std::vector<int> rank_devices;
+  // Bound on one device collective (NCCL) before the job fails and its
+  // communicators are aborted (rendezvous.collective_timeout_ms).
+  std::chrono::milliseconds collective_timeout{30000};
+  // Multi-node CUDA jobs: what the formation set up for the CUDA buckets
+  // between the nodes (nccl_job_setup.h): NCCL communicators, or why they
+  // are staged through host memory; null: not set up (staged).
+  std::shared_ptr<NcclJobSetup> nccl_between_nodes;
+
+  int global_world_size() const {
+    return world_size > 0 ? world_size : local_world_size;
+  }
+};
+
+class Job {
+ public:
+  // Allocates the control block and every rank's memory (sealed memfds) and
+  // initialises the block. RESOURCE_EXHAUSTED / INTERNAL when memory cannot
+  // be had. Does not start the engine.
+  static absl::StatusOr<std::unique_ptr<Job>> Create(
+      JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer);
+  ~Job();  // Stop()s
+
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  // Before Start: the job's events go to `sink` (may be null) too, besides
+  // its own timeline; the job owns it and destroys it when it ends.
+  void AddEventSink(std::unique_ptr<JobEventSinkInterface> sink) {
+    events_.Add(std::move(sink));
+  }
+  // Starts the engine thread.
+  void Start();
+  // Stops and joins the engine thread (wakes it; bounded by one reduction).
+  void Stop();
+
+  const std::string& id() const { return spec_.job_id; }
+  const JobSpec& spec() const { return spec_; }
+  int local_world_size() const { return spec_.local_world_size; }
+  // The current plan: before Start, or on the engine thread (a rebuild
+  // replaces it there).
+  const BucketPlan& plan() const { return plan_; }
+  size_t rank_memory_bytes() const { return rank_bytes_; }
+  // Shared memory held for the job: every rank's memory and control block,
+  // and the job block.
+  uint64_t shared_memory_bytes() const {
+    return (rank_bytes_ + layout_.rank_block_bytes()) *
+               static_cast<uint64_t>(spec_.local_world_size) +
+           layout_.job_bytes();
+  }
+  // The bucket region (any plan fits) ends where the broadcast area starts.
+  size_t broadcast_offset() const { return bucket_region_bytes_; }
+  uint32_t bucket_slots() const { return layout_.num_buckets(); }
+
+  // The fds to send to local rank r: [job block (read-only for it), rank r's
+  // memory, rank r's control block, the write end of rank r's bell], then
+  // rank r's device memory when the job has CUDA buckets.
+  std::vector<int> FdsFor(int rank) const;
+  // Closes the daemon's copies of the memfds and bell write ends once every
+  // rank has its own.
+  void ReleaseFds();
+  // Attach reply (plan, sizes) for local rank r. Reads the plan: call it
+  // before any rank can ask for a rebuild (the JobManager answers the
+  // Attaches with it).
+  v1::AttachResponse ResponseFor(int rank) const;
+
+  // Local rank r is gone (detached == true: clean Detach; else its session
+  // closed). The engine decides whether anyone is stuck. Any thread.
+  void RankGone(int rank, bool detached);
+  // Number of ranks that have not gone.
+  int live_ranks() const;
+
+  // Stamps the control block's heartbeat (clients watch it). Any thread.
+  void Heartbeat();
+
+  // Publishes a job failure now (e.g. daemon shutdown). Any thread.
+  void Fail(absl::StatusCode code, absl::string_view message);
+
+  // Local rank `rank` chooses the job's communication hook (Node.SetCommHook;
+  // errors as CommHookSelection::Set). Any thread. The engine settles the
+  // choice when the job's first bucket is about to start: ranks that
+  // disagree, or nodes that do, fail the job with the reason.
+  absl::Status SetCommHook(int rank, const v1::CommHookSpec& spec) {
+    return hooks_.Set(rank, spec);
+  }
+
+  // The job's failure, or OK (reads the control block).
+  absl::Status status() const;
+
+  // Bucket rebuild (see the state machine above). Any thread. From now on
+  // a rank that publishes a bucket for an iteration after `iteration`
+  // fails the job.
+  void ExpectRebuild(uint64_t iteration);
+  // Any thread. Replaces the plan by `plan` (checked by the caller against
+  // the job's parameters) once iteration `iteration` is complete, then
+  // runs `done(OK)` on the engine thread; `done(error)` instead if the job
+  // fails or stops first, or if the engine finds the job past `iteration`.
+  // One switch at a time (a second one: done(FAILED_PRECONDITION)).
+  using SwitchDone = absl::AnyInvocable<void(absl::Status) &&>;
+  void SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done);
+
+  // For tests and stats: iteration last completed for bucket b.
+  uint64_t done_seq(int bucket) const;
+  // Cumulative per-phase times of the job's reducer. Any thread.
+  ReducerStats reducer_stats() const { return reducer_->stats(); }
+  // The job's recent bucket events (timeline.h) and its buckets stalled
+  // now (stall_inspector.h). Any thread.
+  std::vector<TimelineEvent> timeline() const { return timeline_.Snapshot(); }
+  std::vector<StallReport> stalls() const { return stalls_.Current(); }
+
+  // The job as the admin API shows it (job_snapshot.cc): plan, done
+  // sequences, rank states, reducer totals, failure, the last used map.
+  // Parameters and buckets only with `detail`. Ranks' session ids and the
+  // job's state beyond running / failed are the JobManager's to fill in.
+  // Any thread: reads the control block's atomics and copies what the
+  // engine published under snapshot_mu_.
+  JobSnapshot Snapshot(bool detail) const;
+
+ private:
+  enum RankState : int { kLive = 0, kDetached = 1, kDisconnected = 2 };
+
+  Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer);
+  void Loop();
+  // One pass over buckets and broadcast; true if something was started.
+  bool Scan();
+  bool ScanBroadcast();
+  // ScanBroadcast's path for collective rounds other than broadcast
+  // (allreduce, allgather, ...): checks that every local rank from `first`
+  // on describes the same round, then hands it to the reducer.
+  bool StartAreaCollective(uint64_t need, int first, bool join_mode);
+  void CheckStuck();
+  // Join (job_join.cc). JoinInPlay: an epoch runs or some rank opened one.
+  bool JoinInPlay();
+  // Advances the JoinState: polls the ranks, starts / resolves rounds,
+  // publishes outcomes. True if something changed.
+  bool StepJoin();
+  // kRunning: starts the iteration's buckets with the active ranks.
+  bool ScanJoinBuckets();
+  void PublishJoinOutcome(const JoinState::Outcome& outcome);
+  std::vector<JoinRankView> ReadJoinViews(uint64_t next_iteration);
+  // Local rank r's `row` read as *s lags behind the job because r joined
+  // and has not caught up yet (common/control_block.h): true means "not
+  // ready". Otherwise re-reads the row into *s.
+  bool Lagging(int rank, const std::atomic<uint64_t>& row, uint64_t* s);
+  void FailGoneInJoin();
+  // Engine thread: settles the hook and hands it to the reducer; false (job
+  // failed) when ranks or nodes disagree or the hook cannot be built.
+  bool ResolveCommHook();
+  // Builds the resolved hook over plan_ and hands it to the reducer.
+  absl::Status InstallCommHook();
+  // Hands bucket `b` of `iteration` to the reducer: the sum over `buffers`
+  // (which must stay put until Complete) divided by `divisor` (0: the
+  // reducer's own); Complete follows.
+  // `ranks`: the local rank of each buffer (null: every rank, in order).
+  void StartBucket(size_t b, uint64_t iteration,
+                   const std::vector<void*>* buffers, double divisor,
+                   const std::vector<int>* ranks = nullptr);
+  void Complete(int bucket, uint64_t iteration, absl::Status status);
+  // Engine thread, in the scan: local rank r has made bucket b ready for
+  // `iteration`; `now` is the scan's clock reading (0: not read yet).
+  void NoteReady(size_t b, int r, uint64_t iteration, int64_t* now);
+  // Completion thread, before done_seq[b] is published: bucket b's events.
+  void EmitBucket(int b, uint64_t iteration);
+  // Engine thread, at most every few tens of ms: hands the waiting buckets
+  // to the stall inspector; fails the job past stall_shutdown.
+  void CheckStalls();
+  // Sizes the per-bucket bookkeeping of the events to plan_.
+  void ResetBucketTracking();
+  void FailJob(absl::StatusCode code, absl::string_view message);
+  std::string RankName(int rank) const;
+  // job_rebuild.cc, engine thread: applies a pending SwitchPlan if the
+  // engine is at its iteration boundary; true if it did. Fails the job and
+  // returns false when the switch cannot happen.
+  bool TrySwitchPlan();
+  // Completes a pending SwitchPlan with `status` (job failed / stopping).
+  void AbortSwitch(const absl::Status& status);
+  // Points bucket_buffers_ at plan_'s buckets in every rank's memory (its
+  // device memory for CUDA buckets) and publishes plan_ for Snapshot
+  // (job_snapshot.cc: PublishPlan).
+  void MapBuckets();
+  void PublishPlan();
+  // Engine or reducer thread, when the bucket holding the client's used map
+  // (find_unused_parameters) completed `iteration`: records which
+  // parameters no rank used. `map` is the reduced map (float32, one per
+  // model parameter) in a contributing rank's bucket, not yet handed back.
+  void RecordUsedMap(uint64_t iteration, const float* map);
+  // Create: every rank's device memory on its GPU, when the job has CUDA
+  // parameters (job_device.cc).
+  absl::Status AllocateDeviceMemory();
+
+  const JobSpec spec_;
+  const ControlLayout layout_;
+  // Bucket region of every rank's memory: MaxPlanBytes(params).
+  const size_t bucket_region_bytes_;
+  // Reset first in ~Job: its completions write into the mappings below.
+  std::unique_ptr<BucketReducerInterface> reducer_;
+  size_t rank_bytes_ = 0;
+
+  // The job block (sealed read-only for everyone but this mapping), every
+  // rank's control block and bell (common/control_block.h).
+  UniqueFd control_fd_;
+  std::vector<UniqueFd> rank_control_fds_;
+  std::vector<BellPipe> bells_;
+  ControlMapping control_;
+  ControlHeader* header_ = nullptr;
+  std::unique_ptr<DaemonDoorbell> doorbell_;
+  std::vector<UniqueFd> rank_fds_;
+  std::vector<Mapping> rank_maps_;
+  // GPU path: each rank's device memory (any plan's CUDA buckets fit:
+  // MaxPlanBytes(params, kCuda) bytes) and its exported fd until handed out.
+  size_t device_region_bytes_ = 0;
+  std::vector<std::unique_ptr<DeviceMemoryInterface>> device_memory_;
+  std::vector<UniqueFd> device_fds_;
+  // bucket_buffers_[b][r]: bucket b inside rank r's mapping.
+  std::vector<std::vector<void*>> bucket_buffers_;
+  // bcast_areas_[r]: the broadcast area inside rank r's mapping.
+  std::vector<void*> bcast_areas_;
+
+  std::unique_ptr<std::atomic<int>[]> rank_state_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Engine thread only (and before Start).
+  BucketPlan plan_;
+  std::vector<uint64_t> started_;  // iteration last handed to the reducer
+  uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
+  bool failed_ = false;
+  JoinState join_;
+  // active_buffers_[b]: bucket b of the ranks active in the running join
+  // iteration, active_ranks_[b] those ranks (BucketWork::ranks); join_areas_:
+  // their broadcast areas (nullptr for the others); phantom_*: the relay area
+  // of a node none of whose ranks is active.
+  std::vector<std::vector<void*>> active_buffers_;
+  std::vector<std::vector<int>> active_ranks_;
+  std::vector<void*> join_areas_;
+  std::vector<char> phantom_scratch_;
+  std::vector<void*> phantom_areas_;
+
+  // A join round's result, from the reducer's completion (any thread).
+  absl::Mutex round_mu_;
+  bool round_done_ ABSL_GUARDED_BY(round_mu_) = false;
+  absl::Status round_status_ ABSL_GUARDED_BY(round_mu_);
+  std::vector<double> round_values_ ABSL_GUARDED_BY(round_mu_);
+  bool hook_resolved_ = false;
+  v1::CommHookSpec hook_spec_;  // once resolved
+
+  CommHookSelection hooks_;
+
+  // The used map's parameter (-1: the job has none) and, engine thread
+  // only (set by MapBuckets), its bucket and byte offset in the plan.
+  int used_map_param_ = -1;
+  int used_map_bucket_ = -1;
+  size_t used_map_offset_ = 0;
+
+  // What Snapshot reads from other threads.
+  mutable absl::Mutex snapshot_mu_;
+  std::shared_ptr<const BucketPlan> published_plan_
+      ABSL_GUARDED_BY(snapshot_mu_);
+  uint64_t unused_iteration_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+  std::vector<int32_t> unused_params_ ABSL_GUARDED_BY(snapshot_mu_);
+  bool ever_unused_ ABSL_GUARDED_BY(snapshot_mu_) = false;
+  // Events (job_events.h): the timeline ring, the stall inspector and the
+  // fan-out to them and spec_.events.
+  Timeline timeline_;
+  StallInspector stalls_;
+  JobEventFanOut events_;
+  // Per bucket of plan_, handed between the engine thread (writes until
+  // the bucket starts) and the completion (reads, then clears, before done
+  // is published): when it started, the reducer's phase timing, and when
+  // each local rank was seen handing it over (rank_ready_ns_[b * world +
+  // r]; 0: not yet; empty when plan and world are too large to track).
+  struct BucketTrace {
+    uint64_t iteration = 0;
+    int64_t first_ready_ns = 0;
+    int64_t start_ns = 0;
+    BucketTiming timing;
+  };
+  std::vector<BucketTrace> traces_;
+  std::vector<uint64_t> reducer_bytes_;  // bucket sizes, likewise handed over
+  std::vector<int64_t> rank_ready_ns_;
+  // Engine thread only: the iteration bucket b was first seen ready for by
+  // some rank (first_ready_iter_), and when.
+  std::vector<uint64_t> first_ready_iter_;
+  std::vector<int64_t> first_ready_ns_;
+  // Buckets in plan_, for the completion thread.
+  std::atomic<int> num_buckets_{0};
+  int64_t next_stall_check_ns_ = 0;
+  // Completion thread only.
+  IterationTracker iterations_;
+
+  // Serialises failure publication between the engine and manager threads
+  // (PublishError's first-failure-wins check is not atomic).
+  absl::Mutex error_mu_;
+
+  // Bucket rebuild: 0, or the iteration after which the ranks rebuild.
+  std::atomic<uint64_t> rebuild_after_{0};
+  // Set while switch_ holds a request, so the engine's fast path reads one
+  // atomic.
+  std::atomic<bool> switch_pending_{false};
+  struct PendingSwitch {
+    uint64_t iteration = 0;
+    BucketPlan plan;
+    SwitchDone done;
+  };
+  absl::Mutex switch_mu_;
+  std::optional<PendingSwitch> switch_ ABSL_GUARDED_BY(switch_mu_);
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_JOB_JOB_H_

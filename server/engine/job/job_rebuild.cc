@@ -1,0 +1,146 @@
+// Job's side of a bucket rebuild: switching the engine to a new plan at an
+// iteration boundary (the state machine is drawn in job.h). Which plan, and
+// when every rank and node agrees on it, is engine/job/rebuild.h's business.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/doorbell.h"
+#include "server/engine/job/job.h"
+
+namespace gradd {
+
+void Job::MapBuckets() {
+  const int world = spec_.local_world_size;
+  bucket_buffers_.assign(plan_.buckets.size(), {});
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const Bucket& bucket = plan_.buckets[b];
+    for (int r = 0; r < world; ++r) {
+      char* base = bucket.device == DeviceKind::kCuda
+                       ? reinterpret_cast<char*>(device_memory_[r]->address())
+                       : static_cast<char*>(rank_maps_[r].data());
+      bucket_buffers_[b].push_back(base + bucket.offset);
+    }
+  }
+  PublishPlan();
+  ResetBucketTracking();
+}
+
+void Job::ExpectRebuild(uint64_t iteration) {
+  rebuild_after_.store(iteration, std::memory_order_release);
+  doorbell_->Ring();  // the engine checks nobody ran ahead
+}
+
+void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done) {
+  {
+    absl::MutexLock lock(&switch_mu_);
+    if (switch_.has_value()) {
+      std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+          "job '", spec_.job_id, "' is already switching bucket plans")));
+      return;
+    }
+    switch_ = PendingSwitch{iteration, std::move(plan), std::move(done)};
+    switch_pending_.store(true, std::memory_order_release);
+  }
+  doorbell_->Ring();
+}
+
+void Job::AbortSwitch(const absl::Status& status) {
+  std::optional<PendingSwitch> pending;
+  {
+    absl::MutexLock lock(&switch_mu_);
+    pending.swap(switch_);
+    switch_pending_.store(false, std::memory_order_release);
+  }
+  if (pending.has_value()) {
+    std::move(pending->done)(status.ok() ? absl::CancelledError(absl::StrCat(
+                                               "job '", spec_.job_id,
+                                               "' stopped during a bucket "
+                                               "rebuild"))
+                                         : status);
+  }
+}
+
+bool Job::TrySwitchPlan() {
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  uint64_t k = 0;
+  {
+    absl::MutexLock lock(&switch_mu_);
+    if (!switch_.has_value()) return false;
+    k = switch_->iteration;
+  }
+  // The boundary: every bucket of iteration k back from the reducer, none
+  // of k + 1 published (ranks that run ahead are failed by Scan).
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    if (started_[b] > d || d < k) return false;  // iteration k in flight
+    if (d > k) {
+      const std::string message = absl::StrCat(
+          "job '", spec_.job_id, "': bucket rebuild after iteration ", k,
+          " requested, but bucket ", b, " already completed iteration ", d);
+      FailJob(absl::StatusCode::kFailedPrecondition, message);
+      failed_ = true;
+      AbortSwitch(absl::FailedPreconditionError(message));
+      return false;
+    }
+  }
+  PendingSwitch next;
+  {
+    absl::MutexLock lock(&switch_mu_);
+    next = std::move(*switch_);
+    switch_.reset();
+    switch_pending_.store(false, std::memory_order_release);
+  }
+  // CUDA buckets: the new plan lies in the same device memory, allocated
+  // for any plan (MaxPlanBytes), so the ranks' mappings stay valid.
+  if (next.plan.buckets.size() > layout_.num_buckets() ||
+      next.plan.total_bytes > bucket_region_bytes_ ||
+      next.plan.device_bytes > device_region_bytes_) {
+    const std::string message =
+        absl::StrCat("job '", spec_.job_id, "': the rebuilt plan (",
+                     next.plan.buckets.size(), " buckets, ",
+                     next.plan.total_bytes, " bytes, ", next.plan.device_bytes,
+                     " bytes of device memory) does not fit the job's ",
+                     layout_.num_buckets(), " bucket slots, ",
+                     bucket_region_bytes_, "-byte bucket region and ",
+                     device_region_bytes_, "-byte device region");
+    FailJob(absl::StatusCode::kInternal, message);
+    failed_ = true;
+    std::move(next.done)(absl::InternalError(message));
+    return false;
+  }
+  plan_ = std::move(next.plan);
+  MarkInternalBuckets(spec_.params, &plan_);
+  MapBuckets();
+  started_.assign(plan_.buckets.size(), k);
+  // Join's per-bucket scratch follows the plan (it is rebuilt per round).
+  active_buffers_.assign(plan_.buckets.size(), {});
+  active_ranks_.assign(plan_.buckets.size(), {});
+  // Every bucket of the new plan starts at the boundary: done and ready
+  // for k on every rank, so Scan's "done or done + 1" rule holds for them.
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    for (int r = 0; r < world; ++r) {
+      layout_.ready_row(base, r)[b].store(k, std::memory_order_relaxed);
+    }
+    done[b].store(k, std::memory_order_release);
+  }
+  reducer_->Replan(k + 1, static_cast<int>(plan_.buckets.size()));
+  if (hook_resolved_) {
+    if (absl::Status s = InstallCommHook(); !s.ok()) {
+      const std::string message = absl::StrCat(
+          "job '", spec_.job_id,
+          "': the communication hook cannot follow the rebuilt buckets: ",
+          s.message());
+      FailJob(s.code(), message);
+      failed_ = true;
+      std::move(next.done)(absl::Status(s.code(), message));
+      return false;
+    }
+  }
+  rebuild_after_.store(0, std::memory_order_release);
+  std::move(next.done)(absl::OkStatus());
+  return true;
+}
+
+}  // namespace gradd

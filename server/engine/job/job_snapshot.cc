@@ -1,0 +1,147 @@
+// Job::Snapshot and the used-map record it reads (job.h); the snapshot's
+// shape is engine/job/job_snapshot.h.
+#include "server/engine/job/job_snapshot.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "server/engine/job/job.h"
+
+namespace gradd {
+namespace {
+
+// A used map lists at most this many unused parameters (a model with more
+// is reported by count only beyond it).
+constexpr size_t kMaxUnusedListed = 100000;
+
+bool PlanDiffers(const BucketPlan& a, const BucketPlan& b) {
+  if (a.buckets.size() != b.buckets.size()) return true;
+  for (size_t i = 0; i < a.buckets.size(); ++i) {
+    if (a.buckets[i].params != b.buckets[i].params) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int FindUsedMapParam(const std::vector<ParamInfo>& params) {
+  if (params.size() < 2 || params[0].name != kUsedMapParameterName ||
+      params[0].dtype != DType::kFloat32 ||
+      params[0].numel() != params.size() - 1) {
+    return -1;
+  }
+  return 0;
+}
+
+void Job::PublishPlan() {
+  used_map_bucket_ = -1;
+  if (used_map_param_ >= 0) {
+    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+      const Bucket& bucket = plan_.buckets[b];
+      for (size_t i = 0; i < bucket.params.size(); ++i) {
+        if (bucket.params[i] == used_map_param_) {
+          used_map_bucket_ = static_cast<int>(b);
+          used_map_offset_ = bucket.param_offsets[i];
+        }
+      }
+    }
+  }
+  auto plan = std::make_shared<const BucketPlan>(plan_);
+  absl::MutexLock lock(&snapshot_mu_);
+  published_plan_ = std::move(plan);
+}
+
+void Job::RecordUsedMap(uint64_t iteration, const float* map) {
+  const size_t n = spec_.params.size() - 1;
+  std::vector<int32_t> unused;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(map[i] > 0) && unused.size() < kMaxUnusedListed) {
+      unused.push_back(static_cast<int32_t>(i + 1));
+    }
+  }
+  absl::MutexLock lock(&snapshot_mu_);
+  if (iteration < unused_iteration_) return;  // completions out of order
+  unused_iteration_ = iteration;
+  ever_unused_ |= !unused.empty();
+  unused_params_ = std::move(unused);
+}
+
+JobSnapshot Job::Snapshot(bool detail) const {
+  JobSnapshot s;
+  s.job_id = spec_.job_id;
+  s.local_world_size = spec_.local_world_size;
+  s.node_rank = spec_.node_rank;
+  s.num_nodes = spec_.num_nodes;
+  s.world_size = spec_.global_world_size();
+  s.rank_memory_bytes = rank_bytes_;
+  s.broadcast_bytes = spec_.broadcast_bytes;
+  s.planner = spec_.planner;
+  s.has_used_map = used_map_param_ >= 0;
+  for (int r = 0; r < spec_.local_world_size; ++r) {
+    RankSnapshot rank;
+    rank.local_rank = r;
+    rank.global_rank = spec_.global_rank_offset + r;
+    switch (rank_state_[r].load()) {
+      case kLive:
+        rank.state = RankSnapshot::State::kLive;
+        break;
+      case kDetached:
+        rank.state = RankSnapshot::State::kDetached;
+        break;
+      default:
+        rank.state = RankSnapshot::State::kDisconnected;
+    }
+    s.ranks.push_back(rank);
+  }
+  std::shared_ptr<const BucketPlan> plan;
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    plan = published_plan_ != nullptr ? published_plan_
+                                      : std::make_shared<const BucketPlan>();
+    s.unused_iteration = unused_iteration_;
+    s.ever_unused = ever_unused_;
+    if (detail) s.unused_params = unused_params_;
+  }
+  const std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
+  s.num_buckets = plan->buckets.size();
+  s.iteration =
+      plan->buckets.empty() ? 0 : std::numeric_limits<uint64_t>::max();
+  for (size_t b = 0; b < plan->buckets.size(); ++b) {
+    const Bucket& bucket = plan->buckets[b];
+    const uint64_t d = done[b].load(std::memory_order_acquire);
+    s.iteration = std::min(s.iteration, d);
+    s.bucket_bytes += bucket.size_bytes;
+    if (!detail) continue;
+    BucketSnapshot out;
+    out.dtype = bucket.dtype;
+    out.size_bytes = bucket.size_bytes;
+    out.offset = bucket.offset;
+    out.params = bucket.params;
+    out.internal = bucket.internal;
+    out.done_iteration = d;
+    s.buckets.push_back(std::move(out));
+  }
+  if (detail) {
+    s.params = spec_.params;
+    // spec_.plan is the plan the job formed with; plan_ replaces it in a
+    // rebuild.
+    if (!plan->buckets.empty() && PlanDiffers(spec_.plan, *plan)) {
+      for (const Bucket& bucket : spec_.plan.buckets) {
+        BucketSnapshot out;
+        out.dtype = bucket.dtype;
+        out.size_bytes = bucket.size_bytes;
+        out.offset = bucket.offset;
+        out.params = bucket.params;
+        out.internal = bucket.internal;
+        s.initial_buckets.push_back(std::move(out));
+      }
+    }
+  }
+  s.stats = reducer_->stats();
+  s.status = status();
+  s.state = s.status.ok() ? JobSnapshot::State::kRunning
+                          : JobSnapshot::State::kFailed;
+  return s;
+}
+
+}  // namespace gradd

@@ -1,0 +1,98 @@
+// A copy of one job's state as the admin API shows it (server/admin/):
+// taken on the JobManager's control thread (JobManager::Snapshot), then
+// read anywhere without locks. Plain data; nothing in it points into the
+// engine.
+#ifndef GRADD_SERVER_ENGINE_JOB_JOB_SNAPSHOT_H_
+#define GRADD_SERVER_ENGINE_JOB_JOB_SNAPSHOT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/bucket_planner.h"
+#include "server/engine/reduce/bucket_reducer.h"
+
+namespace gradd {
+
+// The client library's used map (client/src/used_map_client.h): a float32
+// parameter registered first, one element per model parameter, averaged
+// like a gradient, so element i > 0 exactly when some rank used parameter
+// i + 1. Checked against the client's name in tests/unit/admin.
+inline constexpr std::string_view kUsedMapParameterName =
+    "[gradd] find_unused_parameters used map";
+
+// Index of the used map in `params` (0), or -1 when the job has none (or
+// one of another shape than the client's).
+int FindUsedMapParam(const std::vector<ParamInfo>& params);
+
+struct RankSnapshot {
+  enum class State { kAttaching, kLive, kDetached, kDisconnected };
+  int local_rank = 0;
+  int global_rank = -1;  // -1 until the job formed
+  State state = State::kAttaching;
+  // The session the rank attached through (0 once gone); never shown, the
+  // admin source resolves it to the trainer's pid and uid.
+  uint64_t session_id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+
+struct BucketSnapshot {
+  DType dtype = DType::kFloat32;
+  size_t size_bytes = 0;
+  size_t offset = 0;
+  std::vector<int32_t> params;
+  bool internal = false;
+  uint64_t done_iteration = 0;
+};
+
+struct JobSnapshot {
+  enum class State { kPending, kForming, kRunning, kFailed };
+  std::string job_id;
+  State state = State::kPending;
+  int local_world_size = 0;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int world_size = 0;  // global
+  // Every node's id by node rank, when the job formed across nodes.
+  std::vector<std::string> node_ids;
+  std::vector<RankSnapshot> ranks;  // by local rank
+
+  // Filled only for a detailed snapshot (JobManager::Snapshot's `detail`):
+  // parameters and plan can be large.
+  std::vector<ParamInfo> params;
+  PlannerOptions planner;
+  std::vector<BucketSnapshot> buckets;  // empty until formed
+  // The plan the job formed with, when a rebuild replaced it.
+  std::vector<BucketSnapshot> initial_buckets;
+  size_t rank_memory_bytes = 0;
+  uint64_t broadcast_bytes = 0;
+
+  // Summary figures (always filled once formed).
+  size_t num_buckets = 0;
+  uint64_t bucket_bytes = 0;
+  uint64_t iteration = 0;  // smallest done sequence over the buckets
+  ReducerStats stats;
+  absl::Status status;  // the job's failure, or OK
+
+  // Bucket rebuild (engine/job/rebuild.h).
+  bool rebuilt = false;
+  uint64_t rebuild_iteration = 0;
+  std::vector<int32_t> rebuild_ready_order;
+
+  // find_unused_parameters: the job carries the client's used map; the
+  // parameters (indices into params) no rank used in `unused_iteration`
+  // (0: no used map reduced yet); whether any iteration so far had one.
+  bool has_used_map = false;
+  uint64_t unused_iteration = 0;
+  std::vector<int32_t> unused_params;
+  bool ever_unused = false;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_JOB_JOB_SNAPSHOT_H_

@@ -1,0 +1,262 @@
+// Every job on this node: attach/registration, job formation, detach and
+// liveness. Implements the Node RPC handler (rpc/node_handler.h) and observes
+// session sockets (engine/manager/session_registry.h).
+//
+// Threads: one control thread owns all state below (pending attaches, active
+// jobs, session bindings); HandleAttach/HandleDetach/OnSessionClosed only
+// post to it and return. Each active Job runs its own engine thread, so a
+// slow or failed job never holds up another. Callbacks run on the control
+// thread.
+//
+// A job's life:
+//
+//   (none) --first Attach--> pending --all local ranks, same model--> active
+//              ^               |  timeout / mismatch / session closed  ^  |
+//              |               v                         num_nodes > 1 |  |
+//              +-------- (ranks answered with the error) <-- forming --+  |
+//              +------------- every rank detached or disconnected --------+
+//                             (memory released; the id may attach afresh)
+//
+// forming: the rendezvous with the other nodes' daemons (node_formation.h)
+// runs on a thread of its own and posts its result back to the control
+// thread, so other jobs on this daemon are served meanwhile. It is bounded
+// by the join timeout (and the ranks' Attach deadlines); a rank that leaves
+// while its job forms fails the others at once and the result is dropped.
+//
+// Errors (Attach): INVALID_ARGUMENT (bad request, model mismatch naming the
+// parameter and both ranks), ALREADY_EXISTS (rank taken), DEADLINE_EXCEEDED
+// (missing ranks named), RESOURCE_EXHAUSTED (max_jobs / memory),
+// FAILED_PRECONDITION (no live session, job running, model or plan mismatch
+// between nodes naming the parameter and both nodes), UNAVAILABLE (shutting
+// down, coordinator unreachable), DEADLINE_EXCEEDED (nodes missing after the
+// join timeout, named when rendezvous.expected_node_ids is configured).
+#ifndef GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
+#define GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/bucket_planner.h"
+#include "common/device_memory.h"
+#include "common/thread_pool.h"
+#include "gradd/v1/config.pb.h"
+#include "server/engine/formation/nccl_job_setup.h"
+#include "server/engine/formation/node_formation.h"
+#include "server/engine/job/job.h"
+#include "server/engine/job/job_snapshot.h"
+#include "server/engine/job/rebuild.h"
+#include "server/engine/manager/loop_watchdog.h"
+#include "server/engine/manager/session_registry.h"
+#include "server/engine/observe/job_events.h"
+#include "server/rendezvous/coordinator.h"
+#include "server/rpc/node_handler.h"
+
+namespace gradd {
+
+// Static checks of one Attach request against the daemon's limits; returns
+// the parameters in planner form. Exposed for tests.
+absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
+    const v1::AttachRequest& request, const v1::DaemonConfig& config);
+
+class JobManager final : public NodeHandlerInterface,
+                         public SessionObserverInterface {
+ public:
+  // Makes the reducer of a job whose local ranks have all registered (control
+  // thread). The default is FusedReducer over the local ranks; the
+  // multi-node path plugs in its hierarchical reducer here.
+  using ReducerFactory = absl::AnyInvocable<absl::StatusOr<
+      std::unique_ptr<BucketReducerInterface>>(const JobSpec& spec)>;
+
+  // `config` has defaults applied. `sessions` and `pool` (may be null:
+  // reduce on the engine thread only) must outlive this object.
+  // `coordinators` finds multi-node jobs' rendezvous coordinator (default:
+  // one made from config's rendezvous section, serving on demand only).
+  // `events` (may be null) gets the engine's events (job_events.h) and
+  // must outlive this object. Starts the control thread.
+  JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,
+             ThreadPool* pool, ReducerFactory reducer_factory = nullptr,
+             std::shared_ptr<CoordinatorSelector> coordinators = nullptr,
+             EngineEventSinkInterface* events = nullptr,
+             DeviceAllocatorInterface* devices = nullptr);
+  ~JobManager() override;  // Stop()s
+
+  void HandleAttach(v1::AttachRequest request, absl::Time deadline,
+                    AttachCallback done) override;
+  void HandleDetach(v1::DetachRequest request, DetachCallback done) override;
+  void HandleRebuildBuckets(v1::RebuildBucketsRequest request,
+                            absl::Time deadline, RebuildCallback done) override;
+  void HandleSetCommHook(v1::CommHookSetRequest request,
+                         SetCommHookCallback done) override;
+  void OnSessionClosed(uint64_t session_id) override;
+
+  // Publishes `message` (UNAVAILABLE) in every job's control block, answers
+  // every waiting Attach with it and refuses new ones. Blocks until done.
+  void Shutdown(absl::string_view message = "gradd daemon shutting down");
+  // Stops the control thread and every job's engine, releasing their
+  // memory. Idempotent.
+  void Stop();
+
+  // Calls `ping` from the control thread every `interval` while it runs its
+  // loop (systemd's watchdog: a hung control thread stops the pings). An
+  // infinite interval turns it off. Any thread; takes effect once the
+  // control thread gets to it.
+  void SetWatchdog(absl::AnyInvocable<void()> ping, absl::Duration interval);
+
+  // Pending + active jobs. Blocks briefly (runs on the control thread, after
+  // everything posted before it).
+  int NumJobs();
+
+  // The admin API's view (job_manager_snapshot.cc): every job (pending,
+  // forming, running), or only `*job_id`'s (NOT_FOUND naming it when there
+  // is none); parameters and plans only with `detail`. Copied on the
+  // control thread after everything posted before; DEADLINE_EXCEEDED when
+  // it does not answer by `deadline` (a wedged control loop), UNAVAILABLE
+  // once stopped. Any thread; blocks at most until `deadline`.
+  absl::StatusOr<std::vector<JobSnapshot>> Snapshot(
+      absl::Time deadline, bool detail, const std::string* job_id = nullptr);
+  // OK when the control thread runs a task posted now by `deadline` and
+  // the manager is not shutting down (UNAVAILABLE once Shutdown began):
+  // what the health service reports. Other errors as Snapshot.
+  absl::Status Ping(absl::Time deadline);
+  // An active job's recent bucket events (engine/observe/timeline.h) and its
+  // buckets stalled now (engine/observe/stall_inspector.h); empty for a job
+  // still waiting for its ranks. NOT_FOUND naming the job when this daemon has
+  // no such job; UNAVAILABLE when stopping. Any thread; runs on the control
+  // thread like NumJobs.
+  absl::StatusOr<std::vector<TimelineEvent>> Timeline(
+      const std::string& job_id);
+  absl::StatusOr<std::vector<StallReport>> Stalls(const std::string& job_id);
+
+ private:
+  struct PendingRank {
+    v1::AttachRequest request;
+    std::vector<ParamInfo> params;
+    absl::Time deadline;
+    AttachCallback done;
+    // The daemon's ordinal of the rank's GPU; -1: no CUDA parameters.
+    int device = -1;
+  };
+  struct PendingJob {
+    int world = 0;
+    std::vector<std::optional<PendingRank>> ranks;
+    int count = 0;
+    // Set while the multi-node formation runs (its number; 0: not forming).
+    uint64_t formation = 0;
+  };
+  // Lets formation threads post back to a JobManager that may be gone.
+  struct Mailbox {
+    absl::Mutex mu;
+    JobManager* owner ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  struct ActiveJob {
+    std::unique_ptr<Job> job;
+    std::vector<uint64_t> sessions;  // by local rank; 0 once gone
+    // Declared after `job`: destroyed (and its thread joined) first.
+    std::unique_ptr<RebuildCoordinator> rebuild;
+  };
+  // What a formation thread hands back: the backend and the store it uses.
+  struct FormedNodes {
+    NodeFormation formation;
+    std::unique_ptr<RendezvousStoreInterface> store;
+    std::string coordinator;
+    std::string round_prefix;
+    // CUDA jobs on real GPUs: NCCL between the nodes, or why not.
+    std::shared_ptr<NcclJobSetup> nccl;
+  };
+  using Task = absl::AnyInvocable<void() &&>;
+
+  void Post(Task task);
+  // Runs `fn` on the control thread and waits for its result until
+  // `deadline` (job_manager_snapshot.cc).
+  template <typename T>
+  absl::StatusOr<T> AskControlThread(absl::AnyInvocable<T() &&> fn,
+                                     absl::Time deadline);
+  JobSnapshot SnapshotOf(const std::string& id, const PendingJob& pending,
+                         bool detail) const;
+  JobSnapshot SnapshotOf(const ActiveJob& active, bool detail) const;
+  // Runs `fn(job)` on the control thread for job `job_id` (null while it
+  // is pending) and returns its result; errors as Timeline's.
+  template <typename T>
+  absl::StatusOr<T> QueryJob(const std::string& job_id,
+                             absl::AnyInvocable<T(const Job*)> fn);
+  // Queues `work(std::move(done))` for the control thread; when the manager
+  // is stopping, answers `done(if_stopping)` at once instead, so no RPC is
+  // left unanswered. Any thread.
+  template <typename Callback, typename Work>
+  void PostOrAnswer(Callback done, absl::Status if_stopping, Work work);
+  void Loop();
+  absl::Time NextDeadline() const;
+  // Stamps every active job's heartbeat when it is due.
+  void Beat(absl::Time now);
+  void ExpireAttaches(absl::Time now);
+
+  void DoAttach(v1::AttachRequest request, absl::Time deadline,
+                AttachCallback done);
+  void DoDetach(const v1::DetachRequest& request, DetachCallback done);
+  void DoSessionClosed(uint64_t session_id);
+  // NOT_FOUND naming `who` unless session `session_id` attached local rank
+  // `local_rank` of `job_id`: a call acts only for the rank its session
+  // attached.
+  absl::Status CheckBound(uint64_t session_id, const std::string& job_id,
+                          int local_rank, absl::string_view who) const;
+  void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
+                 RebuildCallback done);
+  void DoSetCommHook(const v1::CommHookSetRequest& request,
+                     SetCommHookCallback done);
+  void FormJob(const std::string& job_id);
+  // Multi-node: starts the formation thread for a pending job whose local
+  // ranks agree; `spec` is the local part of the job.
+  void StartNodeFormation(const std::string& job_id, JobSpec spec);
+  // Control thread: the formation thread's result.
+  void FinishNodeFormation(const std::string& job_id, uint64_t formation,
+                           JobSpec spec, absl::StatusOr<FormedNodes> result);
+  // Creates the job, hands every rank its memory and answers the Attaches.
+  void Activate(
+      const std::string& job_id, JobSpec spec,
+      absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer);
+  void FailPending(const std::string& job_id, const absl::Status& status);
+  void RankGone(const std::string& job_id, int rank, bool detached);
+
+  const v1::DaemonConfig config_;
+  SessionRegistryInterface* const sessions_;
+  ThreadPool* const pool_;
+  ReducerFactory reducer_factory_;
+  std::shared_ptr<CoordinatorSelector> coordinators_;
+  EngineEventSinkInterface* const events_;
+  // Where CUDA buckets are allocated (never null: a NoDeviceAllocator when
+  // the daemon was given none).
+  std::unique_ptr<DeviceAllocatorInterface> no_devices_;
+  DeviceAllocatorInterface* devices_;
+
+  absl::Mutex mu_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+
+  // Control thread only.
+  absl::Time next_heartbeat_ = absl::InfinitePast();
+  LoopWatchdog watchdog_;
+  bool shutting_down_ = false;
+  std::string shutdown_message_;
+  uint64_t next_attach_id_ = 1;
+  uint64_t next_formation_ = 1;
+  std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
+  absl::flat_hash_map<std::string, PendingJob> pending_;
+  absl::flat_hash_map<std::string, ActiveJob> jobs_;
+  // Session -> (job id, local rank) for pending and active ranks.
+  absl::flat_hash_map<uint64_t, std::pair<std::string, int>> bound_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_

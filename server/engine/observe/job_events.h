@@ -1,0 +1,216 @@
+// The engine's event stream: what jobs do, reported once to every observer
+// (Prometheus metrics in server/metrics/, the per-job timeline ring in
+// engine/observe/timeline.h, the stall reports of
+// engine/observe/stall_inspector.h and whatever the admin API reads from them).
+//
+// Two levels, so the hot path never looks a job up:
+//   EngineEventSinkInterface  daemon-wide (attach outcomes, detaches); when a
+//                             job becomes active it hands out that job's
+//                             JobEventSinkInterface, which the Job owns and
+//                             destroys when the job ends.
+//   JobEventSinkInterface     one job's buckets, iterations, stalls and
+//                             failure.
+//
+// Threads and cost: OnBucket/OnIteration run on the thread that completes a
+// job's buckets (the engine thread for single-node jobs, the reducer's
+// network thread for multi-node ones), right before the bucket's done_seq
+// is published (so the engine may reuse the bucket's bookkeeping as soon as
+// it sees done). Sinks are thus on the data path and must not block:
+// atomic counters, histograms and a preallocated ring under a short lock
+// are fine; I/O, allocation and locks held elsewhere for long are not. OnStall
+// runs on the engine thread; OnFailed on any thread, once per job.
+// EngineEventSinkInterface calls come from the job manager's control thread,
+// OnAttach from whichever thread answers the Attach.
+#ifndef GRADD_SERVER_ENGINE_OBSERVE_JOB_EVENTS_H_
+#define GRADD_SERVER_ENGINE_OBSERVE_JOB_EVENTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace gradd {
+
+// One entry of a job's timeline (engine/observe/timeline.h): a bucket phase of
+// one iteration, on one local rank (phase "ready": from the moment the engine
+// saw the rank hand the bucket over until the bucket started) or on the
+// node (local_rank -1: "local_reduce", "network", "write_back", and "done",
+// the instant the result was published).
+struct TimelineEvent {
+  uint64_t iteration = 0;
+  int bucket = 0;
+  int local_rank = -1;  // -1: the node's own phases
+  std::string phase;    // "ready", "local_reduce", "network", "write_back",
+                        // "done"
+  int64_t start_unix_ns = 0;
+  int64_t duration_ns = 0;
+};
+
+// A bucket that has waited longer than stall_warning_ms
+// (engine/observe/stall_inspector.h): who has not handed it over.
+struct StallReport {
+  std::string job_id;
+  uint64_t iteration = 0;
+  int bucket = 0;
+  double waited_seconds = 0;
+  // Local ranks that have not made the bucket ready.
+  std::vector<int> missing_local_ranks;
+  // Multi-node, bucket in the inter-node allreduce: the other nodes of the
+  // job (the daemon cannot tell which of them has not sent yet).
+  std::vector<std::string> missing_nodes;
+  // The bucket's parameters (the daemon sees a bucket's readiness, not each
+  // parameter's: these are the candidates, not a verdict).
+  std::vector<std::string> unready_parameters;
+  // One line for logs and errors, naming all of the above.
+  std::string message;
+};
+
+// The engine's clock (steady, nanoseconds) and its Unix time equivalent
+// (the offset between the two clocks is measured once per process).
+int64_t EngineNowNs();
+int64_t EngineToUnixNs(int64_t engine_ns);
+
+// A phase of one bucket: when it first ran and for how long in total (a
+// chunked bucket runs a phase several times). start_ns 0: it did not run.
+struct PhaseSpan {
+  int64_t start_ns = 0;
+  int64_t duration_ns = 0;
+  void Add(int64_t start, int64_t ns) {
+    if (start_ns == 0) start_ns = start;
+    duration_ns += ns;
+  }
+};
+
+// Filled by a reducer (BucketWork::timing) for the bucket it reduces. The
+// fused single-node pass counts as local reduce; a multi-node bucket whose
+// local sum and write-back the backend folds into its ring counts as
+// network.
+struct BucketTiming {
+  PhaseSpan local_reduce;
+  PhaseSpan network;
+  PhaseSpan write_back;
+};
+
+// One bucket of one iteration, reduced. Engine clock throughout.
+struct BucketEvent {
+  uint64_t iteration = 0;
+  int bucket = 0;
+  int num_buckets = 0;  // buckets in the job's plan for this iteration
+  uint64_t bytes = 0;   // payload of the bucket (per rank)
+  // When the engine saw the first local rank hand the bucket over (0: not
+  // known, e.g. in a join iteration); when it handed the bucket to the
+  // reducer; when the result was published.
+  int64_t first_ready_ns = 0;
+  int64_t start_ns = 0;
+  int64_t done_ns = 0;
+  BucketTiming phases;
+  // By local rank: when the engine saw it hand the bucket over (0: unknown).
+  absl::Span<const int64_t> rank_ready_ns;
+};
+
+// One iteration whose every bucket has been reduced.
+struct IterationEvent {
+  uint64_t iteration = 0;
+  // Since the previous iteration ended (0 for the first one this job saw).
+  int64_t step_ns = 0;
+  // Time some bucket was with the reducer (union of the buckets' spans from
+  // start to done), and the part of it before the last bucket was handed
+  // over, i.e. while the trainers were still in backward.
+  int64_t communication_ns = 0;
+  int64_t overlapped_ns = 0;
+};
+
+class JobEventSinkInterface {
+ public:
+  virtual ~JobEventSinkInterface() = default;
+  virtual void OnBucket(const BucketEvent& event) {}
+  virtual void OnIteration(const IterationEvent& event) {}
+  virtual void OnStall(const StallReport& report) {}
+  // The job failed (the first failure only; not the end of a job whose
+  // ranks all left).
+  virtual void OnFailed(absl::StatusCode code, absl::string_view message) {}
+};
+
+// What the job manager knows of a job when it becomes active.
+struct JobInfo {
+  std::string job_id;
+  int local_world_size = 0;
+  int node_rank = 0;
+  int num_nodes = 1;
+  // Shared memory the daemon holds for the job (every rank's memory and the
+  // control blocks).
+  uint64_t shared_memory_bytes = 0;
+};
+
+class EngineEventSinkInterface {
+ public:
+  virtual ~EngineEventSinkInterface() = default;
+  // An Attach was answered with `code`.
+  virtual void OnAttach(absl::StatusCode code) {}
+  // A local rank of an active job went away: clean (Detach) or its session
+  // closed.
+  virtual void OnDetach(bool clean) {}
+  // A job became active; the returned sink (may be null) gets the job's
+  // events and is destroyed when the job ends.
+  virtual std::unique_ptr<JobEventSinkInterface> OnJobStarted(
+      const JobInfo& job) {
+    return nullptr;
+  }
+};
+
+// Forwards every event to each of its sinks, in order. Owns the sinks it was
+// given as unique_ptrs; the raw ones must outlive it.
+class JobEventFanOut final : public JobEventSinkInterface {
+ public:
+  void Add(JobEventSinkInterface* sink) {
+    if (sink != nullptr) sinks_.push_back(sink);
+  }
+  void Add(std::unique_ptr<JobEventSinkInterface> sink) {
+    Add(sink.get());
+    if (sink != nullptr) owned_.push_back(std::move(sink));
+  }
+  void OnBucket(const BucketEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnBucket(event);
+  }
+  void OnIteration(const IterationEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnIteration(event);
+  }
+  void OnStall(const StallReport& report) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnStall(report);
+  }
+  void OnFailed(absl::StatusCode code, absl::string_view message) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnFailed(code, message);
+  }
+
+ private:
+  std::vector<JobEventSinkInterface*> sinks_;
+  std::vector<std::unique_ptr<JobEventSinkInterface>> owned_;
+};
+
+// The daemon-wide fan-out: the per-job sinks of all its sinks, fanned out.
+class EngineEventFanOut final : public EngineEventSinkInterface {
+ public:
+  // `sink` must outlive this object.
+  void Add(EngineEventSinkInterface* sink) {
+    if (sink != nullptr) sinks_.push_back(sink);
+  }
+  void OnAttach(absl::StatusCode code) override {
+    for (EngineEventSinkInterface* s : sinks_) s->OnAttach(code);
+  }
+  void OnDetach(bool clean) override {
+    for (EngineEventSinkInterface* s : sinks_) s->OnDetach(clean);
+  }
+  std::unique_ptr<JobEventSinkInterface> OnJobStarted(
+      const JobInfo& job) override;
+
+ private:
+  std::vector<EngineEventSinkInterface*> sinks_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_OBSERVE_JOB_EVENTS_H_

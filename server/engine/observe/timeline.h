@@ -1,0 +1,62 @@
+// Timeline: one job's most recent bucket events, in a bounded ring that
+// `graddctl trace` turns into a Chrome/Perfetto trace (tools/graddctl/trace.h,
+// from the admin API's GetTrace).
+//
+// Per reduced bucket it keeps each local rank's "ready" span (from when the
+// engine saw the rank hand the bucket over to when the bucket started: how
+// long that rank waited for the others) and the node's "local_reduce",
+// "network" and "write_back" spans and its "done" instant. The ring is
+// allocated once (capacity entries); the oldest entries are overwritten.
+//
+// Threads: OnBucket from the job's completion thread (one short lock, no
+// allocation); Snapshot from any thread.
+#ifndef GRADD_SERVER_ENGINE_OBSERVE_TIMELINE_H_
+#define GRADD_SERVER_ENGINE_OBSERVE_TIMELINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/engine/observe/job_events.h"
+
+namespace gradd {
+
+class Timeline final : public JobEventSinkInterface {
+ public:
+  // Keeps the last `capacity` events (at least 1).
+  explicit Timeline(size_t capacity);
+
+  void OnBucket(const BucketEvent& event) override;
+
+  // The events in the ring, oldest first, times in Unix nanoseconds.
+  std::vector<TimelineEvent> Snapshot() const;
+  size_t capacity() const { return ring_.size(); }
+
+ private:
+  enum class Phase : uint8_t {
+    kReady,
+    kLocalReduce,
+    kNetwork,
+    kWriteBack,
+    kDone
+  };
+  struct Entry {
+    uint64_t iteration = 0;
+    int32_t bucket = 0;
+    int32_t local_rank = -1;
+    Phase phase = Phase::kDone;
+    int64_t start_ns = 0;  // engine clock
+    int64_t duration_ns = 0;
+  };
+  void Push(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_OBSERVE_TIMELINE_H_
