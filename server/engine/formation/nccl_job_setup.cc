@@ -9,6 +9,10 @@
 #include "common/status_macros.h"
 #include "server/logging.h"
 
+#if GRADD_HAVE_CUDA
+#include "server/engine/formation/cuda/nccl_job_platform.h"
+#endif
+
 namespace gradd {
 namespace {
 
@@ -140,6 +144,16 @@ absl::StatusOr<std::shared_ptr<NcclJobSetup>> SetUpNcclBetweenNodes(
         setup.world);
   }
   return std::make_shared<NcclJobSetup>(std::move(setup));
+}
+
+NcclJobPlatformInterface* DaemonNcclJobPlatform() {
+#if GRADD_HAVE_CUDA
+  static NcclJobPlatformInterface* platform = new CudaNcclJobPlatform(
+      nccl::NcclLibrary::Get(), cuda::CudaDriver::Get());
+  return platform;
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace gradd

@@ -99,6 +99,11 @@ SetUpNcclBetweenNodes(RendezvousStoreInterface& store,
                       NcclJobSetupOptions options,
                       const std::vector<int>& rank_devices, absl::Time limit);
 
+// The daemon's platform for SetUpNcclBetweenNodes: the process's NCCL and
+// CUDA driver (CudaNcclJobPlatform) on real GPUs, null in a daemon built
+// without CUDA. Process-wide, never freed; any thread.
+NcclJobPlatformInterface* DaemonNcclJobPlatform();
+
 }  // namespace gradd
 
 #endif  // GRADD_SERVER_ENGINE_FORMATION_NCCL_JOB_SETUP_H_

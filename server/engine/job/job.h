@@ -78,11 +78,10 @@
 #include "server/engine/observe/stall_inspector.h"
 #include "server/engine/observe/timeline.h"
 #include "server/engine/reduce/bucket_reducer.h"
+#include "server/engine/reduce/device_reducer.h"
 #include "server/hooks/comm_hook_factory.h"
 
 namespace gradd {
-
-struct NcclJobSetup;
 
 struct JobSpec {
   std::string job_id;
@@ -135,6 +134,9 @@ struct JobSpec {
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
   }
+  // What the device reducer is given of the job (reduce/device_reducer.h,
+  // WrapDeviceReducer; job_device.cc).
+  DeviceJobSpec device_spec() const;
 };
 
 class Job {

@@ -1,11 +1,28 @@
-// Job's GPU memory: each rank's device allocation for the plan's CUDA
+// Job's GPU side: each rank's device allocation for the plan's CUDA
 // buckets, made on the rank's GPU by the job's device allocator and handed
-// to the rank as an fd (the fifth one of the fd message).
+// to the rank as an fd (the fifth one of the fd message); and what the
+// device reducer is given of the job (JobSpec::device_spec).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/engine/job/job.h"
 
 namespace gradd {
+
+DeviceJobSpec JobSpec::device_spec() const {
+  DeviceJobSpec d;
+  d.job_id = job_id;
+  d.local_world_size = local_world_size;
+  d.node_rank = node_rank;
+  d.num_nodes = num_nodes;
+  d.world_size = global_world_size();
+  d.params = params;
+  d.plan = plan;
+  d.devices = devices;
+  d.rank_devices = rank_devices;
+  d.collective_timeout = collective_timeout;
+  d.nccl_between_nodes = nccl_between_nodes;
+  return d;
+}
 
 absl::Status Job::AllocateDeviceMemory() {
   device_region_bytes_ = MaxPlanBytes(spec_.params, DeviceKind::kCuda);

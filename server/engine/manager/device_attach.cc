@@ -3,15 +3,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/device.h"
+#include "server/engine/reduce/device_reducer.h"
 
 namespace gradd {
-
-bool HasCudaParams(const std::vector<ParamInfo>& params) {
-  for (const ParamInfo& p : params) {
-    if (p.device == DeviceKind::kCuda) return true;
-  }
-  return false;
-}
 
 absl::StatusOr<int> ResolveRankDevice(const v1::AttachRequest& request,
                                       const std::vector<ParamInfo>& params,

@@ -30,8 +30,6 @@ absl::StatusOr<int> ResolveRankDevice(const v1::AttachRequest& request,
                                       DeviceAllocatorInterface& devices,
                                       const std::string& who);
 
-bool HasCudaParams(const std::vector<ParamInfo>& params);
-
 }  // namespace gradd
 
 #endif  // GRADD_SERVER_ENGINE_MANAGER_DEVICE_ATTACH_H_

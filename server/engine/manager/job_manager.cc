@@ -767,8 +767,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   }
   const uint64_t formation = next_formation_++;
   p.formation = formation;
-  NcclJobPlatformInterface* nccl =
-      UsesDeviceReducer(spec) ? DaemonNcclJobPlatform() : nullptr;
+  NcclJobPlatformInterface* nccl = UsesDeviceReducer(spec.params, spec.devices)
+                                       ? DaemonNcclJobPlatform()
+                                       : nullptr;
   // The rendezvous blocks (up to the join timeout) and so may finding the
   // coordinator (name resolution); both run on a thread of their own and
   // post back through the mailbox, which outlives this object, as does the
@@ -894,7 +895,9 @@ void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
     absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
   PendingJob& p = pending_.at(job_id);
-  if (reducer.ok()) reducer = WrapDeviceReducer(spec, *std::move(reducer));
+  if (reducer.ok()) {
+    reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));
+  }
   absl::StatusOr<std::unique_ptr<Job>> job =
       reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
                    : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());

@@ -6,6 +6,7 @@
 // (the fake's memory is host memory, so the host reducer runs them).
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
+#include "server/engine/reduce/device_reducer.h"
 #include "tests/unit/server/fake_session_registry.h"
 #include "tests/unit/server/test_rank.h"
 
@@ -232,6 +234,72 @@ TEST_F(DeviceJobTest, TwoRanksOnOneGpuAverageThroughDeviceMemory) {
   ranks.clear();
   manager_->Stop();
   EXPECT_EQ(fake.live_allocations(), 0);
+}
+
+// What the device reducer is given of a job (JobSpec::device_spec,
+// reduce/device_reducer.h): the job's description, its global world size
+// resolved the way the job resolves it.
+TEST(DeviceJobSpecTest, CarriesWhatTheDeviceReducerNeeds) {
+  FakeDeviceAllocator fake({kGpu0, kGpu1});
+  JobSpec spec;
+  spec.job_id = "gpu-job";
+  spec.local_world_size = 2;
+  spec.params = {ParamInfo{"w", {10, 100}, DType::kFloat32, DeviceKind::kCuda},
+                 ParamInfo{"c", {4}, DType::kFloat32, DeviceKind::kCpu}};
+  absl::StatusOr<BucketPlan> plan = PlanBuckets(spec.params, PlannerOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  spec.plan = *plan;
+  spec.devices = &fake;
+  spec.rank_devices = {1, 0};
+  spec.collective_timeout = std::chrono::milliseconds(1234);
+  // One node: the world is the local one.
+  EXPECT_EQ(spec.device_spec().world_size, 2);
+
+  spec.node_rank = 1;
+  spec.num_nodes = 3;
+  spec.world_size = 6;
+  spec.nccl_between_nodes = std::make_shared<NcclJobSetup>();
+  const DeviceJobSpec d = spec.device_spec();
+  EXPECT_EQ(d.job_id, "gpu-job");
+  EXPECT_EQ(d.local_world_size, 2);
+  EXPECT_EQ(d.node_rank, 1);
+  EXPECT_EQ(d.num_nodes, 3);
+  EXPECT_EQ(d.world_size, 6);
+  ASSERT_EQ(d.params.size(), 2u);
+  EXPECT_EQ(d.params[0].name, "w");
+  EXPECT_EQ(d.params[0].device, DeviceKind::kCuda);
+  EXPECT_EQ(d.plan.buckets.size(), spec.plan.buckets.size());
+  EXPECT_EQ(d.plan.device_bytes, spec.plan.device_bytes);
+  EXPECT_EQ(d.devices, &fake);
+  EXPECT_EQ(d.rank_devices, (std::vector<int>{1, 0}));
+  EXPECT_EQ(d.collective_timeout, std::chrono::milliseconds(1234));
+  EXPECT_EQ(d.nccl_between_nodes, spec.nccl_between_nodes);
+}
+
+// A device reducer only for CUDA parameters in device memory the host
+// cannot address; host-addressable fakes keep the host reducer as is.
+TEST(DeviceJobSpecTest, OnlyCudaParametersOnRealDevicesGetADeviceReducer) {
+  FakeDeviceAllocator fake({kGpu0});
+  const std::vector<ParamInfo> cuda = {
+      {"w", {4}, DType::kFloat32, DeviceKind::kCuda},
+      {"c", {4}, DType::kFloat32, DeviceKind::kCpu}};
+  const std::vector<ParamInfo> cpu = {
+      {"c", {4}, DType::kFloat32, DeviceKind::kCpu}};
+  EXPECT_TRUE(HasCudaParams(cuda));
+  EXPECT_FALSE(HasCudaParams(cpu));
+  EXPECT_TRUE(UsesDeviceReducer(cuda, nullptr));
+  EXPECT_FALSE(UsesDeviceReducer(cuda, &fake));
+  EXPECT_FALSE(UsesDeviceReducer(cpu, nullptr));
+
+  DeviceJobSpec spec;
+  spec.job_id = "cpu-job";
+  spec.params = cpu;
+  auto host = std::make_unique<FusedReducer>(nullptr, 1);
+  BucketReducerInterface* const host_ptr = host.get();
+  absl::StatusOr<std::unique_ptr<BucketReducerInterface>> wrapped =
+      WrapDeviceReducer(spec, std::move(host));
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  EXPECT_EQ(wrapped->get(), host_ptr);
 }
 
 }  // namespace

@@ -12,19 +12,19 @@
 namespace gradd {
 
 CudaBucketReducer::CudaBucketReducer(
-    const JobSpec& spec, const cuda::CudaDriver* driver,
+    const DeviceJobSpec& spec, const cuda::CudaDriver* driver,
     std::unique_ptr<BucketReducerInterface> host)
     : job_id_(spec.job_id),
       world_(spec.local_world_size),
       node_rank_(spec.node_rank),
       num_nodes_(spec.num_nodes),
-      divisor_(spec.global_world_size()),
+      divisor_(spec.world_size),
       timeout_(spec.collective_timeout),
       driver_(driver),
       host_(std::move(host)) {}
 
 absl::StatusOr<std::unique_ptr<BucketReducerInterface>>
-CudaBucketReducer::Create(const JobSpec& spec,
+CudaBucketReducer::Create(const DeviceJobSpec& spec,
                           std::unique_ptr<BucketReducerInterface> host) {
   const std::string job = absl::StrCat("job '", spec.job_id, "'");
   ASSIGN_OR_RETURN(const cuda::CudaDriver* driver, cuda::CudaDriver::Get());

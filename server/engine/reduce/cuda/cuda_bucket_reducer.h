@@ -21,17 +21,17 @@
 // when NCCL reports an error or the collective timeout passes, so a stuck
 // collective never hangs the job.
 //
-// Several nodes, NCCL between them (JobSpec::nccl_between_nodes connected
-// on every node at formation, nccl_job_setup.h): the same collective path
-// over the formation's communicators, which span every GPU of the job on
-// every node (this node's GPUs are NCCL ranks first_rank.. in group
-// order), divided by the global world size. The engine starts a bucket as
-// soon as its local ranks are ready, which can differ between nodes, so
-// the CUDA buckets go through a PlanOrderGate (plan_order_gate.h): each
-// node issues its allreduces in (iteration, plan index) order. The
-// communicators are non-blocking (created with a timeout): a group call
-// that answers ncclInProgress is polled until enqueued, bounded by the
-// collective timeout.
+// Several nodes, NCCL between them (DeviceJobSpec::nccl_between_nodes
+// connected on every node at formation, formation/nccl_job_setup.h): the
+// same collective path over the formation's communicators, which span
+// every GPU of the job on every node (this node's GPUs are NCCL ranks
+// first_rank.. in group order), divided by the global world size. The
+// engine starts a bucket as soon as its local ranks are ready, which can
+// differ between nodes, so the CUDA buckets go through a PlanOrderGate
+// (plan_order_gate.h): each node issues its allreduces in (iteration, plan
+// index) order. The communicators are non-blocking (created with a
+// timeout): a group call that answers ncclInProgress is polled until
+// enqueued, bounded by the collective timeout.
 //
 // Staged (host_staging.h): the buckets whose semantics only the host
 // reducers implement go through pinned host memory and the wrapped host
@@ -107,8 +107,8 @@
 #include "common/device_memory.h"
 #include "server/backends/nccl/nccl_library.h"
 #include "server/engine/formation/nccl_job_setup.h"
-#include "server/engine/job/job.h"
 #include "server/engine/reduce/bucket_reducer.h"
+#include "server/engine/reduce/device_reducer.h"
 #include "server/engine/reduce/host_staging.h"
 #include "server/engine/reduce/plan_order_gate.h"
 
@@ -118,7 +118,7 @@ class CudaBucketReducer final : public BucketReducerInterface,
                                 private StagingDeviceInterface {
  public:
   static absl::StatusOr<std::unique_ptr<BucketReducerInterface>> Create(
-      const JobSpec& spec, std::unique_ptr<BucketReducerInterface> host);
+      const DeviceJobSpec& spec, std::unique_ptr<BucketReducerInterface> host);
   ~CudaBucketReducer() override;
 
   void Start(const BucketWork& work, Completion done) override;
@@ -151,7 +151,7 @@ class CudaBucketReducer final : public BucketReducerInterface,
     Completion done;
   };
 
-  CudaBucketReducer(const JobSpec& spec, const cuda::CudaDriver* driver,
+  CudaBucketReducer(const DeviceJobSpec& spec, const cuda::CudaDriver* driver,
                     std::unique_ptr<BucketReducerInterface> host);
   std::string Where(int bucket) const;
   // NCCL between nodes: a bucket that goes another way only moves the
