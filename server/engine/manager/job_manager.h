@@ -2,6 +2,11 @@
 // liveness. Implements the Node RPC handler (rpc/node_handler.h) and observes
 // session sockets (engine/manager/session_registry.h).
 //
+// Files: the control loop and RPC entry points (job_manager.cc), pending
+// attaches (job_manager_attach.cc; their checks in attach_validation.h),
+// the hand-off to an active job (job_manager_formation.cc), the admin view
+// (job_manager_snapshot.cc).
+//
 // Threads: one control thread owns all state below (pending attaches, active
 // jobs, session bindings); HandleAttach/HandleDetach/OnSessionClosed only
 // post to it and return. Each active Job runs its own engine thread, so a
@@ -62,11 +67,6 @@
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
-
-// Static checks of one Attach request against the daemon's limits; returns
-// the parameters in planner form. Exposed for tests.
-absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
-    const v1::AttachRequest& request, const v1::DaemonConfig& config);
 
 class JobManager final : public NodeHandlerInterface,
                          public SessionObserverInterface {
@@ -198,10 +198,7 @@ class JobManager final : public NodeHandlerInterface,
   absl::Time NextDeadline() const;
   // Stamps every active job's heartbeat when it is due.
   void Beat(absl::Time now);
-  void ExpireAttaches(absl::Time now);
 
-  void DoAttach(v1::AttachRequest request, absl::Time deadline,
-                AttachCallback done);
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
   // NOT_FOUND naming `who` unless session `session_id` attached local rank
@@ -213,7 +210,18 @@ class JobManager final : public NodeHandlerInterface,
                  RebuildCallback done);
   void DoSetCommHook(const v1::CommHookSetRequest& request,
                      SetCommHookCallback done);
+  void RankGone(const std::string& job_id, int rank, bool detached);
+
+  // Pending attaches (job_manager_attach.cc).
+  void DoAttach(v1::AttachRequest request, absl::Time deadline,
+                AttachCallback done);
+  void ExpireAttaches(absl::Time now);
+  void FailPending(const std::string& job_id, const absl::Status& status);
+  // Every local rank attached: checks that they agree, plans and makes the
+  // job's spec, then activates it or starts its formation.
   void FormJob(const std::string& job_id);
+
+  // Pending to active (job_manager_formation.cc).
   // Multi-node: starts the formation thread for a pending job whose local
   // ranks agree; `spec` is the local part of the job.
   void StartNodeFormation(const std::string& job_id, JobSpec spec);
@@ -224,8 +232,6 @@ class JobManager final : public NodeHandlerInterface,
   void Activate(
       const std::string& job_id, JobSpec spec,
       absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer);
-  void FailPending(const std::string& job_id, const absl::Status& status);
-  void RankGone(const std::string& job_id, int rank, bool detached);
 
   const v1::DaemonConfig config_;
   SessionRegistryInterface* const sessions_;

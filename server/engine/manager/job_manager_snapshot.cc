@@ -7,16 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engine/manager/attach_validation.h"
 #include "server/engine/manager/job_manager.h"
 
 namespace gradd {
 namespace {
 
 constexpr absl::Duration kStopSlice = absl::Milliseconds(100);
-
-int NumNodesOf(const v1::AttachRequest& r) {
-  return std::max(1, r.num_nodes());
-}
 
 }  // namespace
 
@@ -83,7 +80,7 @@ JobSnapshot JobManager::SnapshotOf(const std::string& id,
     s.ranks.push_back(rank);
   }
   if (first != nullptr) {
-    s.num_nodes = NumNodesOf(first->request);
+    s.num_nodes = NumNodes(first->request);
     s.node_rank =
         first->request.has_node_rank() ? first->request.node_rank() : 0;
     s.has_used_map = FindUsedMapParam(first->params) >= 0;

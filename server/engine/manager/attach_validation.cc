@@ -1,0 +1,284 @@
+#include "server/engine/manager/attach_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "server/hooks/comm_hook_factory.h"
+
+namespace gradd {
+namespace {
+
+constexpr size_t kMaxJobIdBytes = 256;
+constexpr size_t kMaxParamNameBytes = 4096;
+constexpr int kMaxDims = 32;
+constexpr double kMiB = 1 << 20;
+constexpr int kMaxNodes = 65536;
+constexpr size_t kMaxNodeIdBytes = 256;
+
+bool JobIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') ||
+         absl::string_view("._:@/+=-").find(c) != absl::string_view::npos;
+}
+
+std::string DescribeParam(const ParamInfo& p) {
+  return absl::StrCat("'", p.name, "' [", absl::StrJoin(p.shape, ", "), "] ",
+                      std::string(DTypeName(p.dtype)),
+                      p.device == DeviceKind::kCpu ? "" : " on cuda");
+}
+
+bool SameParam(const ParamInfo& a, const ParamInfo& b) {
+  return a.name == b.name && a.shape == b.shape && a.dtype == b.dtype &&
+         a.device == b.device;
+}
+
+// First difference between two ranks' models, or OK.
+absl::Status CompareModels(const std::string& job_id, int ra,
+                           const std::vector<ParamInfo>& a, int rb,
+                           const std::vector<ParamInfo>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  std::string head = absl::StrCat("local ranks ", ra, " and ", rb, " of job '",
+                                  job_id, "' registered different models: ");
+  for (size_t i = 0; i < n; ++i) {
+    if (SameParam(a[i], b[i])) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        head, "parameter ", i, " is ", DescribeParam(a[i]), " on local rank ",
+        ra, " but ", DescribeParam(b[i]), " on local rank ", rb));
+  }
+  if (a.size() != b.size()) {
+    const bool a_longer = a.size() > b.size();
+    const ParamInfo& extra = a_longer ? a[n] : b[n];
+    return absl::InvalidArgumentError(absl::StrCat(
+        head, "local rank ", ra, " registered ", a.size(),
+        " parameters and local rank ", rb, " registered ", b.size(),
+        "; parameter ", n, " is ", DescribeParam(extra), " on local rank ",
+        a_longer ? ra : rb, " and missing on local rank ", a_longer ? rb : ra));
+  }
+  return absl::OkStatus();
+}
+
+double CapOr(double requested, double fallback) {
+  return requested > 0 ? requested : fallback;
+}
+
+// What the local ranks of one node must agree on for a multi-node job.
+std::string NodeSetup(const v1::AttachRequest& r) {
+  return absl::StrCat(
+      "num_nodes ", NumNodes(r), ", node rank ",
+      r.has_node_rank() ? absl::StrCat(r.node_rank()) : std::string("auto"),
+      ", node id '", r.node_id(), "', coordinator '", r.coordinator(), "'");
+}
+
+}  // namespace
+
+int NumNodes(const v1::AttachRequest& r) { return std::max(1, r.num_nodes()); }
+
+absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
+    const v1::AttachRequest& req, const v1::DaemonConfig& config) {
+  const std::string& id = req.job_id();
+  if (id.empty()) {
+    return absl::InvalidArgumentError("job id is empty");
+  }
+  if (id.size() > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id is ", id.size(), " bytes; the limit is ", kMaxJobIdBytes));
+  }
+  for (char c : id) {
+    if (!JobIdChar(c)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job id '", absl::CEscape(id), "' contains '", absl::CEscape({&c, 1}),
+          "'; allowed are letters, digits and ._:@/+=-"));
+    }
+  }
+  const std::string job = absl::StrCat("job '", id, "'");
+  if (req.local_world_size() < 1 ||
+      static_cast<uint32_t>(req.local_world_size()) >
+          config.max_local_world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(job, ": local world size ", req.local_world_size(),
+                     " is outside 1..", config.max_local_world_size()));
+  }
+  if (req.local_rank() < 0 || req.local_rank() >= req.local_world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        job, ": local rank ", req.local_rank(),
+        " is out of range for local world size ", req.local_world_size(),
+        " (valid: 0..", req.local_world_size() - 1, ")"));
+  }
+  const std::string who =
+      absl::StrCat("local rank ", req.local_rank(), " of ", job);
+  if (req.num_nodes() < 0 || req.num_nodes() > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": num_nodes ", req.num_nodes(), " is outside 0..",
+                     kMaxNodes, " (0 = single node)"));
+  }
+  if (req.has_node_rank() &&
+      (req.node_rank() < 0 || req.node_rank() >= NumNodes(req))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": node rank ", req.node_rank(),
+                     " is out of range for ", NumNodes(req), " node(s)"));
+  }
+  if (req.node_id().size() > kMaxNodeIdBytes ||
+      !std::all_of(req.node_id().begin(), req.node_id().end(), JobIdChar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": node id '", absl::CEscape(req.node_id()),
+                     "' must be at most 256 letters, digits and ._:@/+=-"));
+  }
+  for (auto [name, cap] :
+       {std::pair<const char*, double>{"bucket_cap_mb", req.bucket_cap_mb()},
+        {"first_bucket_cap_mb", req.first_bucket_cap_mb()}}) {
+    if (!std::isfinite(cap) || cap < 0 || cap > kMiB) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": ", name, " = ", cap, " must be in [0, 1048576] (0 = the ",
+          "daemon's default)"));
+    }
+  }
+  if (req.broadcast_bytes() > config.max_job_memory_bytes()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": broadcast_bytes ", req.broadcast_bytes(),
+                     " exceeds the daemon's per-job memory limit of ",
+                     config.max_job_memory_bytes()));
+  }
+  // No parameters: a collective-only job (e.g. a torch.distributed process
+  // group), which only makes sense with a collective area.
+  if (req.params().empty() && req.broadcast_bytes() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who,
+                     " registered no parameters and no collective area "
+                     "(broadcast_bytes 0); a collective-only job needs "
+                     "collective_bytes > 0"));
+  }
+  RETURN_IF_ERROR(ValidateCommHookSpec(req.comm_hook(), who));
+  if (static_cast<uint32_t>(req.params_size()) > config.max_params()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, " registered ", req.params_size(),
+                     " parameters; the limit is ", config.max_params()));
+  }
+  std::vector<ParamInfo> params;
+  params.reserve(req.params_size());
+  uint64_t total_bytes = 0;
+  for (int i = 0; i < req.params_size(); ++i) {
+    const v1::ParamSpec& p = req.params(i);
+    if (p.name().empty() || p.name().size() > kMaxParamNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": parameter ", i, " has ",
+          p.name().empty() ? "an empty name" : "a name over 4096 bytes"));
+    }
+    absl::StatusOr<DType> dtype = DTypeFromInt(p.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": unsupported dtype ", v1::DType_Name(p.dtype()), " (",
+          static_cast<int>(p.dtype()), ") for parameter '", p.name(),
+          "' (index ", i, "); supported: float32, float64, float16, bfloat16"));
+    }
+    absl::StatusOr<DeviceKind> device = DeviceKindFromInt(p.device());
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": parameter '", p.name(), "' (index ", i,
+                       "): ", device.status().message()));
+    }
+    if (*device == DeviceKind::kCuda && req.cuda_device().uuid().size() != 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": parameter '", p.name(), "' is on CUDA but the attach names ",
+          req.has_cuda_device() ? "a GPU UUID that is not 16 bytes" : "no GPU",
+          " (AttachRequest.cuda_device)"));
+    }
+    if (p.shape_size() > kMaxDims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": parameter '", p.name(), "' has ", p.shape_size(),
+                       " dimensions; the limit is ", kMaxDims));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : p.shape()) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": parameter '", p.name(), "' has a negative dimension (",
+            absl::StrJoin(p.shape(), ", "), ")"));
+      }
+      if (d != 0 && numel > config.max_job_memory_bytes() / d) {
+        numel = std::numeric_limits<uint64_t>::max();
+        break;
+      }
+      numel *= d;
+    }
+    const size_t elem = DTypeSize(*dtype);
+    if (numel > config.max_job_memory_bytes() / elem ||
+        total_bytes + numel * elem > config.max_job_memory_bytes()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(who, ": parameters up to '", p.name(),
+                       "' exceed the daemon's per-job memory limit of ",
+                       config.max_job_memory_bytes(), " bytes"));
+    }
+    total_bytes += numel * elem;
+    params.push_back(ParamInfo{
+        p.name(), {p.shape().begin(), p.shape().end()}, *dtype, *device});
+  }
+  return params;
+}
+
+absl::Status CompareLocalAttach(const std::string& job_id, int r,
+                                const v1::AttachRequest& first,
+                                const std::vector<ParamInfo>& first_params,
+                                const v1::AttachRequest& other,
+                                const std::vector<ParamInfo>& other_params,
+                                const v1::DaemonConfig& config) {
+  absl::Status same = CompareModels(job_id, 0, first_params, r, other_params);
+  if (same.ok() &&
+      (CapOr(first.bucket_cap_mb(), config.bucket_cap_mb()) !=
+           CapOr(other.bucket_cap_mb(), config.bucket_cap_mb()) ||
+       CapOr(first.first_bucket_cap_mb(), config.first_bucket_cap_mb()) !=
+           CapOr(other.first_bucket_cap_mb(), config.first_bucket_cap_mb()))) {
+    same = absl::InvalidArgumentError(absl::StrCat(
+        "local ranks 0 and ", r, " of job '", job_id,
+        "' asked for different bucket caps (", first.bucket_cap_mb(), "/",
+        first.first_bucket_cap_mb(), " MiB vs ", other.bucket_cap_mb(), "/",
+        other.first_bucket_cap_mb(), " MiB)"));
+  }
+  if (same.ok() && !google::protobuf::util::MessageDifferencer::Equals(
+                       NormalizeCommHookSpec(first.comm_hook()),
+                       NormalizeCommHookSpec(other.comm_hook()))) {
+    same = absl::InvalidArgumentError(
+        absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                     "' asked for different communication hooks ('",
+                     DescribeCommHook(first.comm_hook()), "' vs '",
+                     DescribeCommHook(other.comm_hook()), "')"));
+  }
+  if (same.ok() && first.broadcast_bytes() != other.broadcast_bytes()) {
+    same = absl::InvalidArgumentError(absl::StrCat(
+        "local ranks 0 and ", r, " of job '", job_id,
+        "' asked for different broadcast areas (", first.broadcast_bytes(),
+        " vs ", other.broadcast_bytes(), " bytes)"));
+  }
+  return same;
+}
+
+absl::Status CompareNodeSetup(const std::string& job_id, int r,
+                              const v1::AttachRequest& first,
+                              const v1::AttachRequest& other) {
+  if (NodeSetup(first) == NodeSetup(other)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                   "' disagree on the multi-node setup: ", NodeSetup(first),
+                   " vs ", NodeSetup(other)));
+}
+
+PlannerOptions PlannerOptionsFor(const v1::AttachRequest& request,
+                                 const v1::DaemonConfig& config) {
+  PlannerOptions options;
+  options.bucket_cap_bytes = static_cast<size_t>(
+      CapOr(request.bucket_cap_mb(), config.bucket_cap_mb()) * kMiB);
+  options.first_bucket_cap_bytes = static_cast<size_t>(
+      CapOr(request.first_bucket_cap_mb(), config.first_bucket_cap_mb()) *
+      kMiB);
+  return options;
+}
+
+}  // namespace gradd

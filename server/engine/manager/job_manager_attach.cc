@@ -1,0 +1,220 @@
+// JobManager's pending attaches (job_manager.h): a rank's Attach checked and
+// bound to its session, the ranks that wait for the others (expired at
+// their deadline), and, once every local rank of the job is there, their
+// agreement (attach_validation.h), the plan, the memory check and the job's
+// spec, handed on to the single-node activation or the multi-node
+// formation (job_manager_formation.cc). Control thread only.
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/engine/manager/attach_validation.h"
+#include "server/engine/manager/device_attach.h"
+#include "server/engine/manager/job_manager.h"
+#include "server/engine/manager/job_memory.h"
+#include "server/logging.h"
+
+namespace gradd {
+
+void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
+                          AttachCallback done) {
+  if (shutting_down_) {
+    std::move(done)(absl::UnavailableError(shutdown_message_));
+    return;
+  }
+  absl::StatusOr<std::vector<ParamInfo>> params =
+      ValidateAttachRequest(request, config_);
+  if (!params.ok()) {
+    std::move(done)(params.status());
+    return;
+  }
+  const std::string& id = request.job_id();
+  const int rank = request.local_rank();
+  const std::string who =
+      absl::StrCat("local rank ", rank, " of job '", id, "'");
+  const uint64_t sid = request.session_id();
+  if (auto it = bound_.find(sid); it != bound_.end()) {
+    std::move(done)(absl::AlreadyExistsError(
+        absl::StrCat("session ", sid, " is already attached as local rank ",
+                     it->second.second, " of job '", it->second.first,
+                     "'; each rank needs its own session")));
+    return;
+  }
+  if (!sessions_->Claim(sid)) {
+    std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+        who, ": session ", sid,
+        " is not connected; connect to the daemon's session socket first and "
+        "pass the session id it sends")));
+    return;
+  }
+  absl::StatusOr<int> device =
+      ResolveRankDevice(request, *params, *devices_, who);
+  if (!device.ok()) {
+    std::move(done)(device.status());
+    return;
+  }
+  if (auto it = jobs_.find(id); it != jobs_.end()) {
+    const ActiveJob& active = it->second;
+    if (rank < static_cast<int>(active.sessions.size()) &&
+        active.sessions[rank] != 0) {
+      std::move(done)(
+          absl::AlreadyExistsError(absl::StrCat(who, " is already attached")));
+    } else {
+      std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+          "job '", id, "' is running and cannot take new ranks; ", who,
+          " can attach again once every rank of the job has detached")));
+    }
+    return;
+  }
+  auto it = pending_.find(id);
+  if (it == pending_.end()) {
+    if (pending_.size() + jobs_.size() >= config_.max_jobs()) {
+      std::move(done)(absl::ResourceExhaustedError(
+          absl::StrCat(who, ": the daemon already serves its maximum of ",
+                       config_.max_jobs(), " jobs")));
+      return;
+    }
+    PendingJob p;
+    p.world = request.local_world_size();
+    p.ranks.resize(p.world);
+    it = pending_.emplace(id, std::move(p)).first;
+  }
+  PendingJob& p = it->second;
+  if (p.world != request.local_world_size()) {
+    std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat(who, " says local world size ", request.local_world_size(),
+                     " but ranks already attached said ", p.world)));
+    return;
+  }
+  if (p.ranks[rank]) {
+    std::move(done)(absl::AlreadyExistsError(
+        absl::StrCat(who, " is already attached (session ",
+                     p.ranks[rank]->request.session_id(), ")")));
+    return;
+  }
+  const absl::Time limit = std::min(
+      deadline, absl::Now() + absl::Milliseconds(config_.attach_timeout_ms()));
+  bound_[sid] = {id, rank};
+  p.ranks[rank] = PendingRank{std::move(request), *std::move(params), limit,
+                              std::move(done), *device};
+  if (++p.count == p.world) FormJob(id);
+}
+
+void JobManager::ExpireAttaches(absl::Time now) {
+  std::vector<std::string> emptied;
+  for (auto& [id, p] : pending_) {
+    if (p.formation != 0) continue;  // bounded by the formation itself
+    std::vector<int> missing;
+    for (int r = 0; r < p.world; ++r) {
+      if (!p.ranks[r]) missing.push_back(r);
+    }
+    for (int r = 0; r < p.world; ++r) {
+      auto& slot = p.ranks[r];
+      if (!slot || slot->deadline > now) continue;
+      std::move(slot->done)(absl::DeadlineExceededError(absl::StrCat(
+          "job '", id, "': local rank ", r,
+          " timed out waiting for the other local ranks to attach; missing "
+          "local rank",
+          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+          " of local world size ", p.world)));
+      bound_.erase(slot->request.session_id());
+      slot.reset();
+      --p.count;
+    }
+    if (p.count == 0) emptied.push_back(id);
+  }
+  for (const std::string& id : emptied) pending_.erase(id);
+}
+
+void JobManager::FailPending(const std::string& job_id,
+                             const absl::Status& status) {
+  auto it = pending_.find(job_id);
+  if (it == pending_.end()) return;
+  spdlog::error("job '{}' failed to form: {}", job_id, status.ToString());
+  PendingJob p = std::move(it->second);
+  pending_.erase(it);
+  for (auto& r : p.ranks) {
+    if (!r) continue;
+    bound_.erase(r->request.session_id());
+    std::move(r->done)(status);
+  }
+}
+
+void JobManager::FormJob(const std::string& job_id) {
+  PendingJob& p = pending_.at(job_id);
+  const PendingRank& first = *p.ranks[0];
+  for (int r = 1; r < p.world; ++r) {
+    const PendingRank& other = *p.ranks[r];
+    if (absl::Status same =
+            CompareLocalAttach(job_id, r, first.request, first.params,
+                               other.request, other.params, config_);
+        !same.ok()) {
+      FailPending(job_id, same);
+      return;
+    }
+  }
+
+  const PlannerOptions options = PlannerOptionsFor(first.request, config_);
+  // A collective-only job has no buckets (the planner refuses no params).
+  absl::StatusOr<BucketPlan> plan =
+      first.params.empty() ? absl::StatusOr<BucketPlan>(BucketPlan{})
+                           : PlanBuckets(first.params, options);
+  if (!plan.ok()) {
+    FailPending(job_id, absl::Status(plan.status().code(),
+                                     absl::StrCat("job '", job_id, "': ",
+                                                  plan.status().message())));
+    return;
+  }
+  // Shared and device memory together (job_memory.h).
+  std::vector<int> rank_devices;
+  for (const auto& r : p.ranks) rank_devices.push_back(r->device);
+  if (absl::Status s = CheckJobMemory(
+          job_id,
+          JobMemoryNeedOf(first.params, *plan, first.request.broadcast_bytes(),
+                          rank_devices, NumNodes(first.request)),
+          config_.max_job_memory_bytes());
+      !s.ok()) {
+    FailPending(job_id, s);
+    return;
+  }
+
+  for (int r = 1; r < p.world; ++r) {
+    if (absl::Status same =
+            CompareNodeSetup(job_id, r, first.request, p.ranks[r]->request);
+        !same.ok()) {
+      FailPending(job_id, same);
+      return;
+    }
+  }
+
+  JobSpec spec;
+  spec.job_id = job_id;
+  spec.local_world_size = p.world;
+  spec.params = first.params;
+  spec.plan = *std::move(plan);
+  spec.planner = options;
+  spec.broadcast_bytes = first.request.broadcast_bytes();
+  spec.spin = std::chrono::microseconds(config_.spin_us());
+  spec.comm_hook = first.request.comm_hook().name().empty()
+                       ? config_.default_comm_hook()
+                       : first.request.comm_hook();
+  spec.hook_pool = pool_;
+  spec.timeline_events = config_.timeline_events();
+  spec.stall_warning = std::chrono::milliseconds(config_.stall_warning_ms());
+  spec.stall_shutdown = std::chrono::milliseconds(config_.stall_shutdown_ms());
+  spec.devices = devices_;
+  spec.collective_timeout =
+      std::chrono::milliseconds(config_.rendezvous().collective_timeout_ms());
+  spec.rank_devices = std::move(rank_devices);
+  if (NumNodes(first.request) > 1) {
+    StartNodeFormation(job_id, std::move(spec));
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer =
+      reducer_factory_(spec);
+  Activate(job_id, std::move(spec), std::move(reducer));
+}
+
+}  // namespace gradd

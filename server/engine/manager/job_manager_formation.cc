@@ -1,0 +1,269 @@
+// JobManager's hand-off from a pending job to an active one
+// (job_manager.h): for a multi-node job, the formation thread (rendezvous,
+// the other nodes, NCCL between them; formation/) and its result, posted
+// back to the control thread; then, for every job, its reducer, the Job,
+// every rank's fds and the Attach replies. Control thread, except the body
+// of the formation thread.
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "server/engine/manager/job_manager.h"
+#include "server/engine/reduce/device_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
+#include "server/logging.h"
+#include "server/rendezvous/host_addresses.h"
+#include "server/rendezvous/rendezvous_client.h"
+
+namespace gradd {
+namespace {
+
+// A formation gives up this much before the earliest Attach deadline of its
+// ranks, so they read the rendezvous' reason rather than a bare timeout.
+constexpr absl::Duration kFormationMargin = absl::Milliseconds(500);
+
+}  // namespace
+
+void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
+  PendingJob& p = pending_.at(job_id);
+  const v1::AttachRequest& request = p.ranks[0]->request;
+  const v1::RendezvousConfig& rv = config_.rendezvous();
+  absl::Time limit = absl::InfiniteFuture();
+  for (const auto& r : p.ranks) limit = std::min(limit, r->deadline);
+
+  NodeFormationOptions options;
+  options.job_id = job_id;
+  options.node_id =
+      request.node_id().empty() ? config_.node_id() : request.node_id();
+  if (request.has_node_rank()) options.node_rank = request.node_rank();
+  options.num_nodes = request.num_nodes();
+  options.local_world_size = p.world;
+  options.params = spec.params;
+  options.local_plan = spec.plan;
+  options.join_timeout = std::min(absl::Milliseconds(rv.join_timeout_ms()),
+                                  limit - absl::Now() - kFormationMargin);
+  options.collective_timeout = absl::Milliseconds(rv.collective_timeout_ms());
+  for (absl::string_view id :
+       absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
+    options.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
+  }
+  if (options.join_timeout <= absl::ZeroDuration()) {
+    FailPending(job_id, absl::DeadlineExceededError(absl::StrCat(
+                            "job '", job_id,
+                            "': no time left before the Attach deadline to "
+                            "rendezvous with the other nodes")));
+    return;
+  }
+  const uint64_t formation = next_formation_++;
+  p.formation = formation;
+  NcclJobPlatformInterface* nccl = UsesDeviceReducer(spec.params, spec.devices)
+                                       ? DaemonNcclJobPlatform()
+                                       : nullptr;
+  // The rendezvous blocks (up to the join timeout) and so may finding the
+  // coordinator (name resolution); both run on a thread of their own and
+  // post back through the mailbox, which outlives this object, as does the
+  // shared coordinator selector.
+  std::thread([mailbox = mailbox_, options = std::move(options),
+               requested = request.coordinator(), selector = coordinators_,
+               advertise = rv.advertise_host(), ifname = rv.interface(),
+               spec = std::move(spec), job_id, formation, nccl,
+               limit = limit - kFormationMargin]() mutable {
+    absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
+      absl::StatusOr<std::string> found = selector->Resolve(requested);
+      if (!found.ok()) {
+        return absl::Status(
+            found.status().code(),
+            absl::StrCat("job '", job_id, "' spans ", options.num_nodes,
+                         " nodes but ", found.status().message()));
+      }
+      const std::string coordinator = *std::move(found);
+      absl::StatusOr<std::string> advertised =
+          AdvertiseAddress(advertise, ifname, coordinator);
+      if (!advertised.ok()) {
+        return absl::Status(advertised.status().code(),
+                            absl::StrCat("job '", job_id,
+                                         "': choosing the address the other "
+                                         "nodes reach this one on: ",
+                                         advertised.status().message()));
+      }
+      options.advertise_host = *std::move(advertised);
+      spdlog::info(
+          "{}",
+          absl::StrCat("job '", job_id, "': node '", options.node_id,
+                       "' joining ", options.num_nodes, " nodes through ",
+                       coordinator, " (Gloo on ", options.advertise_host, ")"));
+      RendezvousClient::Options client_options;
+      client_options.address = coordinator;
+      client_options.connect_timeout = options.join_timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                       RendezvousClient::Create(client_options));
+      ASSIGN_OR_RETURN(options.prefix, OpenRound(*client, job_id));
+      absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
+      FormedNodes out;
+      if (formed.ok() && nccl != nullptr) {
+        NcclJobSetupOptions setup;
+        setup.job_id = job_id;
+        setup.prefix = options.prefix;
+        setup.node_rank = formed->layout.node_rank;
+        setup.num_nodes = formed->layout.num_nodes;
+        setup.timeout = options.collective_timeout;
+        absl::StatusOr<std::shared_ptr<NcclJobSetup>> set_up =
+            SetUpNcclBetweenNodes(*client, *nccl, std::move(setup),
+                                  spec.rank_devices, limit);
+        if (set_up.ok()) {
+          out.nccl = *std::move(set_up);
+        } else {
+          formed = set_up.status();
+        }
+      }
+      CloseRound(*client, job_id, options.prefix,
+                 formed.ok() ? std::string("formed")
+                             : std::string(formed.status().message()));
+      if (!formed.ok()) return formed.status();
+      out.formation = *std::move(formed);
+      out.store = std::move(client);
+      out.coordinator = coordinator;
+      out.round_prefix = options.prefix;
+      return out;
+    }();
+    absl::MutexLock lock(&mailbox->mu);
+    if (mailbox->owner == nullptr) return;  // daemon stopped: drop it
+    mailbox->owner->Post([owner = mailbox->owner, job_id, formation,
+                          spec = std::move(spec),
+                          result = std::move(result)]() mutable {
+      owner->FinishNodeFormation(job_id, formation, std::move(spec),
+                                 std::move(result));
+    });
+  }).detach();
+}
+
+void JobManager::FinishNodeFormation(const std::string& job_id,
+                                     uint64_t formation, JobSpec spec,
+                                     absl::StatusOr<FormedNodes> result) {
+  auto it = pending_.find(job_id);
+  if (it == pending_.end() || it->second.formation != formation) {
+    return;  // its ranks left meanwhile; dropping the backend tells peers
+  }
+  if (!result.ok()) {
+    FailPending(job_id, result.status());  // logs it, with the job's id
+    return;
+  }
+  const JobLayout& layout = result->formation.layout;
+  spec.plan = std::move(result->formation.plan);
+  spec.node_rank = layout.node_rank;
+  spec.num_nodes = layout.num_nodes;
+  spec.global_rank_offset = layout.global_rank_offset;
+  spec.world_size = layout.world_size;
+  spec.node_ids = layout.NodeIds();
+  spec.coordinator = result->coordinator;
+  spec.round_prefix = result->round_prefix;
+  spec.nccl_between_nodes = std::move(result->nccl);
+  HierarchicalReducer::Options options;
+  options.pool = pool_;
+  options.num_buckets = static_cast<int>(spec.plan.buckets.size());
+  for (const JobNode& node : layout.nodes) {
+    options.node_offsets.push_back(node.global_rank_offset);
+  }
+  options.world_size = layout.world_size;
+  options.job_id = job_id;
+  options.store_prefix = result->round_prefix;
+  options.agree_timeout =
+      absl::Milliseconds(config_.rendezvous().collective_timeout_ms());
+  spdlog::info(
+      "{}", absl::StrCat("job '", job_id, "' formed: node rank ",
+                         layout.node_rank, " of ", layout.num_nodes, " (",
+                         absl::StrJoin(layout.NodeIds(), ", "),
+                         "), global ranks ", layout.global_rank_offset, "..",
+                         layout.global_rank_offset + spec.local_world_size - 1,
+                         " of ", layout.world_size, ", ",
+                         spec.plan.buckets.size(), " buckets"));
+  std::unique_ptr<BucketReducerInterface> reducer =
+      std::make_unique<HierarchicalReducer>(
+          std::move(options), std::move(result->formation.backend),
+          std::move(result->store));
+  Activate(job_id, std::move(spec), std::move(reducer));
+}
+
+void JobManager::Activate(
+    const std::string& job_id, JobSpec spec,
+    absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
+  PendingJob& p = pending_.at(job_id);
+  if (reducer.ok()) {
+    reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));
+  }
+  absl::StatusOr<std::unique_ptr<Job>> job =
+      reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
+                   : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());
+  if (!job.ok()) {
+    FailPending(job_id, absl::Status(job.status().code(),
+                                     absl::StrCat("job '", job_id, "': ",
+                                                  job.status().message())));
+    return;
+  }
+
+  // Hand every rank its memory before anyone's Attach returns, so a client
+  // that sees OK can read its fds at once.
+  std::vector<uint64_t> attach_ids(p.world);
+  for (int r = 0; r < p.world; ++r) {
+    attach_ids[r] = next_attach_id_++;
+    absl::Status sent = sessions_->SendFds(p.ranks[r]->request.session_id(),
+                                           attach_ids[r], (*job)->FdsFor(r));
+    if (!sent.ok()) {
+      FailPending(job_id,
+                  absl::UnavailableError(absl::StrCat(
+                      "local rank ", r, " of job '", job_id,
+                      "' disconnected while attaching: ", sent.message())));
+      return;
+    }
+  }
+  (*job)->ReleaseFds();
+  if (events_ != nullptr) {
+    JobInfo info;
+    info.job_id = job_id;
+    info.local_world_size = (*job)->local_world_size();
+    info.node_rank = (*job)->spec().node_rank;
+    info.num_nodes = (*job)->spec().num_nodes;
+    info.shared_memory_bytes = (*job)->shared_memory_bytes();
+    (*job)->AddEventSink(events_->OnJobStarted(info));
+  }
+  (*job)->Start();
+  {
+    const Job& j = **job;
+    size_t bytes = 0;
+    for (const Bucket& b : j.plan().buckets) bytes += b.size_bytes;
+    spdlog::info(
+        "job '{}' formed: {} local ranks, node {} of {}, world size {}, {} "
+        "parameters in {} buckets ({} bytes per rank)",
+        job_id, j.local_world_size(), j.spec().node_rank, j.spec().num_nodes,
+        j.spec().global_world_size(), j.spec().params.size(),
+        j.plan().buckets.size(), bytes);
+  }
+
+  PendingJob ready = std::move(p);
+  pending_.erase(job_id);
+  ActiveJob active;
+  active.job = *std::move(job);
+  active.rebuild = MakeRebuildCoordinator(active.job.get(), config_);
+  active.sessions.resize(ready.world);
+  for (int r = 0; r < ready.world; ++r) {
+    active.sessions[r] = ready.ranks[r]->request.session_id();
+  }
+  const Job& formed = *active.job;
+  std::vector<v1::AttachResponse> responses;
+  for (int r = 0; r < ready.world; ++r) {
+    responses.push_back(formed.ResponseFor(r));
+    responses.back().set_attach_id(attach_ids[r]);
+  }
+  jobs_.emplace(job_id, std::move(active));
+  for (int r = 0; r < ready.world; ++r) {
+    std::move(ready.ranks[r]->done)(std::move(responses[r]));
+  }
+}
+
+}  // namespace gradd
