@@ -3,7 +3,7 @@
 // when it is handed over, MarkUnused's zero/keep, errors naming the caller's
 // indices. The reduction across ranks is covered by tests/python/
 // test_used_map.py and the C ABI by tests/integration (real daemons).
-#include "used_map_client.h"
+#include "client/src/data/used_map_client.h"
 
 #include <cstring>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "client/src/daemon_peer.h"
+#include "client/src/session/daemon_peer.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>

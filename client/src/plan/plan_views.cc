@@ -1,4 +1,4 @@
-#include "client/src/plan_views.h"
+#include "client/src/plan/plan_views.h"
 
 #include <string>
 

@@ -24,8 +24,8 @@
 // Errors: INVALID_ARGUMENT for a bad dtype / op / root or a null buffer,
 // FAILED_PRECONDITION when there is no area or it is too small for one
 // element (per rank), and whatever Usable() or Round() return.
-#ifndef GRADD_CLIENT_SRC_AREA_COLLECTIVES_H_
-#define GRADD_CLIENT_SRC_AREA_COLLECTIVES_H_
+#ifndef GRADD_CLIENT_SRC_DATA_AREA_COLLECTIVES_H_
+#define GRADD_CLIENT_SRC_DATA_AREA_COLLECTIVES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -78,4 +78,4 @@ absl::Status AreaBroadcast(CollectiveAreaInterface& area, void* data,
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_AREA_COLLECTIVES_H_
+#endif  // GRADD_CLIENT_SRC_DATA_AREA_COLLECTIVES_H_

@@ -1,4 +1,4 @@
-#include "client/src/device_client.h"
+#include "client/src/device/device_client.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -17,8 +17,8 @@
 // Owns nothing but its counters; the control block mapping and the waits
 // belong to the Client (passed in as hooks). Threads: NoteActive from any
 // thread (MarkReady's), the rest from the Client's one caller thread.
-#ifndef GRADD_CLIENT_SRC_JOIN_CLIENT_H_
-#define GRADD_CLIENT_SRC_JOIN_CLIENT_H_
+#ifndef GRADD_CLIENT_SRC_JOIN_JOIN_CLIENT_H_
+#define GRADD_CLIENT_SRC_JOIN_JOIN_CLIENT_H_
 
 #include <atomic>
 #include <cstddef>
@@ -94,4 +94,4 @@ class JoinClient {
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_JOIN_CLIENT_H_
+#endif  // GRADD_CLIENT_SRC_JOIN_JOIN_CLIENT_H_

@@ -1,4 +1,4 @@
-#include "client/src/area_collectives.h"
+#include "client/src/data/area_collectives.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "client/src/join_client.h"
+#include "client/src/join/join_client.h"
 
 #include <utility>
 

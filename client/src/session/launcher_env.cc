@@ -1,4 +1,4 @@
-#include "client/src/launcher_env.h"
+#include "client/src/session/launcher_env.h"
 
 #include <cstdlib>
 #include <initializer_list>

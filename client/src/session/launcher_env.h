@@ -16,8 +16,8 @@
 //                     rendezvous port (server/rendezvous/coordinator.h).
 //
 // Plain functions; thread-safe as far as `env` is.
-#ifndef GRADD_CLIENT_SRC_LAUNCHER_ENV_H_
-#define GRADD_CLIENT_SRC_LAUNCHER_ENV_H_
+#ifndef GRADD_CLIENT_SRC_SESSION_LAUNCHER_ENV_H_
+#define GRADD_CLIENT_SRC_SESSION_LAUNCHER_ENV_H_
 
 #include <functional>
 #include <string>
@@ -46,4 +46,4 @@ absl::Status CheckFormedWorld(const ClientOptions& options, int world_size,
 
 }  // namespace gradd::internal
 
-#endif  // GRADD_CLIENT_SRC_LAUNCHER_ENV_H_
+#endif  // GRADD_CLIENT_SRC_SESSION_LAUNCHER_ENV_H_

@@ -11,8 +11,8 @@
 // process. (The probe and gRPC's own connection are two connects; the socket
 // directory's 0700 mode is what keeps another user from swapping the file in
 // between.)
-#ifndef GRADD_CLIENT_SRC_DAEMON_PEER_H_
-#define GRADD_CLIENT_SRC_DAEMON_PEER_H_
+#ifndef GRADD_CLIENT_SRC_SESSION_DAEMON_PEER_H_
+#define GRADD_CLIENT_SRC_SESSION_DAEMON_PEER_H_
 
 #include <sys/types.h>
 
@@ -43,4 +43,4 @@ absl::StatusOr<PeerIdentity> ProbeStreamSocketPeer(
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_DAEMON_PEER_H_
+#endif  // GRADD_CLIENT_SRC_SESSION_DAEMON_PEER_H_

@@ -1,6 +1,6 @@
 // Moving gradients inside one memory region that the CPU cannot simply
 // memcpy (a rank's CUDA bucket memory) when the buckets are re-planned
-// (client/src/rebuild.h): the old and new places overlap each other
+// (client/src/plan/rebuild.h): the old and new places overlap each other
 // arbitrarily, so the moves go through a host snapshot of their sources:
 //
 //   region ──copy_out(every source, merged into runs)──► snapshot (host)
@@ -11,8 +11,8 @@
 // are merged into one copy (a bucket whose parameters keep their relative
 // order moves in one piece), which matters when each copy is a driver
 // call. Pure logic; the copies are the caller's (device_client.h).
-#ifndef GRADD_CLIENT_SRC_REGION_MOVES_H_
-#define GRADD_CLIENT_SRC_REGION_MOVES_H_
+#ifndef GRADD_CLIENT_SRC_DEVICE_REGION_MOVES_H_
+#define GRADD_CLIENT_SRC_DEVICE_REGION_MOVES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -70,4 +70,4 @@ std::vector<SnapshotRun> SnapshotRuns(const std::vector<RegionMove>& moves);
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_REGION_MOVES_H_
+#endif  // GRADD_CLIENT_SRC_DEVICE_REGION_MOVES_H_

@@ -1,6 +1,6 @@
 // UsedMapClient (used_map_client.h) and the defaults of the find_unused_
 // parameters calls for clients without a used map.
-#include "used_map_client.h"
+#include "client/src/data/used_map_client.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "attach_internal.h"
+#include "client/src/session/attach_internal.h"
 #include "common/status_macros.h"
 
 namespace gradd {

@@ -1,9 +1,9 @@
 // The client's side of a bucket plan: where each parameter's gradient lives
 // in this rank's bucket memory, checked against what the rank registered so
 // that nothing the daemon sends can make us write outside the mapping. Used
-// for the plan at attach and for a rebuilt plan (client/src/rebuild.h).
-#ifndef GRADD_CLIENT_SRC_PLAN_VIEWS_H_
-#define GRADD_CLIENT_SRC_PLAN_VIEWS_H_
+// for the plan at attach and for a rebuilt plan (client/src/plan/rebuild.h).
+#ifndef GRADD_CLIENT_SRC_PLAN_PLAN_VIEWS_H_
+#define GRADD_CLIENT_SRC_PLAN_PLAN_VIEWS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -37,4 +37,4 @@ absl::StatusOr<PlanViews> MapPlanViews(
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_PLAN_VIEWS_H_
+#endif  // GRADD_CLIENT_SRC_PLAN_PLAN_VIEWS_H_

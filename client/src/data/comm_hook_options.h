@@ -1,6 +1,6 @@
 // CommHookOptions (client.h) <-> gradd.v1.CommHookSpec.
-#ifndef GRADD_CLIENT_SRC_COMM_HOOK_OPTIONS_H_
-#define GRADD_CLIENT_SRC_COMM_HOOK_OPTIONS_H_
+#ifndef GRADD_CLIENT_SRC_DATA_COMM_HOOK_OPTIONS_H_
+#define GRADD_CLIENT_SRC_DATA_COMM_HOOK_OPTIONS_H_
 
 #include "gradd/client.h"
 #include "gradd/v1/comm_hook.pb.h"
@@ -27,4 +27,4 @@ inline v1::CommHookSpec CommHookToProto(const CommHookOptions& o) {
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_COMM_HOOK_OPTIONS_H_
+#endif  // GRADD_CLIENT_SRC_DATA_COMM_HOOK_OPTIONS_H_

@@ -20,8 +20,8 @@
 //
 // Threads: as Client (MarkReady / MarkUnused from several threads at once;
 // each writes only its own map element).
-#ifndef GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
-#define GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
+#ifndef GRADD_CLIENT_SRC_DATA_USED_MAP_CLIENT_H_
+#define GRADD_CLIENT_SRC_DATA_USED_MAP_CLIENT_H_
 
 #include <memory>
 #include <string>
@@ -50,4 +50,4 @@ std::unique_ptr<Client> NewUsedMapClient(std::unique_ptr<Client> inner,
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_USED_MAP_CLIENT_H_
+#endif  // GRADD_CLIENT_SRC_DATA_USED_MAP_CLIENT_H_

@@ -20,8 +20,8 @@
 //       has finished before it publishes done_seq).
 // Errors name the device. Thread-compatible, except RecordReady (any
 // thread: MarkReady's callers).
-#ifndef GRADD_CLIENT_SRC_DEVICE_CLIENT_H_
-#define GRADD_CLIENT_SRC_DEVICE_CLIENT_H_
+#ifndef GRADD_CLIENT_SRC_DEVICE_DEVICE_CLIENT_H_
+#define GRADD_CLIENT_SRC_DEVICE_DEVICE_CLIENT_H_
 
 #include <memory>
 #include <string>
@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/src/region_moves.h"
+#include "client/src/device/region_moves.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 
@@ -52,7 +52,7 @@ class DeviceClient {
   virtual size_t size() const = 0;
   [[nodiscard]] virtual absl::Status RecordReady(int bucket, void* stream) = 0;
   [[nodiscard]] virtual absl::Status WaitDone(int bucket, void* stream) = 0;
-  // A bucket rebuild (client/src/rebuild.h): applies `moves` (offsets in
+  // A bucket rebuild (client/src/plan/rebuild.h): applies `moves` (offsets in
   // the device memory, RegionMoves) and returns once they have landed.
   // First it waits for every GPU operation that may still touch the
   // gradients: the daemon's reduce of the last iteration (the done events
@@ -73,4 +73,4 @@ class DeviceClient {
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_DEVICE_CLIENT_H_
+#endif  // GRADD_CLIENT_SRC_DEVICE_DEVICE_CLIENT_H_

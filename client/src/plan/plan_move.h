@@ -1,19 +1,19 @@
 // Moving every gradient from its place in the current bucket plan to its
-// place in a rebuilt one (client/src/rebuild.h), on both sides of the
+// place in a rebuilt one (client/src/plan/rebuild.h), on both sides of the
 // host/device line: host buckets by memcpy through a staging copy, CUDA
 // buckets through the rank's DeviceClient (device_client.h), which waits
 // for the GPU and copies through a host snapshot (region_moves.h). Pure
 // logic apart from the device; called between iterations only.
-#ifndef GRADD_CLIENT_SRC_PLAN_MOVE_H_
-#define GRADD_CLIENT_SRC_PLAN_MOVE_H_
+#ifndef GRADD_CLIENT_SRC_PLAN_PLAN_MOVE_H_
+#define GRADD_CLIENT_SRC_PLAN_PLAN_MOVE_H_
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/src/device_client.h"
-#include "client/src/plan_views.h"
+#include "client/src/device/device_client.h"
+#include "client/src/plan/plan_views.h"
 
 namespace gradd {
 
@@ -44,4 +44,4 @@ struct GradientPlaces {
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_PLAN_MOVE_H_
+#endif  // GRADD_CLIENT_SRC_PLAN_PLAN_MOVE_H_

@@ -1,9 +1,9 @@
-#include "client/src/plan_move.h"
+#include "client/src/plan/plan_move.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "client/src/region_moves.h"
+#include "client/src/device/region_moves.h"
 
 namespace gradd {
 

@@ -1,4 +1,4 @@
-#include "client/src/rebuild.h"
+#include "client/src/plan/rebuild.h"
 
 #include <algorithm>
 

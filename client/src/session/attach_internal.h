@@ -2,8 +2,8 @@
 // registers exactly `params` and maps the shared memory (client.cc). Client::
 // Attach() adds what ClientOptions asks for on top of it (e.g. the used map
 // of find_unused_parameters, used_map_client.h).
-#ifndef GRADD_CLIENT_SRC_ATTACH_INTERNAL_H_
-#define GRADD_CLIENT_SRC_ATTACH_INTERNAL_H_
+#ifndef GRADD_CLIENT_SRC_SESSION_ATTACH_INTERNAL_H_
+#define GRADD_CLIENT_SRC_SESSION_ATTACH_INTERNAL_H_
 
 #include <memory>
 #include <vector>
@@ -18,4 +18,4 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
 
 }  // namespace gradd::internal
 
-#endif  // GRADD_CLIENT_SRC_ATTACH_INTERNAL_H_
+#endif  // GRADD_CLIENT_SRC_SESSION_ATTACH_INTERNAL_H_

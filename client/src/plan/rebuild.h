@@ -23,8 +23,8 @@
 // through a host snapshot by DeviceClient::MoveGradients, which waits for
 // the GPU first (device_client.h), as torch's DDP rebuilds CUDA buckets
 // exactly as CPU ones.
-#ifndef GRADD_CLIENT_SRC_REBUILD_H_
-#define GRADD_CLIENT_SRC_REBUILD_H_
+#ifndef GRADD_CLIENT_SRC_PLAN_REBUILD_H_
+#define GRADD_CLIENT_SRC_PLAN_REBUILD_H_
 
 #include <atomic>
 #include <chrono>
@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/src/plan_views.h"
+#include "client/src/plan/plan_views.h"
 #include "gradd/v1/node.grpc.pb.h"
 
 namespace gradd {
@@ -101,4 +101,4 @@ absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
 
 }  // namespace gradd
 
-#endif  // GRADD_CLIENT_SRC_REBUILD_H_
+#endif  // GRADD_CLIENT_SRC_PLAN_REBUILD_H_
