@@ -14,7 +14,7 @@
 //
 // Owns nothing: the area, the round itself (publish + bounded wait) and the
 // client's state checks belong to the CollectiveAreaInterface, which
-// gradd::Client implements over its control block (client.cc) and tests
+// gradd::Client implements over its control block (client_impl.h) and tests
 // fake. Threads: the client's one caller thread (the thread that issues
 // collectives), as for every call on the interface. Depends only on
 // common/ (control_block.h's CollectiveKind, collective_reduce.h) and the

@@ -14,7 +14,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "client/src/session/attach_internal.h"
 #include "common/status_macros.h"
 
 namespace gradd {
@@ -34,7 +33,7 @@ absl::Status Client::SkipUsedMap() { return absl::OkStatus(); }
 
 namespace {
 
-// How many unmarked parameters an error message names (as client.cc).
+// How many unmarked parameters an error message names (as client_impl.cc).
 constexpr size_t kNamedInErrors = 5;
 
 class UsedMapClient final : public Client {
@@ -253,36 +252,6 @@ std::unique_ptr<Client> NewUsedMapClient(std::unique_ptr<Client> inner,
                                          std::string who) {
   return std::make_unique<UsedMapClient>(std::move(inner), std::move(names),
                                          std::move(who));
-}
-
-absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
-    const ClientOptions& options, const std::vector<ClientParam>& params) {
-  if (params.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local rank ", options.local_rank, " of job '",
-                     options.job_id, "' registered no parameters"));
-  }
-  std::vector<ClientParam> all;
-  all.reserve(params.size() + 1);
-  all.push_back(ClientParam{kUsedMapParamName,
-                            {static_cast<int64_t>(params.size())},
-                            /*dtype=float32*/ 1});
-  all.insert(all.end(), params.begin(), params.end());
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> inner,
-                   internal::AttachDirect(options, all));
-  if (inner->num_params() != static_cast<int>(all.size()) ||
-      inner->gradient(0) == nullptr ||
-      inner->gradient_bytes(0) != params.size() * sizeof(float)) {
-    return absl::InternalError(
-        absl::StrCat("gradd returned no memory for the used map of job '",
-                     options.job_id, "', local rank ", options.local_rank));
-  }
-  std::vector<std::string> names;
-  names.reserve(params.size());
-  for (const ClientParam& p : params) names.push_back(p.name);
-  return NewUsedMapClient(std::move(inner), std::move(names),
-                          absl::StrCat("job '", options.job_id,
-                                       "', local rank ", options.local_rank));
 }
 
 }  // namespace gradd

@@ -18,6 +18,10 @@
 // > 0 exactly when some rank used the parameter, whatever the world size,
 // divide factor or join state.
 //
+// session/attach.cc registers the hidden parameter (kUsedMapParamName) and
+// wraps the attached client with NewUsedMapClient when ClientOptions asks
+// for find_unused_parameters.
+//
 // Threads: as Client (MarkReady / MarkUnused from several threads at once;
 // each writes only its own map element).
 #ifndef GRADD_CLIENT_SRC_DATA_USED_MAP_CLIENT_H_
@@ -27,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "gradd/client.h"
 
 namespace gradd {
@@ -36,10 +39,6 @@ namespace gradd {
 // mismatched-model errors when ranks disagree on find_unused_parameters).
 inline constexpr char kUsedMapParamName[] =
     "[gradd] find_unused_parameters used map";
-
-// Attaches with the hidden used-map parameter and returns the decorator.
-absl::StatusOr<std::unique_ptr<Client>> AttachWithUsedMap(
-    const ClientOptions& options, const std::vector<ClientParam>& params);
 
 // The decorator over `inner`, whose parameter 0 is the used map (float32,
 // names.size() elements) and whose parameter i + 1 is `names[i]`. `who`

@@ -19,15 +19,6 @@
 
 namespace gradd {
 
-// used_map_client.cc's attach path calls into client.cc, which this test
-// does not link; it only exercises NewUsedMapClient.
-namespace internal {
-absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
-    const ClientOptions&, const std::vector<ClientParam>&) {
-  return absl::UnimplementedError("not in this test");
-}
-}  // namespace internal
-
 namespace {
 
 using ::testing::ElementsAre;
