@@ -1,10 +1,10 @@
 // gradd._C: the Python binding of the client library
 // (client/include/gradd/client.h).
 //
-// A PyClient owns one gradd::Client. Gradient views are numpy arrays over the
-// shared bucket memory whose base object is the PyClient, so the mapping stays
-// alive as long as any view (or a torch tensor made from one with
-// torch.from_numpy) exists, even after detach().
+// A PyClient (py_client.h) owns one gradd::Client. Gradient views are numpy
+// arrays over the shared bucket memory whose base object is the PyClient, so
+// the mapping stays alive as long as any view (or a torch tensor made from
+// one with torch.from_numpy) exists, even after detach().
 //
 // Threads: mark_ready may run on several threads at once (autograd threads);
 // it releases the GIL. wait_all, broadcast and attach block and release the
@@ -13,49 +13,32 @@
 //
 // Errors: every non-OK absl::Status raises gradd.GraddError (a RuntimeError)
 // or the subclass for its canonical code, with the daemon's message and the
-// code's name in the `code` attribute. Nothing here aborts the interpreter.
+// code's name in the `code` attribute (errors.cc). Nothing here aborts the
+// interpreter.
+//
+// This file: the module's init, attach, and the Client's data path and
+// properties; the collectives (collective_bindings.cc) and join / bucket
+// rebuild (join_rebuild_bindings.cc) are registered on the class from here,
+// in the order the methods have always been defined.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gradd/client.h"
+#include "py_client.h"
 
-namespace py = pybind11;
-
-namespace gradd {
+namespace gradd::python {
 namespace {
-
-// code -> exception class; filled at module init, lives as long as the module.
-std::map<absl::StatusCode, py::object>* g_error_classes = nullptr;
-py::object* g_base_error = nullptr;
-
-[[noreturn]] void RaiseStatus(const absl::Status& status) {
-  py::object cls = *g_base_error;
-  if (auto it = g_error_classes->find(status.code());
-      it != g_error_classes->end()) {
-    cls = it->second;
-  }
-  py::object exc = cls(std::string(status.message()));
-  exc.attr("code") = absl::StatusCodeToString(status.code());
-  PyErr_SetObject(cls.ptr(), exc.ptr());
-  throw py::error_already_set();
-}
-
-void Check(const absl::Status& status) {
-  if (!status.ok()) RaiseStatus(status);
-}
 
 std::chrono::milliseconds Millis(double seconds) {
   if (seconds < 0) throw py::value_error("timeouts must be >= 0 seconds");
@@ -129,313 +112,6 @@ py::dtype NumpyDType(int32_t dtype) {
       return py::dtype("uint8");
   }
 }
-
-[[noreturn]] void RaiseInvalid(const std::string& message) {
-  RaiseStatus(absl::InvalidArgumentError(message));
-}
-
-void CheckContiguous(const py::array& a, const char* what) {
-  if (!(a.flags() & py::array::c_style)) {
-    RaiseInvalid(std::string(what) + " must be a C-contiguous array");
-  }
-  const char order = a.dtype().byteorder();
-  const bool little = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
-  if ((order == '>' && little) || (order == '<' && !little)) {
-    RaiseInvalid(std::string(what) + " must be in native byte order");
-  }
-}
-
-void CheckWritable(const py::array& a, const char* what) {
-  CheckContiguous(a, what);
-  if (!a.writeable()) {
-    RaiseInvalid(std::string(what) + " must be writable");
-  }
-}
-
-// gradd::dtype::k* of a numpy array.
-int32_t CollectiveDType(const py::array& a, bool bfloat16, const char* what) {
-  CheckContiguous(a, what);
-  const char kind = a.dtype().kind();
-  const ssize_t size = a.itemsize();
-  if (bfloat16) {
-    if ((kind == 'i' || kind == 'u') && size == 2) return dtype::kBFloat16;
-    RaiseInvalid(std::string(what) +
-                 ": bfloat16=True needs an int16/uint16 array holding the "
-                 "bfloat16 bits");
-  }
-  if (kind == 'f' && size == 4) return dtype::kFloat32;
-  if (kind == 'f' && size == 8) return dtype::kFloat64;
-  if (kind == 'f' && size == 2) return dtype::kFloat16;
-  if (kind == 'i' && size == 4) return dtype::kInt32;
-  if (kind == 'i' && size == 8) return dtype::kInt64;
-  if (kind == 'u' && size == 1) return dtype::kUInt8;
-  if (kind == 'i' && size == 1) return dtype::kInt8;
-  RaiseInvalid(std::string(what) + ": unsupported dtype " +
-               std::string(py::str(a.dtype())) +
-               " (float32, float64, float16, int32, int64, uint8, int8; "
-               "bfloat16 as int16 bits with bfloat16=True)");
-}
-
-ReduceOp ParseOp(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "avg") return ReduceOp::kAvg;
-  if (op == "min") return ReduceOp::kMin;
-  if (op == "max") return ReduceOp::kMax;
-  RaiseInvalid("unknown reduce op '" + op + "' (sum, avg, min, max)");
-}
-
-class PyClient {
- public:
-  PyClient(std::unique_ptr<Client> client, std::vector<ClientParam> params)
-      : client_(std::move(client)), params_(std::move(params)) {}
-
-  ~PyClient() {
-    // The destructor of Client says goodbye; it may block briefly on the
-    // socket, so do it without the GIL.
-    py::gil_scoped_release release;
-    client_.reset();
-  }
-
-  Client& client() { return *client_; }
-  const std::vector<ClientParam>& params() const { return params_; }
-
-  void CheckParam(int i) const {
-    if (i < 0 || i >= static_cast<int>(params_.size())) {
-      throw py::index_error("parameter index " + std::to_string(i) +
-                            " out of range [0, " +
-                            std::to_string(params_.size()) + ")");
-    }
-  }
-  void CheckBucket(int b) const {
-    if (b < 0 || b >= client_->num_buckets()) {
-      throw py::index_error("bucket index " + std::to_string(b) +
-                            " out of range [0, " +
-                            std::to_string(client_->num_buckets()) + ")");
-    }
-  }
-
-  // `stream`: a CUDA stream handle (torch's Stream.cuda_stream; 0 = the
-  // legacy default stream) for CUDA parameters; ignored for host ones.
-  void MarkReady(int i, uintptr_t stream) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = client_->MarkReadyOn(i, reinterpret_cast<void*>(stream));
-    }
-    Check(s);
-  }
-
-  void MarkUnused(int i, bool keep) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = client_->MarkUnused(
-          i, keep ? UnusedGradient::kKeep : UnusedGradient::kZero);
-    }
-    Check(s);
-  }
-
-  void SkipUsedMap() {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->SkipUsedMap();
-    }
-    Check(s);
-  }
-
-  void WaitAll(uintptr_t stream) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->WaitAllOn(reinterpret_cast<void*>(stream));
-    }
-    Check(s);
-  }
-
-  void Broadcast(const py::buffer& data, int root) {
-    py::buffer_info info = data.request(/*writable=*/true);
-    if (!PyBuffer_IsContiguous(reinterpret_cast<Py_buffer*>(info.view()),
-                               'A')) {
-      throw py::value_error("broadcast needs a contiguous buffer");
-    }
-    const size_t bytes = static_cast<size_t>(info.size) * info.itemsize;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->Broadcast(info.ptr, bytes, root);
-    }
-    Check(s);
-  }
-
-  // Collectives of numpy arrays (collectives.h). Arrays are taken as they
-  // are (no conversion: an in-place result must land in the caller's
-  // array): C-contiguous, native byte order, float32/float64/float16,
-  // int32/int64/uint8/int8, or int16/uint16 holding bfloat16 bits with
-  // bfloat16=True. Errors are GraddErrors (InvalidArgumentError is also a
-  // ValueError).
-  void Allreduce(py::array array, const std::string& op, bool bfloat16) {
-    const int32_t dtype = CollectiveDType(array, bfloat16, "allreduce");
-    const ReduceOp reduce = ParseOp(op);
-    CheckWritable(array, "allreduce");
-    void* data = array.size() > 0 ? array.mutable_data() : nullptr;
-    const size_t count = static_cast<size_t>(array.size());
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->Allreduce(data, count, dtype, reduce);
-    }
-    Check(s);
-  }
-
-  void Allgather(const py::array& input, py::array output) {
-    CheckContiguous(input, "allgather input");
-    CheckWritable(output, "allgather output");
-    const size_t bytes = static_cast<size_t>(input.nbytes());
-    const size_t world = static_cast<size_t>(client_->world_size());
-    if (static_cast<size_t>(output.nbytes()) != bytes * world) {
-      RaiseStatus(absl::InvalidArgumentError(
-          "allgather: output has " + std::to_string(output.nbytes()) +
-          " bytes; it needs world_size (" + std::to_string(world) +
-          ") x input's " + std::to_string(bytes)));
-    }
-    const void* in = bytes > 0 ? input.data() : nullptr;
-    void* out = bytes > 0 ? output.mutable_data() : nullptr;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->Allgather(in, bytes, out);
-    }
-    Check(s);
-  }
-
-  void ReduceScatter(const py::array& input, py::array output,
-                     const std::string& op, bool bfloat16) {
-    const int32_t dtype = CollectiveDType(input, bfloat16, "reduce_scatter");
-    if (CollectiveDType(output, bfloat16, "reduce_scatter") != dtype ||
-        output.itemsize() != input.itemsize()) {
-      RaiseStatus(absl::InvalidArgumentError(
-          "reduce_scatter: input and output have different dtypes"));
-    }
-    const ReduceOp reduce = ParseOp(op);
-    CheckWritable(output, "reduce_scatter output");
-    const size_t count = static_cast<size_t>(output.size());
-    const size_t world = static_cast<size_t>(client_->world_size());
-    if (static_cast<size_t>(input.size()) != count * world) {
-      RaiseStatus(absl::InvalidArgumentError(
-          "reduce_scatter: input has " + std::to_string(input.size()) +
-          " elements; it needs world_size (" + std::to_string(world) +
-          ") x output's " + std::to_string(count)));
-    }
-    const void* in = count > 0 ? input.data() : nullptr;
-    void* out = count > 0 ? output.mutable_data() : nullptr;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->ReduceScatter(in, out, count, dtype, reduce);
-    }
-    Check(s);
-  }
-
-  void Barrier() {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->Barrier();
-    }
-    Check(s);
-  }
-
-  void SetCommHook(const CommHookOptions& hook) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->SetCommHook(hook);
-    }
-    Check(s);
-  }
-
-  void JoinEnter(bool divide_by_initial_world_size,
-                 bool throw_on_early_termination) {
-    JoinOptions options;
-    options.divide_by_initial_world_size = divide_by_initial_world_size;
-    options.throw_on_early_termination = throw_on_early_termination;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->JoinEnter(options);
-    }
-    Check(s);
-  }
-
-  void JoinActive(const std::optional<py::buffer>& data) {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-    std::optional<py::buffer_info> info;
-    if (data.has_value()) {
-      info = data->request(/*writable=*/true);
-      if (!PyBuffer_IsContiguous(reinterpret_cast<Py_buffer*>(info->view()),
-                                 'A')) {
-        throw py::value_error("join_active needs a contiguous buffer");
-      }
-      ptr = info->ptr;
-      bytes = static_cast<size_t>(info->size) * info->itemsize;
-    }
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->JoinActive(ptr, bytes);
-    }
-    Check(s);
-  }
-
-  int Join() {
-    absl::StatusOr<JoinResult> r;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      r = client_->Join();
-    }
-    if (!r.ok()) RaiseStatus(r.status());
-    return r->authoritative_rank;
-  }
-
-  bool RebuildBuckets() {
-    absl::StatusOr<bool> r;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      r = client_->RebuildBuckets();
-    }
-    Check(r.status());
-    return *r;
-  }
-
-  void Detach() {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(call_mu_);
-      s = client_->Detach();
-    }
-    Check(s);
-  }
-
- private:
-  std::unique_ptr<Client> client_;
-  std::vector<ClientParam> params_;
-  std::mutex call_mu_;
-};
 
 std::vector<ClientParam> ParseParams(const py::iterable& params) {
   std::vector<ClientParam> out;
@@ -514,73 +190,23 @@ std::unique_ptr<PyClient> Attach(
                                     std::move(specs));
 }
 
-py::object MakeError(py::module_& m, const char* name, py::handle base,
-                     py::handle mixin, const char* doc) {
-  py::object bases = mixin ? py::make_tuple(base, mixin) : py::make_tuple(base);
-  std::string qualname = std::string("gradd.") + name;
-  PyObject* cls =
-      PyErr_NewExceptionWithDoc(qualname.c_str(), doc, bases.ptr(), nullptr);
-  if (cls == nullptr) throw py::error_already_set();
-  py::object obj = py::reinterpret_steal<py::object>(cls);
-  m.attr(name) = obj;
-  return obj;
-}
-
 }  // namespace
-}  // namespace gradd
+}  // namespace gradd::python
 
 PYBIND11_MODULE(_C, m) {
-  using gradd::PyClient;
+  using gradd::python::PyClient;
   m.doc() =
       "Binding of the gradd client library (see "
       "client/include/gradd/client.h). "
       "Use gradd.attach() / gradd.torch.DistributedDataParallel.";
 
-  // Exceptions: GraddError(RuntimeError) and one subclass per canonical code.
-  // Leaked on purpose: these must outlive the interpreter's teardown.
-  py::object& base = *new py::object(gradd::MakeError(
-      m, "GraddError", PyExc_RuntimeError, nullptr,
-      "An error reported by the gradd client library or daemon. `code` holds "
-      "the absl::Status code name, e.g. 'FAILED_PRECONDITION'."));
-  base.attr("code") = "UNKNOWN";
-  gradd::g_base_error = &base;
-  auto& classes = *new std::map<absl::StatusCode, py::object>();
-  struct Def {
-    absl::StatusCode code;
-    const char* name;
-    PyObject* mixin;
-  };
-  const Def defs[] = {
-      {absl::StatusCode::kCancelled, "CancelledError", nullptr},
-      {absl::StatusCode::kUnknown, "UnknownError", nullptr},
-      {absl::StatusCode::kInvalidArgument, "InvalidArgumentError",
-       PyExc_ValueError},
-      {absl::StatusCode::kDeadlineExceeded, "DeadlineExceededError", nullptr},
-      {absl::StatusCode::kNotFound, "NotFoundError", nullptr},
-      {absl::StatusCode::kAlreadyExists, "AlreadyExistsError", nullptr},
-      {absl::StatusCode::kPermissionDenied, "PermissionDeniedError", nullptr},
-      {absl::StatusCode::kResourceExhausted, "ResourceExhaustedError", nullptr},
-      {absl::StatusCode::kFailedPrecondition, "FailedPreconditionError",
-       nullptr},
-      {absl::StatusCode::kAborted, "AbortedError", nullptr},
-      {absl::StatusCode::kOutOfRange, "OutOfRangeError", PyExc_IndexError},
-      {absl::StatusCode::kUnimplemented, "UnimplementedError",
-       PyExc_NotImplementedError},
-      {absl::StatusCode::kInternal, "InternalError", nullptr},
-      {absl::StatusCode::kUnavailable, "UnavailableError", nullptr},
-      {absl::StatusCode::kDataLoss, "DataLossError", nullptr},
-      {absl::StatusCode::kUnauthenticated, "UnauthenticatedError", nullptr},
-  };
-  for (const Def& d : defs) {
-    py::object cls = gradd::MakeError(m, d.name, base, d.mixin, nullptr);
-    cls.attr("code") = absl::StatusCodeToString(d.code);
-    classes[d.code] = cls;
-  }
-  gradd::g_error_classes = &classes;
+  gradd::python::RegisterErrors(m);
 
-  py::class_<PyClient>(m, "Client",
-                       "One local rank of one job attached to the node's gradd "
-                       "daemon. Create with gradd.attach().")
+  py::class_<PyClient> client(
+      m, "Client",
+      "One local rank of one job attached to the node's gradd "
+      "daemon. Create with gradd.attach().");
+  client
       .def_property_readonly(
           "num_params", [](PyClient& c) { return c.client().num_params(); })
       .def_property_readonly(
@@ -605,7 +231,7 @@ PYBIND11_MODULE(_C, m) {
             py::list out;
             for (const auto& p : c.params()) {
               out.append(py::make_tuple(p.name, py::tuple(py::cast(p.shape)),
-                                        gradd::DTypeName(p.dtype)));
+                                        gradd::python::DTypeName(p.dtype)));
             }
             return out;
           },
@@ -629,14 +255,14 @@ PYBIND11_MODULE(_C, m) {
             }
             std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
             std::vector<py::ssize_t> strides(shape.size());
-            py::ssize_t stride = gradd::DTypeBytes(p.dtype);
+            py::ssize_t stride = gradd::python::DTypeBytes(p.dtype);
             for (size_t k = shape.size(); k-- > 0;) {
               strides[k] = stride;
               stride *= shape[k];
             }
             // base = self: the array keeps the client (and its mapping) alive.
-            return py::array(gradd::NumpyDType(p.dtype), shape, strides, ptr,
-                             self);
+            return py::array(gradd::python::NumpyDType(p.dtype), shape, strides,
+                             ptr, self);
           },
           py::arg("param"),
           "Parameter `param`'s gradient in shared bucket memory, as a writable "
@@ -720,7 +346,7 @@ PYBIND11_MODULE(_C, m) {
             c.CheckBucket(b);
             const gradd::BucketInfo& info = c.client().bucket(b);
             py::dict d;
-            d["dtype"] = gradd::DTypeName(info.dtype);
+            d["dtype"] = gradd::python::DTypeName(info.dtype);
             d["size_bytes"] = info.size_bytes;
             d["params"] = info.params;
             d["device"] = info.device != 0 ? "cuda" : "cpu";
@@ -728,57 +354,10 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("bucket"),
           "dict(dtype=name, size_bytes=int, params=[param indices in bucket "
-          "order]).")
-      .def("broadcast", &PyClient::Broadcast, py::arg("data"),
-           py::arg("root") = 0,
-           "Daemon-mediated broadcast, in place, of a writable contiguous "
-           "buffer (bytes <= the attach's broadcast_bytes) from global rank "
-           "`root`. Every rank must make the same sequence of calls.")
-      .def("allreduce", &PyClient::Allreduce, py::arg("array").noconvert(),
-           py::arg("op") = "sum", py::kw_only(), py::arg("bfloat16") = false,
-           "In place: array = op over every rank's array (op 'sum', 'avg', "
-           "'min', 'max'; avg of integers is refused). Blocks, GIL "
-           "released; every rank must call the same collectives.")
-      .def("allgather", &PyClient::Allgather, py::arg("input").noconvert(),
-           py::arg("output").noconvert(),
-           "output (world_size x input's bytes) = every rank's input in "
-           "rank order.")
-      .def("reduce_scatter", &PyClient::ReduceScatter,
-           py::arg("input").noconvert(), py::arg("output").noconvert(),
-           py::arg("op") = "sum", py::kw_only(), py::arg("bfloat16") = false,
-           "input: world_size x output's elements; output = this rank's "
-           "block of the element-wise reduction.")
-      .def("barrier", &PyClient::Barrier,
-           "Returns once every rank of the job entered the barrier.")
-      .def("join_enter", &PyClient::JoinEnter,
-           py::arg("divide_by_initial_world_size") = true,
-           py::arg("throw_on_early_termination") = false,
-           "Enters join mode (uneven inputs) before the current iteration; "
-           "every rank must do so before the same iteration.")
-      .def("join_active", &PyClient::JoinActive, py::arg("sync") = py::none(),
-           "This rank takes part in the current iteration (GIL released). "
-           "`sync` (a writable contiguous buffer, same size on every rank) "
-           "is replaced by the highest active rank's bytes. With "
-           "throw_on_early_termination raises AbortedError if a rank ran "
-           "out of inputs.")
-      .def("join", &PyClient::Join,
-           "This rank ran out of inputs: blocks (GIL released) until every "
-           "rank joined; returns the authoritative global rank.")
-      .def_property_readonly("in_join",
-                             [](PyClient& c) { return c.client().in_join(); })
-      .def("rebuild_buckets", &PyClient::RebuildBuckets,
-           "Bucket rebuild (gradd::Client::RebuildBuckets): re-plans the "
-           "buckets from the last completed iteration's ready order, on "
-           "every rank at the same point (GIL released while the ranks "
-           "meet). Returns whether it rebuilt; gradient(i) arrays made "
-           "before a rebuild point at the old places.")
-      .def_property_readonly(
-          "has_rebuilt_buckets",
-          [](PyClient& c) { return c.client().buckets_rebuilt(); })
-      .def_property_readonly(
-          "ready_order", [](PyClient& c) { return c.client().ready_order(); },
-          "Parameter indices in the order they were marked ready in the "
-          "last completed iteration (recorded until buckets are rebuilt).")
+          "order]).");
+  gradd::python::DefineCollectives(client);
+  gradd::python::DefineJoinAndRebuild(client);
+  client
       .def(
           "set_comm_hook",
           [](PyClient& c, const std::string& name, int rank,
@@ -816,7 +395,7 @@ PYBIND11_MODULE(_C, m) {
         return false;
       });
 
-  m.def("attach", &gradd::Attach, py::arg("params"), py::kw_only(),
+  m.def("attach", &gradd::python::Attach, py::arg("params"), py::kw_only(),
         py::arg("socket") = "", py::arg("job_id") = "default",
         py::arg("local_rank") = 0, py::arg("local_world_size") = 1,
         py::arg("bucket_cap_mb") = 0.0, py::arg("first_bucket_cap_mb") = 0.0,

@@ -71,7 +71,7 @@ TEST_F(GpuDeviceTest, TwoDaemonsOneTrainerEachStageThroughHost) {
 
 // Bucket rebuild after the first iteration, as torch's DDP does on CUDA:
 // the gradients move inside the cuMem memory through the driver
-// (client/src/device_client.h), the fused kernel reduces the new plan's
+// (client/src/device/device_client.h), the fused kernel reduces the new plan's
 // buckets (new sizes, the same event slots), every value checked before
 // and after; then the same across two daemons, staged through host
 // memory (host_staging.h re-makes its buffers for the new plan).

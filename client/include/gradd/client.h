@@ -127,9 +127,9 @@ struct ClientOptions {
   // Multi-node. Empty / unset / 0: from the launcher's environment
   // (torchrun's GROUP_WORLD_SIZE, WORLD_SIZE / LOCAL_WORLD_SIZE, GROUP_RANK,
   // MASTER_ADDR; gradd's GRADD_NUM_NODES, GRADD_NODE_RANK, GRADD_NODE_ID,
-  // GRADD_COORDINATOR; see client/src/launcher_env.h), else single node.
-  // `coordinator` names the coordinator's host ("host" or "host:port"); the
-  // daemons add their rendezvous port (29600) and the daemon on that host
+  // GRADD_COORDINATOR; see client/src/session/launcher_env.h), else single
+  // node. `coordinator` names the coordinator's host ("host" or "host:port");
+  // the daemons add their rendezvous port (29600) and the daemon on that host
   // serves the rendezvous.
   std::string node_id;
   std::optional<int> node_rank;

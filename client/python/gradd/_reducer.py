@@ -40,7 +40,7 @@ the same):
   nor averaged).
 
 The "used by some rank" answer comes from the client's used map, which the
-daemon reduces like a gradient (client/src/used_map_client.h).
+daemon reduces like a gradient (client/src/data/used_map_client.h).
 
 Static graph (torch ``static_graph=True``): the first synced backward hands
 everything over at its end and records how often each parameter's hook fired

@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "client/src/data/used_map_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/admin/job_manager_source.h"
 #include "server/admin/job_view.h"
 #include "server/config.h"
 #include "tests/unit/admin/fake_admin_source.h"
-#include "used_map_client.h"
 
 namespace gradd {
 namespace {

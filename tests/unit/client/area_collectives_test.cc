@@ -1,7 +1,7 @@
 // area_collectives.h over a fake job: N ranks as threads, each with its own
 // area, whose rounds meet in FakeJob, which does what the daemon does with
 // the areas (common/control_block.h) using the daemon's reduction kernels.
-#include "client/src/area_collectives.h"
+#include "client/src/data/area_collectives.h"
 
 #include <chrono>
 #include <condition_variable>

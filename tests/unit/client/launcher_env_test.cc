@@ -1,8 +1,8 @@
-// The launcher's environment as ClientOptions (client/src/launcher_env.h):
-// torchrun's variables for 2 nodes x 2 trainers give a 2-node job, never two
-// single-node ones; contradictions and a formed world that differs from the
-// launcher's are errors naming both numbers.
-#include "client/src/launcher_env.h"
+// The launcher's environment as ClientOptions
+// (client/src/session/launcher_env.h): torchrun's variables for 2 nodes x 2
+// trainers give a 2-node job, never two single-node ones; contradictions and a
+// formed world that differs from the launcher's are errors naming both numbers.
+#include "client/src/session/launcher_env.h"
 
 #include <map>
 #include <string>

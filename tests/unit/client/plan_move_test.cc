@@ -1,4 +1,4 @@
-#include "client/src/plan_move.h"
+#include "client/src/plan/plan_move.h"
 
 #include <cstring>
 #include <string>

@@ -1,4 +1,4 @@
-#include "client/src/region_moves.h"
+#include "client/src/device/region_moves.h"
 
 #include <cstring>
 #include <numeric>

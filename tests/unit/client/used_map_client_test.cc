@@ -3,7 +3,7 @@
 // when it is handed over, MarkUnused's zero/keep, errors naming the caller's
 // indices. The reduction across ranks is covered by tests/python/
 // test_used_map.py and the C ABI by tests/integration (real daemons).
-#include "used_map_client.h"
+#include "client/src/data/used_map_client.h"
 
 #include <cstring>
 #include <memory>
@@ -18,15 +18,6 @@
 #include "gtest/gtest.h"
 
 namespace gradd {
-
-// used_map_client.cc's attach path calls into client.cc, which this test
-// does not link; it only exercises NewUsedMapClient.
-namespace internal {
-absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
-    const ClientOptions&, const std::vector<ClientParam>&) {
-  return absl::UnimplementedError("not in this test");
-}
-}  // namespace internal
 
 namespace {
 
