@@ -1,6 +1,6 @@
 // JoinClient: one rank's side of join (uneven inputs, DDP's join()) on the
 // control block (common/control_block.h: JoinSlot / JoinBoard; the daemon's
-// state machine is drawn in server/engine/join_state.h).
+// state machine is drawn in server/engine/job/join_state.h).
 //
 //   Enter(options)   before an iteration: join mode from it on (epoch e)
 //   NoteActive(i)    this rank takes part in iteration i (MarkReady does it;

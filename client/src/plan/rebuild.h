@@ -1,4 +1,4 @@
-// Bucket rebuild, the client's side (the daemon's: server/engine/rebuild.h).
+// Bucket rebuild, the client's side (the daemon's: server/engine/job/rebuild.h).
 //
 //   attach --MarkReady(i) x n (any threads)--> order of iteration k recorded
 //     ^          WaitAll(): EndIteration() keeps it as last()      |

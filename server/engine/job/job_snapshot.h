@@ -18,7 +18,7 @@
 
 namespace gradd {
 
-// The client library's used map (client/src/used_map_client.h): a float32
+// The client library's used map (client/src/data/used_map_client.h): a float32
 // parameter registered first, one element per model parameter, averaged
 // like a gradient, so element i > 0 exactly when some rank used parameter
 // i + 1. Checked against the client's name in tests/unit/admin.

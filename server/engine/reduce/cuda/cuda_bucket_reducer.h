@@ -70,7 +70,7 @@
 // staging's buffers (host_staging.h: drained, then re-made at the new
 // sizes), the plan-order gate's sequence, and the wrapped host reducer's
 // own per-bucket state (its Replan). The trainers move their gradients
-// inside their device memory themselves (client/src/device_client.h),
+// inside their device memory themselves (client/src/device/device_client.h),
 // after their daemon's done events fired.
 //
 // Threads: Start / DescribeDevice on the engine thread (and JobManager's
