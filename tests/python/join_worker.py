@@ -49,6 +49,22 @@ def context(ddp, api, divide, throw, enable):
     )
 
 
+def comparer(record, per_step):
+    """on_step for `train`: each step's gradients, parameters and buffers
+    against `record[step]` (torch's), the error appended to `per_step`
+    (inf for a step torch did not run)."""
+    def compare(step, grads, ddp):
+        want_g, want_p, want_b = record[step] if step < len(record) else (None, None, None)
+        if want_g is None:
+            per_step.append(float("inf"))
+            return
+        err = max(model_err(grads, want_g), model_err(list(ddp.module.parameters()), want_p))
+        if want_b:
+            err = max(err, max(rel_err(a, b) for a, b in zip(ddp.module.buffers(), want_b)))
+        per_step.append(err)
+    return compare
+
+
 def train(ddp, make_input, loss_fn, batches, rank, api, divide, throw, enable, on_step):
     """Runs the loop under join; returns (steps done, error text or None)."""
     dev = test_device()
@@ -108,18 +124,8 @@ def main():
     )
     assert isinstance(ours, Joinable)
     per_step = []
-
-    def compare(step, grads, ddp):
-        want_g, want_p, want_b = record[step] if step < len(record) else (None, None, None)
-        if want_g is None:
-            per_step.append(float("inf"))
-            return
-        err = max(model_err(grads, want_g), model_err(list(ddp.module.parameters()), want_p))
-        if want_b:
-            err = max(err, max(rel_err(a, b) for a, b in zip(ddp.module.buffers(), want_b)))
-        per_step.append(err)
-
-    our_steps, our_error = train(ours, make_input, loss_fn, batches, rank, api, divide, throw, enable, compare)
+    our_steps, our_error = train(ours, make_input, loss_fn, batches, rank, api, divide, throw,
+                                 enable, comparer(record, per_step))
     final_err = max(
         rel_err(a, b) for a, b in zip(ours.module.state_dict().values(), ref_final)
     )

@@ -7,11 +7,23 @@ compares gradients and parameters. Prints one JSON line.
 Args: HOOK GLOO_INIT_FILE STEPS. HOOK: user_then, noop, record,
 quant_pertensor, quant_perchannel, post_localsgd, post_localsgd_noallreduce,
 fused_sgd, unused_then (find_unused_parameters with a user hook), static_then
-(static_graph=True with a user hook).
+(static_graph=True with a user hook), group_none / group_pg (the user hook
+with state None / state = the DDP's process group: gradd hands it the job's
+gradd group), group_fallback (state None with gradd._c10d unavailable: the
+hook uses the Gloo group), powersgd_wrapped (torch's PowerSGD wrapped in a
+user function, PowerSGDState over the default group: a view of the state
+with the gradd group).
+
+The group_* and powersgd modes also report what the hook's state was on
+gradd's side, how many collectives gradd's training issued on the Gloo
+default group (its sequence number before and after each gradd step), and
+(rank 0, with GRADDCTL_BINARY set) graddctl's view of the job's
+``<job>/trainer-hooks`` job while both ranks are attached.
 """
 import copy
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -20,11 +32,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import (
     debugging_hooks,
     post_localSGD_hook,
+    powerSGD_hook,
     quantization_hooks,
 )
 from torch.distributed.algorithms.model_averaging import averagers
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+import gradd.distributed
 import gradd.torch
 import models
 from parity_util import init_gloo, rel_err
@@ -38,6 +52,42 @@ def allreduce_then_divide(state, bucket: dist.GradBucket) -> torch.futures.Futur
     world = dist.get_world_size(state)
     fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].div_(world))
+
+
+def recording(hook, seen):
+    """`hook`, noting what its state was (type, backend, whether
+    dist.get_rank(state) answers this rank's group rank)."""
+    def run(state, bucket):
+        group = state if state is None or isinstance(state, dist.ProcessGroup) else \
+            state.process_group
+        if group is None:
+            kind = "None"
+        else:
+            rank_ok = dist.get_rank(group) == dist.get_rank()
+            kind = f"{type(group).__name__}/{dist.get_backend(group)}/rank_ok={rank_ok}"
+        if kind not in seen:
+            seen.append(kind)
+        return hook(state, bucket)
+    run.__name__ = hook.__name__
+    return run
+
+
+def wrapped_powersgd(state, bucket):
+    """torch's PowerSGD hook, not recognised as such: runs in the trainer."""
+    return powerSGD_hook.powerSGD_hook(state, bucket)
+
+
+def graddctl_job(job):
+    """graddctl's JSON view of `job` (GRADDCTL_BINARY, the test's daemon)."""
+    out = subprocess.run(
+        [os.environ["GRADDCTL_BINARY"], "--socket", os.environ["GRADD_SOCKET"], "--json", "job",
+         job], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return {"error": out.stderr}
+    detail = json.loads(out.stdout)["job"]
+    return {"state": detail["summary"]["state"],
+            "live": detail["summary"]["live_local_ranks"],
+            "pids": sorted(r["pid"] for r in detail["ranks"])}
 
 
 class Recorder:
@@ -151,9 +201,29 @@ def main():
     recorders = []
     fused = hook == "fused_sgd"
     averager = {}
+    seen = []
+    states = []
     if hook in ("user_then", "unused_then", "static_then"):
         for ddp in (ref, ours):
             ddp.register_comm_hook(None, allreduce_then_divide)
+    elif hook in ("group_none", "group_pg", "group_fallback"):
+        if hook == "group_fallback":
+            gradd.distributed._c10d = None  # as when gradd._c10d is not built
+        ref.register_comm_hook(None if hook != "group_pg" else ref.process_group,
+                               allreduce_then_divide)
+        ours.register_comm_hook(None if hook != "group_pg" else ours.process_group,
+                                recording(allreduce_then_divide, seen))
+    elif hook == "powersgd_wrapped":
+        for ddp in (ref, ours):
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                min_compression_rate=0.5, random_seed=7)
+            states.append(state)
+            # PowerSGD issues its P and Q allreduces from future callbacks:
+            # with several buckets in flight the ranks' issue order would be
+            # a race (over Gloo as over gradd); one bucket at a time.
+            hook_fn = one_bucket_at_a_time(wrapped_powersgd)
+            ddp.register_comm_hook(state, hook_fn if ddp is ref else recording(hook_fn, seen))
     elif hook == "noop":
         for ddp in (ref, ours):
             ddp.register_comm_hook(None, debugging_hooks.noop_hook)
@@ -200,14 +270,19 @@ def main():
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05)
 
     per_step = []
+    gloo = dist.distributed_c10d._get_default_group()
+    gloo_ops = 0  # collectives gradd's steps issued on the Gloo group
     for step in range(steps):
         g = torch.Generator().manual_seed(step * 100 + rank)  # each rank its own data
         x = make_input(g)
         y = torch.randint(0, 10, (x.shape[0],), generator=g)
         for ddp, opt in ((ref, opt_ref), (ours, opt_ours)):
             opt.zero_grad()
+            before = gloo._get_sequence_number_for_group()
             out = ddp(x, rank == 0 and step % 2 == 1) if unused else ddp(x)
             loss_fn(out, y).backward()
+            if ddp is ours:
+                gloo_ops += gloo._get_sequence_number_for_group() - before
         grad_err = max(
             (rel_err(q.grad, p.grad) if p.grad is not None else float(q.grad is not None))
             for p, q in zip(ref.module.parameters(), ours.module.parameters())
@@ -223,6 +298,11 @@ def main():
         per_step.append([grad_err, param_err])
 
     flat = torch.cat([p.detach().reshape(-1).double() for p in ours.module.parameters()])
+    hooks_job = None
+    dist.barrier()  # both ranks still attached
+    if rank == 0 and os.environ.get("GRADDCTL_BINARY"):
+        hooks_job = graddctl_job(f"{ours.job_id}/trainer-hooks")
+    dist.barrier()
     print(json.dumps({
         "rank": rank,
         "num_buckets": ours.num_buckets,
@@ -230,6 +310,12 @@ def main():
         "param0": flat[:8].tolist(),
         "daemon_hook": getattr(ours, "_gradd_comm_hook", None),
         "recorded": [r.calls for r in recorders],
+        "pid": os.getpid(),
+        "seen": seen,
+        "gloo_ops": gloo_ops,
+        "hooks_job": hooks_job,
+        "states": [{"iter": st.iter, "process_group_is_none": st.process_group is None}
+                   for st in states],
     }))
     ours.shutdown()
     dist.barrier()

@@ -35,12 +35,16 @@ wrappers, so ``_register_fused_optim`` too, torch's hooks wrapped in
 anything) runs in the trainer with torch 1.13's semantics
 (gradd/_trainer_hooks.py): it gets a GradBucket over torch's bucket layout
 (gradd's shared bucket memory where the two plans agree) and communicates
-over whatever torch.distributed group it uses (its state, or the default
-group). The daemon then does not take part in backward: buckets are not
+over the group its state means: when that is the DDP's own ranks (state
+None for a DDP over the default group, the DDP's process group, or a state
+object whose ``process_group`` is one of these) the job's own gradd
+collectives (gradd/_hook_group.py: the torch.distributed backend "gradd"
+over the DDP's ranks), otherwise the group the state names. The daemon's
+bucket machinery then does not take part in backward: buckets are not
 handed to it, the used map of find_unused_parameters is reduced over the
-DDP's torch.distributed group as torch does, the daemon's bucket rebuild is
-off (the hook's buckets follow torch's own rebuild), and join() is not
-supported.
+DDP's ranks as torch does, the daemon's bucket rebuild is off (the hook's
+buckets follow torch's own rebuild), and join() runs torch's protocol in
+the trainers (gradd/_trainer_join.py).
 """
 from __future__ import annotations
 

@@ -29,6 +29,12 @@ Two ways in, both without ``torch.distributed.init_process_group``:
   Only gradd joinables can share such a context (torch's own ZeroRedundancy
   optimizer needs a torch process group).
 
+A model whose communication hook runs in the trainer (gradd/_trainer_hooks.py)
+keeps the daemon out of backward, so the daemon cannot fill in for it: its
+join follows torch's own protocol in the trainers, with the hook run on zero
+buckets by ranks that ran out (gradd/_trainer_join.py). ``on_forward`` and
+``finish`` hand such models over.
+
 Differences from torch: a forward that does not sync gradients (``no_grad``,
 ``no_sync``) runs no join step and no buffer sync in join mode; gradd's
 iterations are synced backward passes. Join mode ends when the context exits
@@ -41,7 +47,7 @@ from typing import List, Optional
 import torch
 from torch.distributed.algorithms.join import Join, JoinHook, _JoinConfig
 
-from gradd import _state_sync
+from gradd import _state_sync, _trainer_join
 from gradd._C import AbortedError
 
 __all__ = ["GraddJoin", "GraddJoinHook"]
@@ -128,6 +134,13 @@ def on_forward(ddp, grad_sync: bool) -> None:
     ran out of inputs."""
     if not grad_sync:
         return
+    if _trainer_join.applies(ddp):
+        try:
+            _trainer_join.on_forward(ddp, grad_sync)
+        except RuntimeError:  # e.g. throw_on_early_termination: join mode ends
+            _disable(ddp)
+            raise
+        return
     _ensure_entered(ddp)
     buffers: List[torch.Tensor] = []
     if ddp.require_forward_param_sync and ddp.broadcast_buffers and ddp.world_size > 1:
@@ -151,6 +164,12 @@ def on_forward(ddp, grad_sync: bool) -> None:
 def finish(ddp) -> None:
     """This rank ran out of inputs: wait for every rank, then copy the
     authoritative rank's parameters and buffers."""
+    if _trainer_join.applies(ddp):
+        try:
+            _trainer_join.finish(ddp, _throws(ddp))
+        finally:
+            _disable(ddp)
+        return
     _ensure_entered(ddp)
     try:
         authoritative = ddp._client.join()

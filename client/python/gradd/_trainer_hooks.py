@@ -6,8 +6,18 @@ this process: which parameters of each bucket are ready, which buckets have
 been handed to the hook and their futures, the locally used map. It runs on
 the thread that runs autograd for the model (hooks are launched from the
 autograd hooks and waited for in the end-of-backward callback), as torch's
-c10d Reducer does. It depends on torch and torch.distributed only; the
-daemon is not involved in the backward pass at all.
+c10d Reducer does. It depends on torch and torch.distributed, and on
+gradd/_hook_group.py for the job's own gradd collectives; the daemon's
+bucket machinery is not involved in the backward pass at all.
+
+Which group a hook communicates over (gradd/_hook_group.py): a state that
+means the DDP's own ranks (None for a DDP over the default group, the DDP's
+``process_group``, a state object whose ``process_group`` is one of these)
+is handed to the hook as the job's gradd process group (the torch.distributed
+backend "gradd" over the DDP's ranks), so the hook's collectives go through
+the daemon; any other state is handed over unchanged, and the hook uses the
+group it names. Without gradd._c10d, or for CUDA modules, every state is
+the user's.
 
 torch 1.13's semantics (c10d ``Reducer`` with a comm hook):
 
@@ -24,21 +34,29 @@ torch 1.13's semantics (c10d ``Reducer`` with a comm hook):
   result (a tensor of the bucket's size) is copied into the bucket, i.e.
   into every ``.grad`` view;
 * with ``find_unused_parameters`` (or the first iteration of a static
-  graph) the locally used map is summed over the DDP's process group (the
-  default group when none was given), as torch does, after the hooks'
-  futures completed.
+  graph) the locally used map is summed over the DDP's ranks (the job's
+  gradd group, else the DDP's process group, the default group when none
+  was given), as torch does, after the hooks' futures completed;
+* the re-plan uses rank 0's ready order (the daemon broadcasts it), as
+  torch's ``sync_bucket_indices`` makes every rank use rank 0's buckets.
 
 The daemon's own bucket rebuild is off in this mode (the daemon re-plans
 from the ready order it sees, and here it sees none; the layout above is
-torch's anyway), and ``join()`` is refused (torch's join shadows the hook's
-collectives with zero buckets; gradd's join is the daemon's).
+torch's anyway). ``join()`` follows torch's protocol for hooks
+(gradd/_trainer_join.py): a rank that ran out of inputs runs the hook on
+zero buckets (:meth:`TrainerComm.shadow_iteration`) while others train.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 import torch
+
+from gradd import _hook_group
+
+log = logging.getLogger("gradd.torch")
 
 _TYPESTR = {
     torch.float32: "<f4",
@@ -181,9 +199,15 @@ class TrainerComm:
 
     def __init__(self, ddp, state: Any, hook: Callable):
         self.ddp = ddp
-        self.state = state
         self.hook = hook
         self.name = hook_name(hook)
+        # The job's gradd collectives (attached at first use), unless they
+        # cannot stand in for the DDP's group; then the state the hook gets.
+        reason = _hook_group.unusable_reason(ddp)
+        self.unusable = reason
+        self.job_group = _hook_group.JobGroup(ddp) if reason is None else None
+        self.state, why = _hook_group.hook_state(ddp, state, self.job_group)
+        log.info(_hook_group.describe(self.name, ddp, self.state, why, reason))
         self.device = ddp._device
         self.who = f"job '{ddp.job_id}', rank {ddp.rank}"
         params = ddp._params
@@ -238,14 +262,23 @@ class TrainerComm:
 
     def _maybe_rebuild(self) -> None:
         """Where torch's forward rebuilds its buckets (first mark of an
-        iteration here: the layout only matters to backward)."""
+        iteration here: the layout only matters to backward). Every rank
+        plans from rank 0's ready order (torch broadcasts rank 0's bucket
+        assignment); a rank that has none (it ran out of inputs before
+        completing an iteration) offers the registration order, as torch's
+        joined rank does."""
         ddp = self.ddp
         if self.rebuilt or (ddp.find_unused_parameters and not ddp.static_graph):
             return
-        if self.completed < (2 if ddp.static_graph else 1) or not self.last_order:
+        if self.completed < (2 if ddp.static_graph else 1):
             return
-        self._set_layout(assign_buckets(ddp._params, self.last_order,
-                                        [self.first_cap, self.cap], False))
+        n = len(self.nbytes)
+        order = self.last_order if len(self.last_order) == n else list(range(n))
+        if ddp.world_size > 1:
+            agreed = torch.tensor(order, dtype=torch.int64)
+            ddp._broadcast_tensors([agreed], 0)
+            order = agreed.tolist()
+        self._set_layout(assign_buckets(ddp._params, order, [self.first_cap, self.cap], False))
         self.rebuilt = True
 
     # ------------------------------------------------------- per iteration
@@ -266,12 +299,6 @@ class TrainerComm:
         else:
             self._maybe_rebuild()
         self.pending = [len(ps) for ps in self.buckets]
-        if getattr(self.ddp, "_join_config", None) is not None and self.ddp._join_config.enable:
-            raise NotImplementedError(
-                f"gradd ({self.who}): join() does not support the communication hook "
-                f"{self.name}, which runs in the trainer; only the hooks the daemon runs "
-                "(allreduce, fp16/bf16 compression, PowerSGD) work with join()"
-            )
 
     def mark_ready(self, i: int, stream: int = 0) -> None:
         self._start()
@@ -305,8 +332,11 @@ class TrainerComm:
         if self.staged[k]:
             self._stage_in(k)
         bucket = GradBucket(k, len(self.buckets), self.buffers[k], self.bucket_params[k])
+        self.futures.append(self._call_hook(k, bucket))
+
+    def _call_hook(self, k: int, bucket: GradBucket):
         try:
-            fut = self.hook(self.state, bucket)
+            fut = self.hook(_hook_group.resolve(self.state), bucket)
         except Exception as e:
             raise RuntimeError(
                 f"gradd ({self.who}): communication hook {self.name} raised on bucket {k}: "
@@ -318,7 +348,7 @@ class TrainerComm:
                 f"torch.futures.Future[torch.Tensor]; it returned {type(fut).__name__} "
                 f"for bucket {k}"
             )
-        self.futures.append(fut)
+        return fut
 
     def wait_all(self, stream: int = 0) -> None:
         try:
@@ -338,14 +368,41 @@ class TrainerComm:
                 self._take_result(k, fut)
             self._used = None
             if self.need_used_map:
-                self._used = self._reduce_used_map()
+                self._used = self._reduce_used_map(self.local_used)
             if len(self.order) == len(self.nbytes):
                 self.last_order = list(self.order)
             self.completed += 1
         finally:
             self._reset()
 
-    def _take_result(self, k: int, fut) -> None:
+    def shadow_iteration(self) -> None:
+        """join(): this rank ran out of inputs while others train. As
+        torch's joined rank (``_DDPJoinHook.main_hook``:
+        ``_match_all_reduce_for_bwd_pass``), run the hook on zero buckets of
+        the current layout, in bucket order, so that its collectives match
+        the active ranks'; wait for every future and drop the results
+        (.grad is untouched); then match the used-map reduce when theirs
+        runs (zeros: nothing used here)."""
+        try:
+            self._start()
+            futures = []
+            for k in range(len(self.buckets)):
+                like = self.buffers[k]
+                zeros = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+                bucket = GradBucket(k, len(self.buckets), zeros, self.bucket_params[k])
+                futures.append(self._call_hook(k, bucket))
+            for k, fut in enumerate(futures):
+                self._result(k, fut)
+            ddp = self.ddp
+            if (ddp.find_unused_parameters and not ddp.static_graph) or (
+                    ddp.static_graph and self.completed == 0):
+                self._reduce_used_map([False] * len(self.nbytes))
+            self.completed += 1
+        finally:
+            self._reset()
+
+    def _result(self, k: int, fut) -> torch.Tensor:
+        """Waits for bucket k's future; its tensor of the bucket's size."""
         try:
             result = fut.wait()
         except Exception as e:
@@ -364,6 +421,11 @@ class TrainerComm:
                 f"future with a tensor of the bucket's {buf.numel()} elements; bucket {k} "
                 f"got {got}"
             )
+        return result
+
+    def _take_result(self, k: int, fut) -> None:
+        result = self._result(k, fut)
+        buf = self.buffers[k]
         with torch.no_grad():
             if self.staged[k]:
                 flat = result.reshape(-1)
@@ -386,19 +448,38 @@ class TrainerComm:
                 buf[at:at + v.numel()].copy_(v.reshape(-1))
                 at += v.numel()
 
-    def _reduce_used_map(self) -> List[bool]:
+    def group(self):
+        """The process group of the DDP's ranks for gradd's own collectives
+        on this path (the used map, join's per-iteration step): the job's
+        gradd group when usable, else the DDP's torch.distributed group (the
+        default group for None); None without either."""
         import torch.distributed as dist
 
+        if self.job_group is not None:
+            return self.job_group.raw()
         if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return self.ddp.process_group if self.ddp.process_group is not None else \
+            dist.group.WORLD
+
+    def close(self) -> None:
+        if self.job_group is not None:
+            self.job_group.close()
+
+    def _reduce_used_map(self, local_used: List[bool]) -> List[bool]:
+        import torch.distributed as dist
+
+        group = self.group()
+        if group is None:
             raise RuntimeError(
                 f"gradd ({self.who}): find_unused_parameters / static_graph with the "
                 f"communication hook {self.name}, which runs in the trainer, reduces the "
-                "used-parameter map over torch.distributed as torch's DDP does, and no "
+                "used-parameter map over the DDP's ranks as torch's DDP does: the job's "
+                f"gradd group is not usable ({self.unusable}) and no torch.distributed "
                 "process group is initialized; call torch.distributed.init_process_group "
                 "first"
             )
-        group = self.ddp.process_group
-        used = torch.tensor([1 if u else 0 for u in self.local_used], dtype=torch.int32)
+        used = torch.tensor([1 if u else 0 for u in local_used], dtype=torch.int32)
         if self.device.type == "cuda" and dist.get_backend(group) != "gloo":
             used = used.to(self.device)
         dist.all_reduce(used, group=group)

@@ -66,6 +66,9 @@ class World:
     is_subgroup: bool = False
     group_rank: Optional[int] = None  # dist.get_rank(group)
     global_ranks: Optional[List[int]] = None  # the group's members, by group rank
+    # Whether every member's job rank is its group rank (the same answer on
+    # every member; False when group ranks interleave across nodes).
+    ranks_are_group_ranks: bool = True
 
 
 def env_int(name: str) -> Optional[int]:
@@ -238,6 +241,7 @@ def _from_group(dist, group, is_subgroup, *, socket, job_id, rank, world_size, l
     env_lws = env_int("LOCAL_WORLD_SIZE") if use_env else None
     lws = _first(local_world_size, env_lws)
     lr = _first(local_rank, env_lr)
+    same_ranks = True  # the launcher's layout: job rank = group rank
     if lws is not None and lr is not None:
         lws, lr = int(lws), int(lr)
         if lws < 1 or group_size % lws != 0 or not 0 <= lr < lws:
@@ -262,6 +266,10 @@ def _from_group(dist, group, is_subgroup, *, socket, job_id, rank, world_size, l
         # The daemons place rank node_rank * L + local_rank; members of one
         # node are contiguous there even when their group ranks interleave.
         job_rank = nrank * lws + lr
+        same_ranks = all(
+            order.index(key) * lws + members.index(g) == g
+            for key, members in nodes.items() for g in members
+        )
     coord = ""
     if num_nodes > 1:
         coord = _first(
@@ -281,6 +289,7 @@ def _from_group(dist, group, is_subgroup, *, socket, job_id, rank, world_size, l
         rank=job_rank, world_size=group_size, local_rank=lr, local_world_size=lws,
         node_rank=nrank, num_nodes=num_nodes, coordinator=coord, job_id=jid, group=group,
         is_subgroup=is_subgroup, group_rank=group_rank, global_ranks=global_ranks,
+        ranks_are_group_ranks=same_ranks,
     )
 
 

@@ -33,8 +33,8 @@ that host serves it on demand).
 
 Module map: _world (who am I, job id), _state_sync (rank 0's state),
 _reducer (autograd hooks, .grad rules), _rebuild (bucket re-plan), _join
-(uneven inputs), _sparse, _cuda, _comm_hooks / _trainer_hooks (comm hooks),
-_ddp_logging (``_get_ddp_logging_data``).
+(uneven inputs), _sparse, _cuda, _comm_hooks / _trainer_hooks / _hook_group /
+_trainer_join (comm hooks), _ddp_logging (``_get_ddp_logging_data``).
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ from gradd import distributed as _distributed  # noqa: F401  (registers torch.di
 from gradd._C import GraddError
 from gradd._reducer import Reducer
 from gradd._sparse import SparseReducer, sparse_parameter_ids
+from gradd._trainer_hooks import TrainerComm
 
 __all__ = ["DistributedDataParallel", "GraddError"]
 
@@ -261,6 +262,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.node_rank = world.node_rank
         self.num_nodes = world.num_nodes
         self.job_id = world.job_id
+        self._coordinator = world.coordinator
+        self._ranks_are_group_ranks = world.ranks_are_group_ranks
         named = list(zip(self._param_names, self._params))
         cuda = self._device.type == "cuda"
         # (name, shape, dtype), plus the device for CUDA modules.
@@ -562,8 +565,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # ------------------------------------------------------- not supported
     def register_comm_hook(self, state, hook):
         """Any hook torch accepts: torch's allreduce, fp16/bf16 and PowerSGD
-        hooks run in the daemon, every other one in this process over the
-        user's torch.distributed group (see gradd/_comm_hooks.py)."""
+        hooks run in the daemon, every other one in this process, over the
+        job's gradd group when its state means the DDP's ranks, else over the
+        group its state names (see gradd/_comm_hooks.py, _hook_group.py)."""
         from gradd import _comm_hooks
 
         _comm_hooks.register_comm_hook(self, state, hook)
@@ -594,7 +598,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     # ------------------------------------------------------------- join
     # Uneven inputs: the daemon fills in for ranks that ran out of inputs
-    # (no shadow collectives here); see gradd/_join.py.
+    # (no shadow collectives here); see gradd/_join.py. With a hook that runs
+    # in the trainer, the trainers shadow it as torch does (_trainer_join.py).
     def join(
         self,
         divide_by_initial_world_size: bool = True,
@@ -655,6 +660,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         client, self._client = self.__dict__.get("_client"), None
         reducer = self.__dict__.get("_reducer")
         if reducer is not None:
+            if isinstance(reducer.comm, TrainerComm):  # its gradd group
+                reducer.comm.close()
             reducer.detach()
         if client is not None:
             client.detach()
