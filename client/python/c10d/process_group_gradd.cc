@@ -3,11 +3,19 @@
 #include <ATen/ATen.h>
 #include <Python.h>
 #include <c10/util/Exception.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
 #include <exception>
+#include <mutex>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +110,19 @@ at::Tensor& Single(std::vector<at::Tensor>& tensors, const char* what) {
   return tensors[0];
 }
 
+// Broadcast in chunks the client's broadcast area holds.
+absl::Status BroadcastBytes(gradd::Client* client, void* data, size_t bytes,
+                            int root) {
+  auto* p = static_cast<char*>(data);
+  for (size_t off = 0; off < bytes; off += kBroadcastChunk) {
+    const size_t n = std::min(kBroadcastChunk, bytes - off);
+    if (absl::Status s = client->Broadcast(p + off, n, root); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FromException(const char* what) {
   try {
     throw;
@@ -138,54 +159,194 @@ int32_t GraddDtype(c10::ScalarType type, const char* what) {
   }
 }
 
+// One queued collective.
+struct ProcessGroupGradd::Item {
+  const char* what;
+  uint64_t seq;  // issue number
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::vector<at::Tensor> outputs;
+  Body body;
+};
+
+// What the pool threads share with the group (see the header's Threads and
+// Destruction). Every field but `client` is guarded by `mu`; `client` is
+// used by the runner-role holder only (and destroyed with the state).
+struct ProcessGroupGradd::State {
+  explicit State(std::unique_ptr<gradd::Client> c) : client(std::move(c)) {}
+
+  // Starts one more pool thread (mu held). Failing to (the process is out
+  // of threads) is reported; the queue then waits for a busy thread.
+  static void Spawn(const std::shared_ptr<State>& s) {
+    try {
+      std::thread t([s] { Main(s); });
+      // Named here rather than by the thread, so that it is named by the
+      // time the constructor (or collective) that started it returns.
+      pthread_setname_np(t.native_handle(), "gradd-pg");
+      ++s->live;
+      if (s->detached) {
+        t.detach();
+      } else {
+        s->threads.push_back(std::move(t));
+      }
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr,
+                   "gradd backend: cannot start a thread for the process "
+                   "group (%s); queued collectives wait for a busy one\n",
+                   e.what());
+    }
+  }
+
+  // Hands the oldest queued collective to a thread (mu held, the runner
+  // role free): starts one when none is idle; returns whether the caller
+  // must wake an idle one (work_cv.notify_one once it released mu, so that
+  // the woken thread does not wait for the mutex).
+  [[nodiscard]] static bool Dispatch(const std::shared_ptr<State>& s) {
+    if (s->idle > 0) return true;
+    Spawn(s);
+    return false;
+  }
+
+  static void Main(std::shared_ptr<State> s) {
+    std::unique_lock<std::mutex> lock(s->mu);
+    for (;;) {
+      ++s->idle;
+      s->work_cv.wait(lock, [&] {
+        return (!s->running && !s->queue.empty()) ||
+               (s->stopping && s->queue.empty());
+      });
+      --s->idle;
+      if (s->queue.empty()) break;
+      std::unique_ptr<Item> item = std::move(s->queue.front());
+      s->queue.pop_front();
+      s->running = true;
+      // Idle threads of a stopping group end once the queue is empty.
+      if (s->stopping && s->queue.empty()) s->work_cv.notify_all();
+      lock.unlock();
+
+      absl::Status status;
+      try {
+        status = item->body();
+      } catch (...) {
+        status = FromException(item->what);
+      }
+
+      lock.lock();
+      s->running = false;
+      // The next collective goes to another thread: this one's future
+      // callbacks may wait for it.
+      if (!s->queue.empty() && Dispatch(s)) {
+        lock.unlock();
+        s->work_cv.notify_one();
+        lock.lock();
+      }
+      // Futures complete in issue order; the previous one's thread is
+      // about to set its flag (nothing user-defined runs before that).
+      s->turn_cv.wait(lock, [&] { return s->next_mark == item->seq; });
+      lock.unlock();
+      Complete(*item, status);
+      lock.lock();
+      // Normally advanced by the future's first callback (Enqueue).
+      if (s->next_mark == item->seq) {
+        s->next_mark = item->seq + 1;
+        s->turn_cv.notify_all();
+      }
+      // Dropped by the next caller or the destructor: the tensors may be
+      // the last references to Python tensors, whose release takes the
+      // GIL, which a thread waiting for this one may hold.
+      s->done.push_back(std::move(item));
+    }
+    --s->live;
+    s->exit_cv.notify_all();
+  }
+
+  // Completes the item's future, running its callbacks here; nothing they
+  // throw leaves the thread.
+  static void Complete(Item& item, const absl::Status& status) {
+    try {
+      if (status.ok()) {
+        item.future->markCompleted(c10::IValue(item.outputs));
+      } else {
+        item.future->setError(
+            std::make_exception_ptr(std::runtime_error(absl::StrCat(
+                "gradd ", item.what, " failed: ", status.ToString()))));
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "gradd backend: a callback of the %s future threw: %s\n",
+                   item.what, e.what());
+    } catch (...) {
+      std::fprintf(stderr, "gradd backend: a callback of the %s future threw\n",
+                   item.what);
+    }
+  }
+
+  std::unique_ptr<gradd::Client> client;
+
+  std::mutex mu;
+  std::condition_variable work_cv;          // a collective to run, or stopping
+  std::condition_variable turn_cv;          // next_mark advanced
+  std::condition_variable exit_cv;          // live dropped
+  std::deque<std::unique_ptr<Item>> queue;  // issued, not yet started
+  uint64_t next_seq = 0;                    // of the next Enqueue
+  uint64_t next_mark = 0;  // seq of the next future to complete
+  bool running = false;    // a thread holds the runner role
+  int idle = 0;            // threads waiting for a collective to run
+  int live = 0;            // threads started and not yet ended
+  bool stopping = false;
+  bool detached = false;  // threads are detached, not joined
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Item>> done;  // see Main
+};
+
 ProcessGroupGradd::ProcessGroupGradd(std::unique_ptr<gradd::Client> client,
                                      std::string job_id)
     : c10d::ProcessGroup(client->global_rank(), client->world_size()),
-      client_(std::move(client)),
+      state_(std::make_shared<State>(std::move(client))),
+      client_(state_->client.get()),
       job_id_(std::move(job_id)) {
-  worker_ = std::thread([this] { WorkerLoop(); });
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State::Spawn(state_);
 }
 
 ProcessGroupGradd::~ProcessGroupGradd() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (Py_IsInitialized() && _Py_IsFinalizing()) {
-    // Python threads can no longer take the GIL, so queued work whose
-    // callbacks need it could never finish: leave the worker and the
-    // client (the daemon sees the process go).
-    worker_.detach();
-    (void)client_.release();
+  std::shared_ptr<State> s = std::move(state_);
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->stopping = true;
+  s->work_cv.notify_all();
+  const bool finalizing = Py_IsInitialized() && _Py_IsFinalizing();
+  const bool on_own_thread = std::any_of(
+      s->threads.begin(), s->threads.end(),
+      [](std::thread& t) { return t.get_id() == std::this_thread::get_id(); });
+  if (finalizing || on_own_thread) {
+    // Cannot wait: at interpreter exit Python threads can no longer take
+    // the GIL, so queued work whose callbacks need it would never finish;
+    // on one of the group's threads, this thread's own callbacks (and
+    // others waiting for them) come after this destructor. The threads
+    // finish on their own; the last drops the state.
+    for (std::thread& t : s->threads) t.detach();
+    s->threads.clear();
+    s->detached = true;
+    if (finalizing) {
+      // Never dropped: its release (client detach, tensors) would need
+      // the GIL; the daemon sees the process go.
+      new std::shared_ptr<State>(s);
+    }
     return;
   }
-  // The worker finishes what was queued (each call is bounded by the
-  // client's wait_timeout) before the client detaches; its future
-  // callbacks may need the GIL, which a Python caller of the destructor
-  // holds.
+  // The threads run what was queued (each call is bounded by the client's
+  // wait_timeout) and complete the futures, whose callbacks may need the
+  // GIL, which a Python caller of the destructor holds.
+  lock.unlock();
   PyThreadState* saved = nullptr;
   if (Py_IsInitialized() && PyGILState_Check()) saved = PyEval_SaveThread();
-  if (worker_.joinable()) worker_.join();
-  (void)client_->Detach();
+  lock.lock();
+  s->exit_cv.wait(lock, [&] { return s->live == 0; });
+  std::vector<std::thread> threads = std::move(s->threads);
+  lock.unlock();
+  for (std::thread& t : threads) t.join();
+  s->client.reset();  // detaches
   if (saved != nullptr) PyEval_RestoreThread(saved);
-  done_.clear();
-}
-
-void ProcessGroupGradd::WorkerLoop() {
-  for (;;) {
-    std::function<void()> item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    item();
-    std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(std::move(item));
-  }
+  // `s` (the done items' tensors) is dropped here, with the GIL.
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::Enqueue(
@@ -193,41 +354,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::Enqueue(
   auto future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()));
   auto work = c10::make_intrusive<GraddWork>(rank_, future, outputs);
-  auto item = [what, future, outputs = std::move(outputs),
-               body = std::move(body)]() mutable {
-    absl::Status status;
-    try {
-      status = body();
-    } catch (...) {
-      status = FromException(what);
-    }
-    if (status.ok()) {
-      future->markCompleted(c10::IValue(outputs));
-    } else {
-      future->setError(std::make_exception_ptr(std::runtime_error(
-          absl::StrCat("gradd ", what, " failed: ", status.ToString()))));
-    }
-  };
-  std::vector<std::function<void()>> done;
+  auto item = std::make_unique<Item>(
+      Item{what, 0, future, std::move(outputs), std::move(body)});
+  std::vector<std::unique_ptr<Item>> done;
+  bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(item));
-    done.swap(done_);
+    std::lock_guard<std::mutex> lock(state_->mu);
+    item->seq = state_->next_seq++;
+    // The first callback, so it runs as soon as the future's flag is set
+    // and before any callback of the caller's: the next future may be
+    // completed from then on. Runs on a pool thread, which keeps the
+    // state alive.
+    State* s = state_.get();
+    const uint64_t seq = item->seq;
+    future->addCallback([s, seq](c10::ivalue::Future&) {
+      {
+        std::lock_guard<std::mutex> lock(s->mu);
+        s->next_mark = seq + 1;
+      }
+      s->turn_cv.notify_all();
+    });
+    state_->queue.push_back(std::move(item));
+    wake = !state_->running && State::Dispatch(state_);
+    done.swap(state_->done);
   }
-  cv_.notify_one();
+  if (wake) state_->work_cv.notify_one();
   return work;
-}
-
-absl::Status ProcessGroupGradd::BroadcastBytes(void* data, size_t bytes,
-                                               int root) {
-  auto* p = static_cast<char*>(data);
-  for (size_t off = 0; off < bytes; off += kBroadcastChunk) {
-    const size_t n = std::min(kBroadcastChunk, bytes - off);
-    if (absl::Status s = client_->Broadcast(p + off, n, root); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::broadcast(
@@ -238,14 +390,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::broadcast(
               " is not a rank of the group (size ", size_, ")");
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  return Enqueue("broadcast", tensors, [this, t, buf, root]() mutable {
-    if (absl::Status s = BroadcastBytes(buf.data_ptr(), buf.nbytes(), root);
-        !s.ok()) {
-      return s;
-    }
-    if (!buf.is_same(t)) t.copy_(buf);
-    return absl::OkStatus();
-  });
+  return Enqueue(
+      "broadcast", tensors, [client = client_, t, buf, root]() mutable {
+        if (absl::Status s =
+                BroadcastBytes(client, buf.data_ptr(), buf.nbytes(), root);
+            !s.ok()) {
+          return s;
+        }
+        if (!buf.is_same(t)) t.copy_(buf);
+        return absl::OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce(
@@ -254,15 +408,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce(
   const int32_t dtype = GraddDtype(t.scalar_type(), "allreduce");
   const gradd::ReduceOp op = GraddOp(opts.reduceOp, "allreduce");
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  return Enqueue("allreduce", tensors, [this, t, buf, dtype, op]() mutable {
-    if (absl::Status s = client_->Allreduce(
-            buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, op);
-        !s.ok()) {
-      return s;
-    }
-    if (!buf.is_same(t)) t.copy_(buf);
-    return absl::OkStatus();
-  });
+  return Enqueue(
+      "allreduce", tensors, [client = client_, t, buf, dtype, op]() mutable {
+        if (absl::Status s = client->Allreduce(
+                buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, op);
+            !s.ok()) {
+          return s;
+        }
+        if (!buf.is_same(t)) t.copy_(buf);
+        return absl::OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce_coalesced(
@@ -281,12 +436,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allreduce_coalesced(
       GraddDtype(tensors[0].scalar_type(), "allreduce_coalesced");
   const gradd::ReduceOp op = GraddOp(opts.reduceOp, "allreduce_coalesced");
   return Enqueue(
-      "allreduce_coalesced", tensors, [this, tensors, dtype, op]() mutable {
+      "allreduce_coalesced", tensors,
+      [client = client_, tensors, dtype, op]() mutable {
         std::vector<at::Tensor> flat_parts;
         flat_parts.reserve(tensors.size());
         for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape(-1));
         at::Tensor flat = at::cat(flat_parts);
-        if (absl::Status s = client_->Allreduce(
+        if (absl::Status s = client->Allreduce(
                 flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op);
             !s.ok()) {
           return s;
@@ -312,8 +468,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce(
   // An allreduce; only the root's tensor receives the result.
   at::Tensor buf = (is_root && t.is_contiguous()) ? t : t.contiguous().clone();
   return Enqueue(
-      "reduce", tensors, [this, t, buf, dtype, op, is_root]() mutable {
-        if (absl::Status s = client_->Allreduce(
+      "reduce", tensors,
+      [client = client_, t, buf, dtype, op, is_root]() mutable {
+        if (absl::Status s = client->Allreduce(
                 buf.data_ptr(), static_cast<size_t>(buf.numel()), dtype, op);
             !s.ok()) {
           return s;
@@ -342,16 +499,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allgather(
                 " x ", o.scalar_type());
   }
   at::Tensor src = in.contiguous();
-  return Enqueue("allgather", outs, [this, src, outs]() mutable {
-    at::Tensor all = at::empty({size_, src.numel()}, src.options());
-    if (absl::Status s =
-            client_->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
-        !s.ok()) {
-      return s;
-    }
-    for (int r = 0; r < size_; ++r) outs[r].copy_(all[r].view(outs[r].sizes()));
-    return absl::OkStatus();
-  });
+  return Enqueue(
+      "allgather", outs, [client = client_, size = size_, src, outs]() mutable {
+        at::Tensor all = at::empty({size, src.numel()}, src.options());
+        if (absl::Status s =
+                client->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
+            !s.ok()) {
+          return s;
+        }
+        for (int r = 0; r < size; ++r) {
+          outs[r].copy_(all[r].view(outs[r].sizes()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_allgather_base(
@@ -367,8 +527,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_allgather_base(
   at::Tensor src = input.contiguous();
   at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
   return Enqueue("_allgather_base", {output},
-                 [this, src, dst, output]() mutable {
-                   if (absl::Status s = client_->Allgather(
+                 [client = client_, src, dst, output]() mutable {
+                   if (absl::Status s = client->Allgather(
                            src.data_ptr(), src.nbytes(), dst.data_ptr());
                        !s.ok()) {
                      return s;
@@ -406,20 +566,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::gather(
   }
   // An allgather; only the root keeps the blocks.
   at::Tensor src = in.contiguous();
-  return Enqueue("gather", outs, [this, src, outs, is_root]() mutable {
-    at::Tensor all = at::empty({size_, src.numel()}, src.options());
-    if (absl::Status s =
-            client_->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
-        !s.ok()) {
-      return s;
-    }
-    if (is_root) {
-      for (int r = 0; r < size_; ++r) {
-        outs[r].copy_(all[r].view(outs[r].sizes()));
-      }
-    }
-    return absl::OkStatus();
-  });
+  return Enqueue(
+      "gather", outs,
+      [client = client_, size = size_, src, outs, is_root]() mutable {
+        at::Tensor all = at::empty({size, src.numel()}, src.options());
+        if (absl::Status s =
+                client->Allgather(src.data_ptr(), src.nbytes(), all.data_ptr());
+            !s.ok()) {
+          return s;
+        }
+        if (is_root) {
+          for (int r = 0; r < size; ++r) {
+            outs[r].copy_(all[r].view(outs[r].sizes()));
+          }
+        }
+        return absl::OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::scatter(
@@ -451,14 +613,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::scatter(
                     (input_tensors.size() == 1 && input_tensors[0].empty()),
                 "gradd backend: scatter takes input tensors on the root only");
   }
-  return Enqueue("scatter", output_tensors, [this, all, out, root]() mutable {
-    if (absl::Status s = BroadcastBytes(all.data_ptr(), all.nbytes(), root);
-        !s.ok()) {
-      return s;
-    }
-    out.copy_(all[rank_].view(out.sizes()));
-    return absl::OkStatus();
-  });
+  return Enqueue("scatter", output_tensors,
+                 [client = client_, rank = rank_, all, out, root]() mutable {
+                   if (absl::Status s = BroadcastBytes(client, all.data_ptr(),
+                                                       all.nbytes(), root);
+                       !s.ok()) {
+                     return s;
+                   }
+                   out.copy_(all[rank].view(out.sizes()));
+                   return absl::OkStatus();
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce_scatter(
@@ -486,8 +650,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce_scatter(
   at::Tensor flat = at::cat(parts);
   at::Tensor dst = out.is_contiguous() ? out : out.contiguous();
   return Enqueue("reduce_scatter", output_tensors,
-                 [this, flat, dst, out, dtype, op]() mutable {
-                   if (absl::Status s = client_->ReduceScatter(
+                 [client = client_, flat, dst, out, dtype, op]() mutable {
+                   if (absl::Status s = client->ReduceScatter(
                            flat.data_ptr(), dst.data_ptr(),
                            static_cast<size_t>(dst.numel()), dtype, op);
                        !s.ok()) {
@@ -516,8 +680,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_reduce_scatter_base(
   at::Tensor src = input.contiguous();
   at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
   return Enqueue("_reduce_scatter_base", {output},
-                 [this, src, dst, output, dtype, op]() mutable {
-                   if (absl::Status s = client_->ReduceScatter(
+                 [client = client_, src, dst, output, dtype, op]() mutable {
+                   if (absl::Status s = client->ReduceScatter(
                            src.data_ptr(), dst.data_ptr(),
                            static_cast<size_t>(dst.numel()), dtype, op);
                        !s.ok()) {
@@ -530,7 +694,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_reduce_scatter_base(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::barrier(
     const c10d::BarrierOptions&) {
-  return Enqueue("barrier", {}, [this] { return client_->Barrier(); });
+  return Enqueue("barrier", {},
+                 [client = client_] { return client->Barrier(); });
 }
 
 }  // namespace gradd::c10d_backend

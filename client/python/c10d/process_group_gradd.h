@@ -5,14 +5,32 @@
 // registers it as the backend "gradd").
 //
 // Owns one collective-only gradd::Client (a job of zero parameters with a
-// shared collective area) and one worker thread. Every collective is
+// shared collective area) and a small pool of threads. Every collective is
 // checked and queued on the calling thread and returns at once a Work
-// wrapping a c10::ivalue::Future; the worker runs the client's blocking
-// calls one at a time in issue order (every rank issues the same sequence,
-// as torch requires) and completes the future with the output tensors, or
-// sets its error to a std::runtime_error carrying gradd's message (job,
-// rank, reason). Future callbacks (DDP's reducer, comm hooks) run on the
-// worker thread; they may queue further collectives.
+// wrapping a c10::ivalue::Future.
+//
+// Threads (all named "gradd-pg"): one at a time holds the runner role and
+// runs the client's blocking call of the oldest queued collective, so the
+// collectives run one at a time in issue order (every rank issues the same
+// sequence, as torch requires). Having run one, the thread gives the role
+// up (waking an idle pool thread, or starting one when all are busy, if
+// more collectives are queued) and then completes that collective's future
+// itself: markCompleted with the output tensors, or setError with a
+// std::runtime_error carrying gradd's message (job, rank, reason). Future
+// callbacks (DDP's reducer, comm hooks) therefore run on a thread that is
+// not needed to run the next collective: a callback may issue a collective
+// of this group and wait for it (torch's PowerSGD and quantization hooks
+// do), and the wait is served by another pool thread. Futures are completed
+// strictly in issue order (a future's completed flag is set only after
+// every earlier one's), while callbacks of an earlier future may still be
+// running. A synchronous call costs no more thread hand-offs than one
+// worker thread did: the thread that ran the collective completes it.
+//
+// The pool grows only while every thread is busy (running a collective or
+// a future's callbacks, waiting for the GIL included), so its size is one
+// more than the most callbacks that were ever running at once; idle
+// threads stay until the group is destroyed. There is no cap: a cap would
+// turn the (cap+1)-th blocked callback into a hang.
 //
 // Tensors: CPU, one per call (no multi-device lists), float32/64, float16,
 // bfloat16, int32/64, uint8, int8; a non-contiguous tensor is reduced in a
@@ -20,20 +38,26 @@
 // the call (nothing is queued). Ranks are the group's ranks, which are the
 // gradd job's global ranks (distributed.py places them so).
 //
-// Thread safety: the collectives may be called from any thread; calls
-// from several threads at once are queued in the order they take the
-// queue's lock. The worker never takes the GIL itself (only Python future
-// callbacks do); the destructor releases it while it waits for the worker.
+// Thread safety: the collectives may be called from any thread, future
+// callbacks included; calls from several threads at once are queued in the
+// order they take the queue's lock. Pool threads never take the GIL
+// themselves (only Python future callbacks do).
+//
+// Destruction: the destructor (GIL released while it waits) lets the pool
+// run every queued collective and complete its future, joins the threads
+// and detaches the client. Destroyed on one of its own threads (a future
+// callback dropped the last reference), it cannot wait for itself: its
+// threads are detached, finish the queue on their own and the last one
+// out drops the shared state (client included). At interpreter exit
+// (Python threads can no longer take the GIL) it waits for nothing and
+// leaves the state to the process's end. The threads share that state
+// with the group (State), so none touches freed memory in any case.
 #ifndef GRADD_CLIENT_PYTHON_C10D_PROCESS_GROUP_GRADD_H_
 #define GRADD_CLIENT_PYTHON_C10D_PROCESS_GROUP_GRADD_H_
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -94,31 +118,23 @@ class ProcessGroupGradd : public c10d::ProcessGroup {
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
  private:
-  // Runs on the worker: the client's blocking calls; returns the future's
-  // value. A non-OK status becomes the future's error.
+  // Runs on a pool thread holding the runner role: the client's blocking
+  // calls. A non-OK status becomes the future's error.
   using Body = std::function<absl::Status()>;
+  struct Item;
+  struct State;
 
   // Queues `body`; the returned Work's future completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> Enqueue(const char* what,
                                          std::vector<at::Tensor> outputs,
                                          Body body);
-  void WorkerLoop();
-  // Broadcast in chunks the client's broadcast area holds.
-  absl::Status BroadcastBytes(void* data, size_t bytes, int root);
 
-  std::unique_ptr<gradd::Client> client_;
+  // Shared with the pool threads; null only once destroyed.
+  std::shared_ptr<State> state_;
+  // The client (owned by state_), for the bodies to capture: they may run
+  // after this object is gone (see Destruction above).
+  gradd::Client* const client_;
   const std::string job_id_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  // Items the worker ran, dropped by the next caller (or the destructor)
-  // rather than by the worker: their tensors may be the last references
-  // to Python tensors, whose release needs the GIL, which the thread
-  // waiting for the worker may hold.
-  std::vector<std::function<void()>> done_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
-  std::thread worker_;
 };
 
 // The client's element type for a torch dtype; throws c10::Error naming
