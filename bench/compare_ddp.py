@@ -41,6 +41,7 @@ Benchmarks are not tests: nothing here asserts.
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -195,6 +196,13 @@ def start_daemons(args, tmp):
             if args.comm_hook:
                 f.write(f"default_comm_hook:\n  name: {args.comm_hook}\n")
     rendezvous_port = free_port() if not args.node_exec else 29600
+    # Multi-node daemons need credentials (rendezvous.token_file): a fresh
+    # random token in the run's private directory.
+    token_file = os.path.join(tmp, "node-token")
+    if args.nodes > 1:
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(24) + "\n")
     daemons, sockets, logs = [], [], []
     for node in range(args.nodes):
         sock = os.path.join(tmp, f"node{node}", "gradd.sock")
@@ -203,7 +211,8 @@ def start_daemons(args, tmp):
         if config:
             cmd += ["--config", config]
         if args.nodes > 1:
-            cmd += ["--node-id", f"ddp-node{node}", "--rendezvous-port", str(rendezvous_port)]
+            cmd += ["--node-id", f"ddp-node{node}", "--rendezvous-port", str(rendezvous_port),
+                    "--rendezvous-token-file", token_file]
         daemons.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True))
         sockets.append(sock)

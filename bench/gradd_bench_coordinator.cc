@@ -135,6 +135,27 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, Child* daemon,
   }
 }
 
+// The emulated cluster's shared secret (rendezvous.token_file): a daemon
+// configured for several nodes refuses to start without credentials. A
+// fresh random token in the run's private directory, mode 0600.
+absl::StatusOr<std::string> WriteNodeToken(const std::string& dir) {
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  unsigned char bytes[24];
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+    return absl::UnavailableError("cannot read /dev/urandom for a token");
+  }
+  std::string token;
+  for (unsigned char b : bytes) {
+    absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+  }
+  const std::string path = absl::StrCat(dir, "/node-token");
+  std::ofstream(path) << token << "\n";
+  if (chmod(path.c_str(), 0600) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  }
+  return path;
+}
+
 absl::StatusOr<Daemons> StartDaemons(const Settings& s, const Topology& topo,
                                      const std::string& dir) {
   Daemons d;
@@ -155,6 +176,10 @@ absl::StatusOr<Daemons> StartDaemons(const Settings& s, const Topology& topo,
   }
   const std::string port_file = absl::StrCat(dir, "/rendezvous.port");
   std::string coordinator;
+  std::string token_file;
+  if (topo.nodes > 1) {
+    ASSIGN_OR_RETURN(token_file, WriteNodeToken(dir));
+  }
   for (int n = 0; n < topo.nodes; ++n) {
     const std::string socket = absl::StrCat(dir, "/node", n, "/gradd.sock");
     const std::string log = absl::StrCat(dir, "/gradd", n, ".log");
@@ -170,6 +195,9 @@ absl::StatusOr<Daemons> StartDaemons(const Settings& s, const Topology& topo,
           absl::StrReplaceAll(s.node_exec, {{"{node}", absl::StrCat(n)}}), ' ',
           absl::SkipEmpty());
       argv.insert(argv.begin(), wrapped.begin(), wrapped.end());
+    }
+    if (topo.nodes > 1) {
+      argv.insert(argv.end(), {"--rendezvous-token-file", token_file});
     }
     if (topo.nodes > 1 && !s.coordinator_host.empty()) {
       // Discovery: the daemon on the coordinator host serves on demand.

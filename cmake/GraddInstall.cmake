@@ -8,6 +8,7 @@
 #   lib*/pkgconfig/gradd.pc                     pkg-config gradd
 #   lib/systemd/system/gradd.service            ExecStart = this prefix's gradd
 #   share/gradd/gradd.yaml, share/gradd/k8s/    example config, manifests
+#   share/gradd/systemd/gradd-multinode.conf    drop-in: multi-node credentials
 #
 # Components: Runtime (daemon, CLI, library, unit) and Development
 # (headers, namelink, CMake package, gradd.pc).
@@ -75,6 +76,18 @@ install(CODE "
 " COMPONENT Runtime)
 install(FILES ${PROJECT_BINARY_DIR}/gradd.service.installed
   DESTINATION lib/systemd/system RENAME gradd.service COMPONENT Runtime)
+# The multi-node drop-in (credentials through LoadCredential=), the same
+# rewrite, as an example to copy to /etc/systemd/system/gradd.service.d/.
+install(CODE "
+  file(READ \"${PROJECT_SOURCE_DIR}/deploy/systemd/gradd-multinode.conf\" _dropin)
+  string(REPLACE \"/usr/local/bin/gradd \"
+         \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/gradd \"
+         _dropin \"\${_dropin}\")
+  file(WRITE \"${PROJECT_BINARY_DIR}/gradd-multinode.conf.installed\" \"\${_dropin}\")
+" COMPONENT Runtime)
+install(FILES ${PROJECT_BINARY_DIR}/gradd-multinode.conf.installed
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/gradd/systemd
+  RENAME gradd-multinode.conf COMPONENT Runtime)
 
 install(FILES ${PROJECT_SOURCE_DIR}/config/gradd.yaml
   DESTINATION ${CMAKE_INSTALL_DATADIR}/gradd COMPONENT Runtime)

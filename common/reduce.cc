@@ -9,6 +9,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GRADD_X86 1
 #else
@@ -109,20 +110,38 @@ namespace baseline {
 #if GRADD_X86
 // The same kernels compiled for AVX2 + F16C, chosen at run time so the
 // binaries still run on any x86-64 (no -march=native at build time).
+// (clang, which builds the fuzz targets, spells the target pragma its own
+// way.)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
+#endif
 namespace avx2 {
 #define GRADD_KERNEL_F16C 1
 #include "common/reduce_kernels.inc"
 #undef GRADD_KERNEL_F16C
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
+
+// F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
+// does not know "f16c".
+bool HasF16c() {
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
 #endif
 
 const KernelTable* BestKernels() {
 #if GRADD_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && HasF16c()) {
     return &avx2::kKernels;
   }
 #endif

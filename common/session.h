@@ -58,6 +58,24 @@ struct SessionFds {
   // Followed by four fds: job block, rank bucket memory, rank block, bell.
 };
 
+// One message the daemon sent on the session socket, decoded and checked.
+struct SessionMessage {
+  SessionMessageKind kind = SessionMessageKind::kHello;
+  uint64_t session_id = 0;  // kHello
+  uint64_t attach_id = 0;   // kFds
+  // kRefused: the status the refusal carries (never OK).
+  absl::Status refusal;
+};
+
+// Decodes `payload`, one message as the client receives it. A hello must
+// speak kSessionVersion. A refusal becomes the status it carries: its code
+// (PERMISSION_DENIED for 0, UNKNOWN for a number that is no status code) and
+// its reason up to the first NUL, escaped (EscapeForLog,
+// common/client_strings.h: the text comes from the peer and trainers print
+// it). Anything else (size, magic, kind, version) is INTERNAL saying what
+// arrived. Pure; the session-socket fuzz target (tests/fuzz/) runs it.
+absl::StatusOr<SessionMessage> DecodeSessionMessage(std::string_view payload);
+
 // Who is at the other end of a connected Unix socket (SO_PEERCRED), as the
 // reading process's pid namespace sees it.
 struct PeerIdentity {

@@ -15,10 +15,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/client_strings.h"
 #include "common/session.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/auth/node_credentials.h"
 #include "server/hooks/comm_hook_factory.h"
 #include "server/logging.h"
 #include "server/rendezvous/coordinator.h"
@@ -51,6 +53,19 @@ constexpr uint32_t kDefaultStallWarningMs = 10000;
 constexpr uint32_t kDefaultTimelineEvents = 16384;
 constexpr int32_t kDefaultNice = -10;  // server/scheduling.h
 constexpr uint32_t kMaxTimelineEvents = 1 << 24;
+// The rendezvous store's limits (config.proto, RendezvousLimits, says why).
+constexpr uint32_t kDefaultMaxKeyBytes = 1024;
+constexpr uint64_t kDefaultMaxValueBytes = uint64_t{32} << 20;
+constexpr uint32_t kDefaultMaxKeysPerJob = 65536;
+constexpr uint64_t kDefaultMaxJobBytes = uint64_t{512} << 20;
+constexpr uint64_t kDefaultMaxTotalBytes = uint64_t{1} << 30;
+constexpr uint32_t kDefaultMaxRoundsPerJobPerMinute = 60;
+constexpr uint32_t kDefaultJobTtlS = 86400;
+// gRPC messages carry a value plus 1 MiB and are sized by an int.
+constexpr uint64_t kMaxValueBytes = uint64_t{1} << 30;
+
+// Longest string value (a path, an address list).
+constexpr size_t kMaxConfigStringBytes = 4096;
 
 // sockaddr_un.sun_path holds 108 bytes including the NUL.
 constexpr size_t kMaxSocketPathBytes = 107 - sizeof(".session") + 1;
@@ -90,6 +105,14 @@ absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
   };
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_STRING:
+      // Config strings reach logs, metric labels and other daemons (as
+      // proto3 strings, which must be UTF-8): the rules of client strings
+      // apply (common/client_strings.h).
+      if (absl::Status s = CheckClientString(Where(source, key, value), text,
+                                             kMaxConfigStringBytes);
+          !s.ok()) {
+        return s;
+      }
       r->SetString(msg, field, text);
       return absl::OkStatus();
     case FieldDescriptor::CPPTYPE_DOUBLE: {
@@ -175,6 +198,68 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
       continue;
     }
     RETURN_IF_ERROR(SetScalar(field, value, msg, source, key));
+  }
+  return absl::OkStatus();
+}
+
+// Which setting makes this a multi-node daemon ("" if none): a configured
+// coordinator, a store served from start-up or a list of cluster nodes all
+// say "this daemon talks to others over the network". Daemons without them
+// may still be asked for a multi-node job (coordinator discovery); the
+// CoordinatorSelector refuses those jobs without credentials.
+std::string MultiNodeSetting(const v1::RendezvousConfig& rv) {
+  if (!rv.coordinator_address().empty())
+    return "rendezvous.coordinator_address";
+  if (!rv.listen_address().empty()) return "rendezvous.listen_address";
+  if (!rv.expected_node_ids().empty()) return "rendezvous.expected_node_ids";
+  return "";
+}
+
+}  // namespace
+
+absl::Status ValidateNodeSecurity(const v1::DaemonConfig& config) {
+  const v1::RendezvousConfig& rv = config.rendezvous();
+  const bool credentials = HasNodeCredentials(rv);
+  if (rv.insecure() && credentials) {
+    return absl::InvalidArgumentError(
+        "rendezvous.insecure: true contradicts rendezvous.token_file / "
+        "rendezvous.tls: remove insecure to use the credentials");
+  }
+  const std::string setting = MultiNodeSetting(rv);
+  if (!setting.empty() && !credentials && !rv.insecure()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        setting,
+        " makes this a multi-node daemon, but it has no credentials for the "
+        "other daemons: set rendezvous.token_file and/or rendezvous.tls "
+        "(cert_file, key_file, ca_file) on every node, or rendezvous.insecure: "
+        "true on a network nobody else can reach (docs/operations.md, "
+        "\"Securing the daemons' network\")"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status ValidateRendezvousLimits(const v1::RendezvousLimits& l) {
+  auto bad = [](absl::string_view key, uint64_t v, absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous.limits.", key, " = ", v, " ", why));
+  };
+  if (l.max_key_bytes() > 65536) {
+    return bad("max_key_bytes", l.max_key_bytes(), "is above 65536");
+  }
+  if (l.max_value_bytes() > kMaxValueBytes) {
+    return bad("max_value_bytes", l.max_value_bytes(),
+               "is above 1073741824 (1 GiB)");
+  }
+  if (l.max_job_bytes() < l.max_value_bytes()) {
+    return bad("max_job_bytes", l.max_job_bytes(),
+               absl::StrCat("is below max_value_bytes = ", l.max_value_bytes(),
+                            ": no job could store its largest value"));
+  }
+  if (l.max_total_bytes() < l.max_job_bytes()) {
+    return bad("max_total_bytes", l.max_total_bytes(),
+               absl::StrCat("is below max_job_bytes = ", l.max_job_bytes()));
   }
   return absl::OkStatus();
 }
@@ -277,6 +362,18 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     rv->set_collective_timeout_ms(kDefaultCollectiveTimeoutMs);
   }
   if (rv->port() == 0) rv->set_port(kDefaultRendezvousPort);
+  v1::RendezvousLimits* l = rv->mutable_limits();
+  if (l->max_key_bytes() == 0) l->set_max_key_bytes(kDefaultMaxKeyBytes);
+  if (l->max_value_bytes() == 0) l->set_max_value_bytes(kDefaultMaxValueBytes);
+  if (l->max_keys_per_job() == 0) {
+    l->set_max_keys_per_job(kDefaultMaxKeysPerJob);
+  }
+  if (l->max_job_bytes() == 0) l->set_max_job_bytes(kDefaultMaxJobBytes);
+  if (l->max_total_bytes() == 0) l->set_max_total_bytes(kDefaultMaxTotalBytes);
+  if (l->max_rounds_per_job_per_minute() == 0) {
+    l->set_max_rounds_per_job_per_minute(kDefaultMaxRoundsPerJobPerMinute);
+  }
+  if (l->job_ttl_s() == 0) l->set_job_ttl_s(kDefaultJobTtlS);
   if (rv->interface().empty()) {
     if (const char* v = std::getenv("GRADD_SOCKET_IFNAME"); v != nullptr) {
       rv->set_interface(v);
@@ -325,6 +422,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rendezvous.port = ", c.rendezvous().port(), " is above 65535"));
   }
+  RETURN_IF_ERROR(ValidateRendezvousLimits(c.rendezvous().limits()));
   RETURN_IF_ERROR(
       ValidateCommHookSpec(c.default_comm_hook(), "default_comm_hook"));
   if (absl::Status level = ValidateLogLevel(c.log_level()); !level.ok()) {

@@ -34,6 +34,17 @@ void ApplyConfigDefaults(v1::DaemonConfig* config);
 // Range checks on a config with defaults applied.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
 
+// The credentials rule of the daemon <-> daemon plane (issue 20), checked
+// on the final config, flags applied (a config file may leave the
+// credentials to flags such as systemd's --rendezvous-token-file=%d/...):
+// a multi-node daemon - rendezvous.coordinator_address, listen_address or
+// expected_node_ids set - needs rendezvous.token_file or rendezvous.tls, or
+// rendezvous.insecure: true; insecure together with credentials is a
+// contradiction. INVALID_ARGUMENT naming the keys. Daemons without those
+// settings are checked when a job asks for several nodes
+// (CoordinatorSelector).
+absl::Status ValidateNodeSecurity(const v1::DaemonConfig& config);
+
 // A TCP listen address, host:port: a host name, IPv4 address or bracketed
 // IPv6 address (none: every interface), and a port in 0..65535 (0:
 // OS-chosen). INVALID_ARGUMENT

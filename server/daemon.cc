@@ -6,14 +6,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/session.h"
 #include "common/shm.h"
@@ -141,6 +144,19 @@ void RaiseFdLimit() {
   }
 }
 
+KvStore::Options StoreOptionsOf(const v1::RendezvousLimits& l) {
+  KvStore::Options o;
+  o.max_key_bytes = l.max_key_bytes();
+  o.max_value_bytes = l.max_value_bytes();
+  o.max_keys_per_job = l.max_keys_per_job();
+  o.max_job_bytes = l.max_job_bytes();
+  o.max_total_bytes = l.max_total_bytes();
+  o.max_rounds_per_minute = static_cast<int>(
+      std::min<uint32_t>(l.max_rounds_per_job_per_minute(), 1 << 30));
+  o.job_ttl = absl::Seconds(l.job_ttl_s());
+  return o;
+}
+
 }  // namespace
 
 Daemon::Daemon(const v1::DaemonConfig& config) : config_(config) {}
@@ -150,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     std::unique_ptr<DeviceAllocatorInterface> devices) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(ValidateNodeSecurity(config));
   RaiseFdLimit();
   const std::string& path = config.socket_path();
   const std::string session_path = SessionSocketPath(path);
@@ -171,10 +188,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     d->metrics_endpoint_ = *std::move(endpoint);
   }
   const v1::RendezvousConfig& rv = config.rendezvous();
+  if (HasNodeCredentials(rv)) {
+    ASSIGN_OR_RETURN(d->credentials_,
+                     NodeCredentials::Load(NodeCredentialsOptionsOf(rv)));
+  }
   CoordinatorSelector::Options coordinator;
   coordinator.coordinator_address = rv.coordinator_address();
   coordinator.listen_address = rv.listen_address();
   coordinator.port = static_cast<int>(rv.port());
+  coordinator.credentials = d->credentials_;
+  coordinator.insecure = rv.insecure();
+  coordinator.store = StoreOptionsOf(rv.limits());
+  for (absl::string_view id :
+       absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
+    coordinator.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
+  }
   coordinator.on_request = [metrics =
                                 d->metrics_.get()](absl::string_view method) {
     metrics->OnRendezvousRequest(method);
@@ -191,6 +219,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   }
   ASSIGN_OR_RETURN(d->coordinator_,
                    CoordinatorSelector::Create(std::move(coordinator)));
+  if (rv.insecure()) {
+    spdlog::warn(
+        "daemon network: INSECURE (rendezvous.insecure: true): calls between "
+        "daemons carry no credentials; anyone who reaches this daemon's "
+        "rendezvous port can read and change every job's formation");
+  } else {
+    spdlog::info("daemon network: {}", d->coordinator_->SecurityDescription());
+  }
   d->pool_ = std::make_unique<ThreadPool>(config.reduce_threads());
   SessionListener::Options session_options;
   session_options.max_sessions = config.max_sessions();
@@ -229,6 +265,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   admin_options.start_time = start;
   admin_options.config = d->config_;
   admin_options.pid = getpid();
+  admin_options.network_security = [selector = d->coordinator_] {
+    return selector->SecurityDescription();
+  };
   d->admin_handler_ = std::make_unique<AdminHandler>(d->admin_source_.get(),
                                                      std::move(admin_options));
   d->admin_service_ = std::make_unique<AdminService>(d->admin_handler_.get());
@@ -260,6 +299,29 @@ int Daemon::rendezvous_port() const {
   return config_.rendezvous().listen_address().empty()
              ? 0
              : coordinator_->serving_port();
+}
+
+absl::Status Daemon::ReloadCredentials() {
+  if (credentials_ == nullptr) {
+    spdlog::info(
+        "SIGHUP: no rendezvous.token_file or rendezvous.tls configured; "
+        "nothing to reload");
+    return absl::OkStatus();
+  }
+  if (absl::Status s = credentials_->Reload(); !s.ok()) {
+    spdlog::error(
+        "SIGHUP: reloading the daemon credentials failed, keeping the old "
+        "ones: {}",
+        s.message());
+    return s;
+  }
+  spdlog::info("SIGHUP: daemon credentials reloaded: {}",
+               credentials_->Describe());
+  return absl::OkStatus();
+}
+
+std::string Daemon::network_security() const {
+  return coordinator_->SecurityDescription();
 }
 
 int Daemon::metrics_port() const {

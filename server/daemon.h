@@ -7,9 +7,12 @@
 // server and both socket files, and the coordinator selector
 // (rendezvous/coordinator.h): the rendezvous server other nodes' daemons form
 // jobs through, served from start-up when rendezvous.listen_address is set,
-// else on demand when the trainers name this host as the coordinator. Create()
-// does everything that can fail (directory, stale sockets, binds) and reports
-// it; Shutdown() is the one orderly way down, called by main on SIGTERM/SIGINT
+// else on demand when the trainers name this host as the coordinator, and
+// the daemon's credentials for the other daemons (server/auth/:
+// rendezvous.token_file, rendezvous.tls), which ReloadCredentials() re-reads
+// (main calls it on SIGHUP). Create() does everything that can fail
+// (directory, stale sockets, binds, credential files) and reports it;
+// Shutdown() is the one orderly way down, called by main on SIGTERM/SIGINT
 // (or by the destructor). Thread affinity: Create/Shutdown from the owning
 // thread; the parts run their own threads.
 #ifndef GRADD_SERVER_DAEMON_H_
@@ -27,6 +30,7 @@
 #include "grpcpp/server.h"
 #include "server/admin/admin_handler.h"
 #include "server/admin/job_manager_source.h"
+#include "server/auth/node_credentials.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
@@ -75,6 +79,12 @@ class Daemon {
   int rendezvous_port() const;
   // The /metrics endpoint's port (0: metrics.listen_address is empty).
   int metrics_port() const;
+  // Re-reads rendezvous.token_file and rendezvous.tls' files; on an error
+  // the old ones stay in force. OK (and nothing done) without credentials.
+  // Logs what it did.
+  absl::Status ReloadCredentials();
+  // How the daemon <-> daemon plane is secured (`graddctl status`).
+  std::string network_security() const;
   DaemonMetrics& metrics() { return *metrics_; }
 
  private:
@@ -84,6 +94,8 @@ class Daemon {
   // Before everything that reports to it; the endpoint only reads it.
   std::unique_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  // Null without rendezvous.token_file / rendezvous.tls.
+  std::shared_ptr<NodeCredentials> credentials_;
   // Shared with formation threads (coordinator discovery).
   std::shared_ptr<CoordinatorSelector> coordinator_;
   std::unique_ptr<ThreadPool> pool_;

@@ -10,6 +10,11 @@
 //     and journald adds the timestamps;
 //   - otherwise to stderr, one line each: "2026-12-01T11:30:00.123456Z I
 //     gradd: message" (UTC, microseconds, level letter).
+// Either way each message is escaped first (EscapeForLog,
+// common/client_strings.h): a newline, another control character or bytes
+// that are not UTF-8 in it (from a client string, say) are written as \n,
+// \xHH, ..., so every log call is exactly one line. Protobuf's own messages
+// are routed here too.
 //
 // Only the daemon logs through this; the client library never touches the
 // host program's loggers.

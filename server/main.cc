@@ -1,10 +1,15 @@
 // gradd: the per-node gradient aggregation daemon. Parses flags and config,
-// starts the Daemon and waits for SIGTERM/SIGINT (taken synchronously with
-// sigwait on this thread, so no logic runs in a signal handler).
+// starts the Daemon and waits for SIGTERM/SIGINT (stop) and SIGHUP (reload
+// the daemon credentials), taken synchronously with sigwait on this thread,
+// so no logic runs in a signal handler.
 #include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -52,6 +57,24 @@ ABSL_FLAG(std::string, interface, "",
 ABSL_FLAG(std::string, advertise_host, "",
           "Address the other daemons reach this one on; overrides "
           "rendezvous.advertise_host");
+ABSL_FLAG(std::string, rendezvous_token_file, "",
+          "File holding the shared token of the cluster's daemons (e.g. "
+          "$CREDENTIALS_DIRECTORY/gradd-token under systemd); overrides "
+          "rendezvous.token_file");
+ABSL_FLAG(std::string, rendezvous_tls_cert, "",
+          "PEM certificate of this daemon (mutual TLS between daemons); "
+          "overrides rendezvous.tls.cert_file");
+ABSL_FLAG(std::string, rendezvous_tls_key, "",
+          "PEM private key of this daemon; overrides rendezvous.tls.key_file");
+ABSL_FLAG(std::string, rendezvous_tls_ca, "",
+          "PEM CA certificate(s) every daemon's certificate is signed by; "
+          "overrides rendezvous.tls.ca_file");
+ABSL_FLAG(std::string, rendezvous_tls_server_name, "",
+          "Name checked in the coordinator's certificate; overrides "
+          "rendezvous.tls.server_name");
+ABSL_FLAG(bool, rendezvous_insecure, false,
+          "Daemon <-> daemon calls without credentials (trusted, isolated "
+          "networks only); sets rendezvous.insecure");
 ABSL_FLAG(std::string, log_level, "",
           "Least severe level logged: trace, debug, info, warning, error, "
           "off; overrides log_level (default info)");
@@ -107,7 +130,8 @@ int main(int argc, char** argv) {
           "attach through its Unix socket and their gradients are averaged "
           "across every rank of their job, on this node and (through the "
           "rendezvous coordinator) on others. Flags override the config "
-          "file's keys. SIGTERM/SIGINT stop it cleanly. Docs: "
+          "file's keys. SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the "
+          "daemon credentials (rendezvous.token_file, rendezvous.tls). Docs: "
           "docs/operations.md.",
           "server/main.cc", std::cout)) {
     return *done;
@@ -123,14 +147,28 @@ int main(int argc, char** argv) {
     std::cerr << "gradd: --log-level: " << logging.message() << "\n";
     return 2;
   }
+  // Not dumpable (issue 20): a process of the daemon's uid (a trainer, when
+  // the daemon runs as the trainers' user) can then neither ptrace it nor
+  // open its /proc/<pid>/mem, environ or fd/ entries, so it cannot write into
+  // the memory that serves every job on the node or read other jobs' data
+  // through /proc. The price: no core dumps, and debuggers need
+  // CAP_SYS_PTRACE (docs/operations.md). Set before any thread starts.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    spdlog::warn(
+        "prctl(PR_SET_DUMPABLE, 0) failed: {}; processes of uid {} "
+        "can read and write this daemon's memory through /proc",
+        std::strerror(errno), geteuid());
+  }
 
-  // Block the stop signals before any thread exists so every thread inherits
-  // the mask and only sigwait below receives them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the stop signals and SIGHUP (reload the daemon credentials)
+  // before any thread exists so every thread inherits the mask and only
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A trainer vanishing mid-send must be an error return, not our death.
   signal(SIGPIPE, SIG_IGN);
 
@@ -178,8 +216,35 @@ int main(int argc, char** argv) {
   if (const std::string v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) {
     config.mutable_rendezvous()->set_advertise_host(v);
   }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_token_file);
+      !v.empty()) {
+    config.mutable_rendezvous()->set_token_file(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_tls_cert);
+      !v.empty()) {
+    config.mutable_rendezvous()->mutable_tls()->set_cert_file(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_tls_key);
+      !v.empty()) {
+    config.mutable_rendezvous()->mutable_tls()->set_key_file(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_tls_ca);
+      !v.empty()) {
+    config.mutable_rendezvous()->mutable_tls()->set_ca_file(v);
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_rendezvous_tls_server_name);
+      !v.empty()) {
+    config.mutable_rendezvous()->mutable_tls()->set_server_name(v);
+  }
+  if (absl::GetFlag(FLAGS_rendezvous_insecure)) {
+    config.mutable_rendezvous()->set_insecure(true);
+  }
   if (absl::Status valid = gradd::ValidateConfig(config); !valid.ok()) {
     spdlog::error("{}", valid.message());
+    return 2;
+  }
+  if (absl::Status secure = gradd::ValidateNodeSecurity(config); !secure.ok()) {
+    spdlog::error("{}", secure.message());
     return 2;
   }
   if (!level_flag.empty()) config.set_log_level(level_flag);
@@ -252,7 +317,11 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    // Errors are logged; the old credentials stay in force.
+    (void)(*daemon)->ReloadCredentials();
   }
   const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
   spdlog::info("{}, shutting down", sig_name);

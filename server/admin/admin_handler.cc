@@ -50,6 +50,9 @@ absl::StatusOr<v1::GetStatusResponse> AdminHandler::GetStatus(
     }
   }
   r.set_sessions(static_cast<uint32_t>(source_->NumSessions()));
+  if (options_.network_security) {
+    r.set_network_security(options_.network_security());
+  }
   return r;
 }
 

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -29,6 +30,9 @@ struct AdminHandlerOptions {
   // The effective config (defaults applied, resolved at start).
   v1::DaemonConfig config;
   pid_t pid = 0;
+  // How the daemon <-> daemon plane is secured (GetStatus.network_security;
+  // may be empty). Called on gRPC threads; thread-safe.
+  std::function<std::string()> network_security;
 };
 
 class AdminHandler final : public AdminHandlerInterface {

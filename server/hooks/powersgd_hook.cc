@@ -567,8 +567,11 @@ absl::Status PowerSgdHook::Run(const CommHookWork& work,
     packed_.resize(packed_size);
     size_t at = 0;
     for (const auto& [offset, numel] : layout.uncompressed) {
-      Split(pool_, numel, numel,
-            [&](size_t b, size_t e) { sum_range(offset + b, offset + e); });
+      // (A copy of the binding: clang 14 cannot capture structured
+      // bindings.)
+      Split(pool_, numel, numel, [&, offset = offset](size_t b, size_t e) {
+        sum_range(offset + b, offset + e);
+      });
       std::copy(m + offset, m + offset + numel, packed_.begin() + at);
       at += numel;
     }

@@ -1,8 +1,11 @@
 #include "server/rendezvous/coordinator.h"
 
+#include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "server/rendezvous/host_addresses.h"
 #include "spdlog/spdlog.h"
 
@@ -21,11 +24,13 @@ CoordinatorSelector::Create(Options options) {
   absl::MutexLock lock(&s->mu_);
   s->configured_ = s->options_.coordinator_address;
   if (const std::string& listen = s->options_.listen_address; !listen.empty()) {
-    RendezvousServer::Options server_options;
-    server_options.listen_address = listen;
-    server_options.on_request = s->options_.on_request;
+    if (absl::Status secured = s->CheckSecured(); !secured.ok()) {
+      return absl::Status(secured.code(),
+                          absl::StrCat("rendezvous.listen_address ", listen,
+                                       ": ", secured.message()));
+    }
     absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-        RendezvousServer::Start(server_options);
+        RendezvousServer::Start(s->ServerOptions(listen));
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("rendezvous.listen_address ", listen,
@@ -37,8 +42,56 @@ CoordinatorSelector::Create(Options options) {
   return s;
 }
 
+absl::Status CoordinatorSelector::CheckSecured() const {
+  if (options_.credentials != nullptr || options_.insecure) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "this daemon has no credentials for the other daemons: set "
+      "rendezvous.token_file and/or rendezvous.tls (cert_file, key_file, "
+      "ca_file) on every node, or rendezvous.insecure: true on a network "
+      "nobody else can reach (docs/operations.md, \"Securing the daemons' "
+      "network\")");
+}
+
+std::string CoordinatorSelector::SecurityDescription() const {
+  if (options_.credentials != nullptr) {
+    return options_.credentials->Describe();
+  }
+  if (options_.insecure) {
+    return "INSECURE (rendezvous.insecure: true): daemon calls carry no "
+           "credentials";
+  }
+  return "no credentials: multi-node jobs refused (single-node only)";
+}
+
+RendezvousServer::Options CoordinatorSelector::ServerOptions(
+    const std::string& listen) const {
+  RendezvousServer::Options o;
+  o.listen_address = listen;
+  o.on_request = options_.on_request;
+  o.credentials = options_.credentials;
+  o.store = options_.store;
+  o.expected_node_ids = options_.expected_node_ids;
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
+    const std::string& address, absl::Duration connect_timeout) const {
+  RETURN_IF_ERROR(CheckSecured());
+  RendezvousClient::Options o;
+  o.address = address;
+  o.connect_timeout = connect_timeout;
+  o.credentials = options_.credentials;
+  o.max_message_bytes = static_cast<int>(
+      std::min<size_t>(options_.store.max_value_bytes + (1 << 20),
+                       std::numeric_limits<int>::max()));
+  return RendezvousClient::Create(o);
+}
+
 absl::StatusOr<std::string> CoordinatorSelector::Resolve(
     const std::string& requested) {
+  RETURN_IF_ERROR(CheckSecured());
   if (std::string configured = configured_address(); !configured.empty()) {
     return configured;
   }
@@ -65,11 +118,8 @@ void CoordinatorSelector::EnsureServing(int port) {
   absl::MutexLock lock(&mu_);
   if (server_ != nullptr || shut_down_) return;
   const std::string listen = JoinHostPort(options_.bind_host, port);
-  RendezvousServer::Options server_options;
-  server_options.listen_address = listen;
-  server_options.on_request = options_.on_request;
   absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-      RendezvousServer::Start(server_options);
+      RendezvousServer::Start(ServerOptions(listen));
   if (!server.ok()) {
     spdlog::info(
         "rendezvous: not serving on {} ({}); another daemon on this machine "

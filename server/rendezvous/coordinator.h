@@ -20,6 +20,13 @@
 // it. The server is started without SO_REUSEPORT, so two daemons can never
 // split one store between them.
 //
+// Credentials (server/auth/): the served store checks every call against
+// Options::credentials, and Connect() hands them to every client. A daemon
+// without credentials takes part in multi-node jobs only with
+// Options::insecure (rendezvous.insecure: true); otherwise Resolve and
+// Connect refuse with FAILED_PRECONDITION naming the config keys, before
+// any port is opened or any call is made.
+//
 // Thread-safety: every method may be called from any thread; the server,
 // once started, lives until Shutdown() or destruction. Shared (shared_ptr)
 // with the formation threads, which may outlive the JobManager.
@@ -29,10 +36,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/auth/node_credentials.h"
+#include "server/rendezvous/kv_store.h"
+#include "server/rendezvous/rendezvous_client.h"
 #include "server/rendezvous/rendezvous_service.h"
 
 namespace gradd {
@@ -52,6 +64,14 @@ class CoordinatorSelector {
     std::function<bool(const std::string&)> is_local;
     // Told the method of every request the served store answers (metrics).
     RendezvousService::RequestObserver on_request;
+    // What the daemons prove to each other; null: nothing, which
+    // multi-node jobs accept only with `insecure`.
+    std::shared_ptr<NodeCredentials> credentials;
+    bool insecure = false;
+    // The served store's limits (rendezvous.limits) and the node ids
+    // allowed to form jobs (rendezvous.expected_node_ids; empty: any).
+    KvStore::Options store;
+    std::vector<std::string> expected_node_ids;
   };
 
   // Starts the rule-2 server when listen_address is set (UNAVAILABLE /
@@ -70,6 +90,16 @@ class CoordinatorSelector {
   // malformed. May block on name resolution.
   absl::StatusOr<std::string> Resolve(const std::string& requested);
 
+  // A client of the coordinator at `address` (from Resolve) carrying this
+  // daemon's credentials; it retries an unavailable coordinator for
+  // `connect_timeout`. FAILED_PRECONDITION without credentials or insecure.
+  absl::StatusOr<std::unique_ptr<RendezvousClient>> Connect(
+      const std::string& address, absl::Duration connect_timeout) const;
+
+  // How the daemon <-> daemon plane is secured, for the log and `graddctl
+  // status` (never a secret).
+  std::string SecurityDescription() const;
+
   // The port this daemon serves the store on, 0 while it serves none, and
   // its address ("127.0.0.1:<port>" for a wildcard host; "" while none).
   int serving_port() const;
@@ -81,6 +111,9 @@ class CoordinatorSelector {
 
  private:
   explicit CoordinatorSelector(Options options);
+  // OK when multi-node jobs may run: credentials, or insecure.
+  absl::Status CheckSecured() const;
+  RendezvousServer::Options ServerOptions(const std::string& listen) const;
   // Starts the on-demand server on `port` unless one runs. A port another
   // process already holds is not an error: that process (another daemon on
   // this machine) serves the store.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradd/v1/rendezvous.pb.h"
@@ -24,6 +25,28 @@ absl::Status WithContext(const absl::Status& s, const std::string& context) {
 }
 
 }  // namespace
+
+std::optional<std::string> FormationNodeIdOf(absl::string_view key,
+                                             absl::string_view value) {
+  // "<prefix>/member/<id>": the first "/member/" ends the prefix (node ids
+  // may contain '/'; the daemons' prefixes never contain "/member/").
+  if (size_t at = key.find("/member/");
+      at != absl::string_view::npos && at > 0) {
+    absl::string_view id = key.substr(at + sizeof("/member/") - 1);
+    if (!id.empty()) return std::string(id);
+    return std::nullopt;
+  }
+  // "<prefix>/slot/<i>".
+  if (size_t at = key.rfind("/slot/");
+      at != absl::string_view::npos && at > 0) {
+    absl::string_view index = key.substr(at + sizeof("/slot/") - 1);
+    if (!index.empty() &&
+        std::all_of(index.begin(), index.end(), absl::ascii_isdigit)) {
+      return std::string(value);
+    }
+  }
+  return std::nullopt;
+}
 
 std::vector<std::string> JobLayout::NodeIds() const {
   std::vector<std::string> ids;
@@ -81,6 +104,20 @@ absl::StatusOr<JobLayout> FormJob(RendezvousStoreInterface& store,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": node rank ", *options.node_rank, " outside [0, ",
                      options.num_nodes, ")"));
+  }
+  if (options.prefix.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": empty formation prefix"));
+  }
+  const std::vector<std::string>& expected = options.expected_node_ids;
+  auto is_expected = [&](const std::string& id) {
+    return expected.empty() ||
+           std::find(expected.begin(), expected.end(), id) != expected.end();
+  };
+  if (!is_expected(options.node_id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": this node's id is not in rendezvous.expected_node_ids (",
+        absl::StrJoin(expected, ", "), ")"));
   }
   const std::string& p = options.prefix;
   const int n = options.num_nodes;
@@ -167,6 +204,12 @@ absl::StatusOr<JobLayout> FormJob(RendezvousStoreInterface& store,
     absl::StatusOr<std::string> id =
         store.Get(job, slot_keys[i], absl::Seconds(5));
     if (!id.ok()) return WithContext(id.status(), where);
+    if (!is_expected(*id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": node '", *id,
+          "' joined but is not in rendezvous.expected_node_ids (",
+          absl::StrJoin(expected, ", "), "); refusing to form with it"));
+    }
     if (!seen.insert(*id).second) {
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": node id '", *id,

@@ -19,10 +19,20 @@
 // naming the first differing parameter and both node ids.
 //
 // Use a prefix unique to this formation round (e.g. with a generation
-// number) when a job re-forms.
+// number) when a job re-forms. The store groups a round's keys by their
+// first '/'-separated segment (kv_store.h): node_formation.h's prefixes
+// are "round<k>/members".
+//
+// Membership: with expected_node_ids set, a node whose own id is not listed
+// does not join, and a formation that some unlisted node joined fails
+// naming it; the coordinator refuses such nodes before they take a slot
+// (RendezvousService, FormationNodeIdOf). Only daemons holding the
+// cluster's credentials reach the store at all (server/auth/).
 //
 // Errors: INVALID_ARGUMENT (bad options, conflicting explicit ranks),
-// FAILED_PRECONDITION (fingerprint or node-count mismatch, too many nodes),
+// FAILED_PRECONDITION (fingerprint or node-count mismatch, too many nodes, a
+// node not in expected_node_ids), PERMISSION_DENIED (the coordinator
+// refused this node), UNAUTHENTICATED (it refused this daemon's credentials),
 // DEADLINE_EXCEEDED (nodes missing after `timeout`; names them when it can),
 // UNAVAILABLE (the coordinator is unreachable).
 //
@@ -35,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gradd/v1/node.pb.h"
 #include "server/rendezvous/store_interface.h"
@@ -52,7 +63,8 @@ struct JobFormationOptions {
   std::vector<v1::ParamSpec> params;
   // How long to wait for every node to join.
   absl::Duration timeout = absl::Seconds(60);
-  // Optional: the node ids expected, so a timeout can name who is missing.
+  // Optional: the node ids allowed to form jobs (rendezvous.expected_node_
+  // ids); a timeout names the missing ones.
   std::vector<std::string> expected_node_ids;
   std::string prefix = "formation";
 };
@@ -79,6 +91,13 @@ struct JobLayout {
 
 [[nodiscard]] absl::StatusOr<JobLayout> FormJob(
     RendezvousStoreInterface& store, const JobFormationOptions& options);
+
+// The node a formation key speaks for: "<prefix>/member/<id>" names <id>
+// (the first "/member/" ends the prefix), "<prefix>/slot/<i>" holds a node
+// id as its value; nullopt for any other key. The coordinator checks these
+// against rendezvous.expected_node_ids.
+std::optional<std::string> FormationNodeIdOf(absl::string_view key,
+                                             absl::string_view value);
 
 // The first difference between two fingerprints, or nullopt when equal.
 // `a_node`/`b_node` name their owners in the message.

@@ -3,11 +3,30 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/rendezvous/rendezvous_service.h"
+#include "spdlog/spdlog.h"
 
 namespace gradd {
+namespace {
+
+// Release runs when a job ends (often from a destructor): never long.
+constexpr absl::Duration kReleaseTimeout = absl::Seconds(2);
+
+// gRPC reports a failed TLS handshake as UNAVAILABLE, like a coordinator
+// not up yet; its message tells them apart.
+bool IsTlsFailure(absl::string_view message) {
+  for (absl::string_view marker :
+       {"Ssl handshake", "Handshake failed", "Handshake read failed",
+        "SSL_ERROR", "Peer name", "peer certificate", "certificate verify"}) {
+    if (absl::StrContains(message, marker)) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 RendezvousClient::RendezvousClient(const Options& options) : options_(options) {
   grpc::ChannelArguments args;
@@ -17,9 +36,64 @@ RendezvousClient::RendezvousClient(const Options& options) : options_(options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(
-      options.address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      grpc::InsecureChannelCredentials();
+  if (options.credentials != nullptr) {
+    options.credentials->ConfigureChannel(&args);
+    creds = options.credentials->ChannelCredentials();
+  }
+  channel_ = grpc::CreateCustomChannel(options.address, creds, args);
   stub_ = v1::Rendezvous::NewStub(channel_);
+}
+
+RendezvousClient::~RendezvousClient() {
+  if (!release_when_done_.has_value()) return;
+  const PendingRelease& r = *release_when_done_;
+  absl::StatusOr<bool> released =
+      Release(r.job_id, r.round, r.node_id, r.num_nodes);
+  if (!released.ok()) {
+    spdlog::debug("job '{}': telling the coordinator that round '{}' ended: {}",
+                  r.job_id, r.round, released.status().ToString());
+  } else if (*released) {
+    spdlog::debug(
+        "job '{}': round '{}' ended on every node; the coordinator "
+        "dropped its keys",
+        r.job_id, r.round);
+  }
+}
+
+void RendezvousClient::ReleaseRoundWhenDone(std::string job_id,
+                                            std::string round,
+                                            std::string node_id,
+                                            int num_nodes) {
+  release_when_done_ = PendingRelease{std::move(job_id), std::move(round),
+                                      std::move(node_id), num_nodes};
+}
+
+absl::StatusOr<bool> RendezvousClient::Release(absl::string_view job_id,
+                                               absl::string_view round,
+                                               absl::string_view node_id,
+                                               int num_nodes) {
+  v1::RendezvousReleaseRequest request;
+  request.set_job_id(std::string(job_id));
+  request.set_round(std::string(round));
+  request.set_node_id(std::string(node_id));
+  request.set_num_nodes(num_nodes);
+  v1::RendezvousReleaseResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(
+      absl::Now() + std::min(options_.rpc_timeout, kReleaseTimeout)));
+  if (options_.credentials != nullptr) {
+    options_.credentials->AddToCall(&context);
+  }
+  const grpc::Status status = stub_->Release(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        absl::StrCat("rendezvous Release('", round, "') at coordinator ",
+                     options_.address, ": ", status.error_message()));
+  }
+  return response.deleted();
 }
 
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Create(
@@ -56,10 +130,23 @@ absl::Status RendezvousClient::Call(absl::string_view what,
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(rpc_deadline));
+    if (options_.credentials != nullptr) {
+      options_.credentials->AddToCall(&context);
+    }
     const grpc::Status status = attempt(&context, wait);
     if (status.ok()) return absl::OkStatus();
     const grpc::StatusCode code = status.error_code();
     const absl::Time after = absl::Now();
+    if (code == grpc::StatusCode::UNAVAILABLE &&
+        IsTlsFailure(status.error_message())) {
+      // Certificates do not fix themselves while we retry.
+      return absl::UnauthenticatedError(absl::StrCat(
+          "rendezvous ", what, " at coordinator ", options_.address,
+          ": the TLS handshake failed: ", status.error_message(),
+          " (check rendezvous.tls on both daemons: each certificate signed "
+          "by the other's ca_file, the coordinator's naming the host dialled "
+          "or rendezvous.tls.server_name)"));
+    }
     if (code == grpc::StatusCode::UNAVAILABLE && after < retry_deadline) {
       absl::SleepFor(std::min(backoff, retry_deadline - after));
       backoff = std::min(backoff * 2, options_.max_backoff);
@@ -74,6 +161,12 @@ absl::Status RendezvousClient::Call(absl::string_view what,
       detail = absl::StrCat("coordinator unreachable for ",
                             absl::FormatDuration(after - start), " (", attempts,
                             " attempts): ", detail);
+      if (absl::StrContains(detail, "Socket closed")) {
+        absl::StrAppend(&detail,
+                        " (a coordinator that requires mutual TLS closes "
+                        "plaintext connections: check that every daemon "
+                        "sets rendezvous.tls)");
+      }
     }
     return absl::Status(static_cast<absl::StatusCode>(code),
                         absl::StrCat("rendezvous ", what, " at coordinator ",

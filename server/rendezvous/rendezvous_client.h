@@ -13,6 +13,11 @@
 // request did not reach the server in the cases that matter here (connection
 // refused / not yet established), which is what a late coordinator produces.
 //
+// Credentials: with Options::credentials every channel and call carries
+// what the coordinator demands (server/auth/node_credentials.h); without,
+// plaintext and no token (rendezvous.insecure, tests). The coordinator
+// refusing them is UNAUTHENTICATED, never retried.
+//
 // Thread-safety: all methods may be called concurrently (one channel).
 #ifndef GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 #define GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
@@ -30,6 +35,7 @@
 #include "absl/types/span.h"
 #include "gradd/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth/node_credentials.h"
 #include "server/rendezvous/store_interface.h"
 
 namespace gradd {
@@ -50,8 +56,11 @@ class RendezvousClient : public RendezvousStoreInterface {
     absl::Duration response_grace = absl::Seconds(2);
     absl::Duration initial_backoff = absl::Milliseconds(20);
     absl::Duration max_backoff = absl::Seconds(1);
-    // Largest message, both directions.
-    int max_message_bytes = (64 << 20) + (1 << 20);
+    // Largest message, both directions (the store's largest value,
+    // rendezvous.limits.max_value_bytes, plus room for the rest).
+    int max_message_bytes = (32 << 20) + (1 << 20);
+    // What this daemon presents to the coordinator; null: nothing.
+    std::shared_ptr<const NodeCredentials> credentials;
   };
 
   // Creates the channel (connects lazily). INVALID_ARGUMENT for an empty
@@ -75,6 +84,21 @@ class RendezvousClient : public RendezvousStoreInterface {
                                             absl::string_view key) override;
   std::string Describe() const override;
 
+  // Tells the coordinator that node `node_id` is done with `round` of
+  // `job_id`, a job of `num_nodes` nodes (KvStore::Release): once every node
+  // has, the coordinator deletes the round's keys. One attempt, bounded by
+  // rpc_timeout and 2 s. Returns whether the keys were deleted.
+  [[nodiscard]] absl::StatusOr<bool> Release(absl::string_view job_id,
+                                             absl::string_view round,
+                                             absl::string_view node_id,
+                                             int num_nodes);
+  // Makes the destructor Release(...) (best effort, logged at debug level
+  // when it fails): a formed job keeps its store client exactly as long as
+  // it runs on this node, so the coordinator learns when it ended here.
+  void ReleaseRoundWhenDone(std::string job_id, std::string round,
+                            std::string node_id, int num_nodes);
+  ~RendezvousClient() override;
+
   const std::string& address() const { return options_.address; }
 
  private:
@@ -93,9 +117,17 @@ class RendezvousClient : public RendezvousStoreInterface {
                     std::optional<absl::Time> call_deadline,
                     const Attempt& attempt);
 
+  struct PendingRelease {
+    std::string job_id;
+    std::string round;
+    std::string node_id;
+    int num_nodes = 0;
+  };
+
   const Options options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::optional<PendingRelease> release_when_done_;
 };
 
 }  // namespace gradd

@@ -2,22 +2,81 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "server/rendezvous/job_formation.h"
+#include "spdlog/spdlog.h"
 
 namespace gradd {
+
+RendezvousService::RendezvousService(KvStore* store, Options options)
+    : store_(store), options_(std::move(options)) {}
+
+void RendezvousService::LogRefusal(const std::string& line) {
+  const absl::Time now = absl::Now();
+  int suppressed = 0;
+  {
+    absl::MutexLock lock(&log_mu_);
+    if (now - last_log_ < absl::Seconds(1)) {
+      ++suppressed_;
+      return;
+    }
+    last_log_ = now;
+    suppressed = std::exchange(suppressed_, 0);
+  }
+  if (suppressed > 0) {
+    spdlog::warn("{} ({} more refusals in the last second not logged)", line,
+                 suppressed);
+  } else {
+    spdlog::warn("{}", line);
+  }
+}
+
+absl::Status RendezvousService::Admit(const grpc::ServerContext& context,
+                                      absl::string_view method) {
+  if (options_.on_request) options_.on_request(method);
+  if (options_.credentials == nullptr) return absl::OkStatus();
+  absl::Status s = options_.credentials->CheckCall(context);
+  if (!s.ok()) LogRefusal(std::string(s.message()));
+  return s;
+}
+
+absl::Status RendezvousService::CheckFormationKey(
+    const grpc::ServerContext& context, absl::string_view job_id,
+    absl::string_view key, absl::string_view value) {
+  if (options_.expected_node_ids.empty()) return absl::OkStatus();
+  std::optional<std::string> node = FormationNodeIdOf(key, value);
+  if (!node.has_value()) return absl::OkStatus();
+  for (const std::string& id : options_.expected_node_ids) {
+    if (id == *node) return absl::OkStatus();
+  }
+  const std::string shown = absl::CEscape(node->substr(0, 256));
+  LogRefusal(absl::StrCat(
+      "rendezvous: refused node '", shown, "' (from ", context.peer(),
+      ") joining job '", absl::CEscape(job_id.substr(0, 256)),
+      "': not in rendezvous.expected_node_ids (",
+      absl::StrJoin(options_.expected_node_ids, ", "), ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("node '", shown,
+                   "' is not one of the coordinator's "
+                   "rendezvous.expected_node_ids (",
+                   absl::StrJoin(options_.expected_node_ids, ", "), ")"));
+}
 
 absl::Time RendezvousService::BlockingDeadline(
     const grpc::ServerContext* context, int64_t wait_timeout_ms) const {
   const absl::Time now = absl::Now();
-  absl::Time deadline =
-      std::min(now + max_blocking_wait_, absl::FromChrono(context->deadline()));
+  absl::Time deadline = std::min(now + options_.max_blocking_wait,
+                                 absl::FromChrono(context->deadline()));
   if (wait_timeout_ms > 0) {
     deadline = std::min(deadline, now + absl::Milliseconds(wait_timeout_ms));
   }
@@ -27,7 +86,12 @@ absl::Time RendezvousService::BlockingDeadline(
 grpc::Status RendezvousService::Set(grpc::ServerContext* context,
                                     const v1::RendezvousSetRequest* request,
                                     v1::RendezvousSetResponse* response) {
-  Observe("Set");
+  if (absl::Status s = Admit(*context, "Set"); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckFormationKey(*context, request->job_id(),
+                                         request->key(), request->value());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(
       store_->Set(request->job_id(), request->key(), request->value()));
 }
@@ -35,7 +99,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context,
 grpc::Status RendezvousService::Get(grpc::ServerContext* context,
                                     const v1::RendezvousGetRequest* request,
                                     v1::RendezvousGetResponse* response) {
-  Observe("Get");
+  if (absl::Status s = Admit(*context, "Get"); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> value =
       store_->GetUntil(request->job_id(), request->key(),
                        BlockingDeadline(context, request->wait_timeout_ms()),
@@ -48,7 +112,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context,
 grpc::Status RendezvousService::Add(grpc::ServerContext* context,
                                     const v1::RendezvousAddRequest* request,
                                     v1::RendezvousAddResponse* response) {
-  Observe("Add");
+  if (absl::Status s = Admit(*context, "Add"); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<int64_t> value =
       store_->Add(request->job_id(), request->key(), request->delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
@@ -59,7 +123,7 @@ grpc::Status RendezvousService::Add(grpc::ServerContext* context,
 grpc::Status RendezvousService::Wait(grpc::ServerContext* context,
                                      const v1::RendezvousWaitRequest* request,
                                      v1::RendezvousWaitResponse* response) {
-  Observe("Wait");
+  if (absl::Status s = Admit(*context, "Wait"); !s.ok()) return ToGrpcStatus(s);
   const std::vector<std::string> keys(request->keys().begin(),
                                       request->keys().end());
   return ToGrpcStatus(
@@ -71,9 +135,24 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context,
 grpc::Status RendezvousService::Delete(
     grpc::ServerContext* context, const v1::RendezvousDeleteRequest* request,
     v1::RendezvousDeleteResponse* response) {
-  Observe("Delete");
+  if (absl::Status s = Admit(*context, "Delete"); !s.ok())
+    return ToGrpcStatus(s);
   absl::StatusOr<bool> deleted =
       store_->Delete(request->job_id(), request->key());
+  if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+  response->set_deleted(*deleted);
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Release(
+    grpc::ServerContext* context, const v1::RendezvousReleaseRequest* request,
+    v1::RendezvousReleaseResponse* response) {
+  if (absl::Status s = Admit(*context, "Release"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<bool> deleted =
+      store_->Release(request->job_id(), request->round(), request->node_id(),
+                      request->num_nodes());
   if (!deleted.ok()) return ToGrpcStatus(deleted.status());
   response->set_deleted(*deleted);
   return grpc::Status::OK;
@@ -104,8 +183,15 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
     store = server->owned_store_.get();
   }
   server->store_ = store;
-  server->service_ = std::make_unique<RendezvousService>(
-      store, options.max_blocking_wait, options.on_request);
+  server->credentials_ = options.credentials;
+  server->trimmer_ = std::make_unique<HeapTrimmer>();
+  RendezvousService::Options service;
+  service.max_blocking_wait = options.max_blocking_wait;
+  service.on_request = options.on_request;
+  service.credentials = options.credentials;
+  service.expected_node_ids = options.expected_node_ids;
+  server->service_ =
+      std::make_unique<RendezvousService>(store, std::move(service));
 
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second daemon on this machine
@@ -114,7 +200,10 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
   // coordinator discovery (coordinator.h) learns that the port is served.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(address,
+                           options.credentials != nullptr
+                               ? options.credentials->ServerCredentials()
+                               : grpc::InsecureServerCredentials(),
                            &bound_port);
   builder.RegisterService(server->service_.get());
   grpc::ResourceQuota quota("gradd-rendezvous");

@@ -4,6 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "server/rpc/request_checks.h"
 
 namespace gradd {
 namespace {
@@ -17,6 +18,14 @@ absl::Time CallDeadline(const grpc::ServerContext* context) {
     return absl::InfiniteFuture();
   }
   return absl::Now() + absl::FromChrono(deadline - now);
+}
+
+// INVALID_ARGUMENT naming the field for a client string that breaks the
+// rules of common/client_strings.h (a job id asked for, a health service
+// name).
+grpc::Status CheckStrings(const google::protobuf::Message& request) {
+  absl::Status s = CheckRequestStrings(request);
+  return s.ok() ? grpc::Status::OK : ToGrpcStatus(s);
 }
 
 template <typename Response>
@@ -43,6 +52,7 @@ grpc::Status AdminService::ListJobs(grpc::ServerContext* context,
 grpc::Status AdminService::GetJob(grpc::ServerContext* context,
                                   const v1::GetJobRequest* request,
                                   v1::GetJobResponse* response) {
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return Answer(handler_->GetJob(*request, CallDeadline(context)), response);
 }
 
@@ -55,6 +65,7 @@ grpc::Status AdminService::GetConfig(grpc::ServerContext* context,
 grpc::Status AdminService::GetTrace(grpc::ServerContext* context,
                                     const v1::GetTraceRequest* request,
                                     v1::GetTraceResponse* response) {
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return Answer(handler_->GetTrace(*request, CallDeadline(context)), response);
 }
 
@@ -62,6 +73,7 @@ grpc::Status HealthService::Check(
     grpc::ServerContext* context,
     const grpc::health::v1::HealthCheckRequest* request,
     HealthCheckResponse* response) {
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   absl::StatusOr<HealthCheckResponse::ServingStatus> status =
       handler_->Health(request->service(), CallDeadline(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -73,6 +85,7 @@ grpc::Status HealthService::Watch(
     grpc::ServerContext* context,
     const grpc::health::v1::HealthCheckRequest* request,
     grpc::ServerWriter<HealthCheckResponse>* writer) {
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   bool first = true;
   HealthCheckResponse::ServingStatus last = HealthCheckResponse::UNKNOWN;
   while (!context->IsCancelled()) {

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "server/rpc/request_checks.h"
 
 namespace gradd {
 namespace {
@@ -108,6 +109,14 @@ grpc::Status ImmediateCall(grpc::ServerContext* context, absl::string_view what,
   return ToGrpcStatus(*result);
 }
 
+// INVALID_ARGUMENT naming the field for a client string that breaks the
+// rules of common/client_strings.h; checked here so that none reaches the
+// engine or its log lines.
+grpc::Status CheckStrings(const google::protobuf::Message& request) {
+  absl::Status s = CheckRequestStrings(request);
+  return s.ok() ? grpc::Status::OK : ToGrpcStatus(s);
+}
+
 }  // namespace
 
 grpc::Status NodeService::CheckCaller(const grpc::ServerContext* context,
@@ -123,6 +132,7 @@ grpc::Status NodeService::Attach(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return WaitingCall(
       context, response, "Attach", [&](absl::Time deadline, auto done) {
         handler_->HandleAttach(*request, deadline, std::move(done));
@@ -135,6 +145,7 @@ grpc::Status NodeService::Detach(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return ImmediateCall(context, "Detach", [&](auto done) {
     handler_->HandleDetach(*request, std::move(done));
   });
@@ -146,6 +157,7 @@ grpc::Status NodeService::RebuildBuckets(
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return WaitingCall(
       context, response, "RebuildBuckets", [&](absl::Time deadline, auto done) {
         handler_->HandleRebuildBuckets(*request, deadline, std::move(done));
@@ -158,6 +170,7 @@ grpc::Status NodeService::SetCommHook(grpc::ServerContext* context,
   if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
     return s;
   }
+  if (grpc::Status s = CheckStrings(*request); !s.ok()) return s;
   return ImmediateCall(context, "SetCommHook", [&](auto done) {
     handler_->HandleSetCommHook(*request, std::move(done));
   });

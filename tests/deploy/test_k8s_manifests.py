@@ -76,7 +76,8 @@ def deserialize(doc):
 
 def test_manifests_exist():
     names = {p.name for p in MANIFESTS}
-    assert {"daemonset.yaml", "training-job.yaml"} <= names
+    assert {"daemonset.yaml", "training-job.yaml",
+            "credentials-secret.yaml"} <= names
 
 
 @pytest.mark.parametrize("name,doc", load_all(),
@@ -271,3 +272,64 @@ def test_probe_passes_for_a_serving_daemon_and_fails_for_a_hung_one(
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
         notify.close()
+
+
+# ---- the daemons' credentials (issue 20) -----------------------------------
+
+def credentials_dir(daemonset):
+    """(Secret volume, mount path) of the daemon's credentials."""
+    spec = daemonset.spec.template.spec
+    volumes = {v.name: v for v in spec.volumes}
+    for m in gradd_container(daemonset).volume_mounts:
+        v = volumes[m.name]
+        if v.secret is not None:
+            assert m.read_only
+            return v.secret, m.mount_path
+    raise AssertionError("no Secret mounted into the gradd container")
+
+
+def test_daemonset_mounts_the_credentials_its_config_names(daemonset):
+    secret, mount = credentials_dir(daemonset)
+    (template,) = objects("Secret")
+    assert secret.secret_name == template["metadata"]["name"]
+    # Never optional: no Secret, no daemon (rather than no credentials).
+    assert not secret.optional
+    # Readable by the daemon's group (fsGroup), by nobody else.
+    assert secret.default_mode & 0o007 == 0
+    spec = daemonset.spec.template.spec
+    assert spec.security_context.fs_group == \
+        gradd_container(daemonset).security_context.run_as_group
+    (cm,) = objects("ConfigMap")
+    rv = yaml.safe_load(cm["data"]["gradd.yaml"])["rendezvous"]
+    files = [rv["token_file"], rv["tls"]["cert_file"], rv["tls"]["key_file"],
+             rv["tls"]["ca_file"]]
+    keys = set(template["stringData"])
+    for f in files:
+        assert os.path.dirname(f) == mount, f
+        assert os.path.basename(f) in keys, f
+    # One certificate for every node: the name it carries is checked.
+    assert rv["tls"]["server_name"]
+
+
+def test_an_unfilled_credentials_template_stops_the_daemon(tmp_path):
+    """Applying credentials-secret.yaml unchanged must not run the daemons
+    with a known secret: gradd refuses its placeholders at start."""
+    binary = os.environ.get("GRADD_BINARY", str(REPO / "build/server/gradd"))
+    if not os.access(binary, os.X_OK):
+        pytest.skip(f"gradd not built at {binary}")
+    (template,) = objects("Secret")
+    secret_dir = tmp_path / "credentials"
+    secret_dir.mkdir()
+    for name, value in template["stringData"].items():
+        (secret_dir / name).write_text(value)
+        (secret_dir / name).chmod(0o440)
+    (cm,) = objects("ConfigMap")
+    config = tmp_path / "gradd.yaml"
+    config.write_text(cm["data"]["gradd.yaml"].replace(
+        "/etc/gradd-credentials", str(secret_dir)))
+    r = subprocess.run([binary, "--config", str(config), "--socket",
+                        str(tmp_path / "run" / "gradd.sock")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "rendezvous.token_file" in r.stderr + r.stdout
+    assert "tokens must have 16" in r.stderr + r.stdout

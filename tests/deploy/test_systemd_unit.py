@@ -5,7 +5,9 @@ gradd needs. Runs systemd-analyze offline (no systemd needed as PID 1)."""
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,91 @@ def test_keeps_what_gradd_needs():
     assert service.get("PrivateDevices", ["no"]) == ["no"]
     assert any("nvidia" in v for v in service["DeviceAllow"])
     assert service["KillSignal"] == ["SIGTERM"]
+
+
+# ---- the multi-node drop-in (issue 20) ---------------------------------------
+
+DROPIN = REPO / "deploy" / "systemd" / "gradd-multinode.conf"
+
+
+def test_reload_sends_sighup():
+    """`systemctl reload gradd` re-reads the daemon credentials."""
+    service = parse_unit(UNIT.read_text())["Service"]
+    assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+
+
+def test_multinode_dropin_passes_every_loaded_credential():
+    service = parse_unit(DROPIN.read_text())["Service"]
+    loaded = {v.split(":", 1)[0]: v.split(":", 1)[1]
+              for v in service["LoadCredential"]}
+    assert all(path.startswith("/etc/gradd/credentials/")
+               for path in loaded.values())
+    # ExecStart is replaced, not added to.
+    assert service["ExecStart"][0] == ""
+    (command,) = service["ExecStart"][1:]
+    args = command.split()
+    assert args[0] == "/usr/local/bin/gradd"
+    used = {a.split("%d/", 1)[1] for a in args if "%d/" in a}
+    assert used == set(loaded)
+    for flag in ("--rendezvous-token-file", "--rendezvous-tls-cert",
+                 "--rendezvous-tls-key", "--rendezvous-tls-ca"):
+        assert any(a.startswith(flag + "=%d/") for a in args), flag
+
+
+@pytest.fixture
+def unit_with_dropin(unit_copy):
+    dropin_dir = unit_copy.parent / "gradd.service.d"
+    dropin_dir.mkdir()
+    (dropin_dir / "multinode.conf").write_text(DROPIN.read_text().replace(
+        "/usr/local/bin/gradd ", gradd_binary() + " "))
+    return unit_copy
+
+
+def test_verify_passes_with_the_dropin(unit_with_dropin):
+    r = run("verify", str(unit_with_dropin))
+    assert r.returncode == 0, r.stderr
+    complaints = [l for l in r.stderr.splitlines()
+                  if "gradd.service" in l or "multinode.conf" in l]
+    assert complaints == [], r.stderr
+
+
+def test_the_dropins_command_starts_a_daemon_with_both_credentials(tmp_path):
+    """The drop-in's ExecStart, with %d a credentials directory as systemd
+    would fill it: gradd starts with mutual TLS and the token."""
+    binary = gradd_binary()
+    creds = tmp_path / "credentials"
+    script = REPO / "tests" / "tools" / "make_test_certs.sh"
+    subprocess.run(["sh", str(script), str(tmp_path / "certs")], check=True,
+                   timeout=60)
+    creds.mkdir()
+    service = parse_unit(DROPIN.read_text())["Service"]
+    sources = {"gradd-token": None, "gradd-tls-cert": "node.crt",
+               "gradd-tls-key": "node.key", "gradd-tls-ca": "ca.crt"}
+    for value in service["LoadCredential"]:
+        name = value.split(":", 1)[0]
+        target = creds / name
+        if sources[name] is None:
+            target.write_text("0123456789abcdef0123456789abcdef\n")
+        else:
+            target.write_bytes((tmp_path / "certs" / sources[name]).read_bytes())
+        target.chmod(0o400)
+    args = service["ExecStart"][1].replace("%d", str(creds)).split()
+    args[0] = binary
+    args[args.index("--config") + 1] = str(REPO / "config" / "gradd.yaml")
+    args[args.index("--socket") + 1] = str(tmp_path / "run" / "gradd.sock")
+    log = tmp_path / "gradd.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(args + ["--rendezvous-listen", "127.0.0.1:0"],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while "daemon network:" not in log.read_text():
+            assert daemon.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        line = [l for l in log.read_text().splitlines()
+                if "daemon network:" in l][0]
+        assert "mutual TLS" in line and "+ token" in line, line
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(20) == 0, log.read_text()

@@ -291,6 +291,44 @@ void GraddTest::ExpectHealthyJob(const std::string& job) {
   }
 }
 
+std::vector<std::string> GraddTest::NodeAuthFlags() {
+  if (!node_auth_flags_.empty()) return node_auth_flags_;
+  const std::string kind = FromEnv("GRADD_TEST_NODE_AUTH", "token");
+  if (kind == "insecure") {
+    node_auth_flags_ = {"--rendezvous-insecure"};
+  } else if (kind == "mtls") {
+    // This file's directory is tests/integration; the script is beside it.
+    std::string here = __FILE__;
+    here = here.substr(0, here.rfind('/'));
+    const std::string certs = dir_ + "/certs";
+    const std::string cmd = absl::StrCat(
+        "sh '", here, "/../tools/make_test_certs.sh' '", certs, "'");
+    if (std::system(cmd.c_str()) != 0) {
+      ADD_FAILURE() << "could not make test certificates: " << cmd;
+      return {};
+    }
+    node_auth_flags_ = {"--rendezvous-tls-cert", certs + "/node.crt",
+                        "--rendezvous-tls-key",  certs + "/node.key",
+                        "--rendezvous-tls-ca",   certs + "/ca.crt"};
+  } else if (kind == "token") {
+    // A fresh random token per test directory, readable by us only.
+    std::ifstream random("/dev/urandom", std::ios::binary);
+    unsigned char bytes[24];
+    random.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+    std::string token;
+    for (unsigned char b : bytes)
+      absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+    const std::string path = dir_ + "/node-token";
+    { std::ofstream(path) << token << "\n"; }
+    chmod(path.c_str(), 0600);
+    node_auth_flags_ = {"--rendezvous-token-file", path};
+  } else {
+    ADD_FAILURE() << "GRADD_TEST_NODE_AUTH='" << kind
+                  << "': expected token, mtls or insecure";
+  }
+  return node_auth_flags_;
+}
+
 std::vector<std::string> GraddTest::StartNodeDaemons(
     int n, const std::vector<std::string>& flags) {
   std::vector<std::string> sockets;
@@ -301,6 +339,8 @@ std::vector<std::string> GraddTest::StartNodeDaemons(
     const std::string socket = absl::StrCat(dir_, "/", id, "/gradd.sock");
     std::vector<std::string> argv = {DaemonBinary(), "--socket", socket,
                                      "--node-id", id};
+    const std::vector<std::string> auth = NodeAuthFlags();
+    argv.insert(argv.end(), auth.begin(), auth.end());
     argv.insert(argv.end(), daemon_flags_.begin(), daemon_flags_.end());
     argv.insert(argv.end(), flags.begin(), flags.end());
     if (k == 0) {

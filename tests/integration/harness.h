@@ -87,10 +87,17 @@ class GraddTest : public ::testing::Test {
   std::vector<Exit> WaitAll(std::vector<Proc>& ps, milliseconds timeout);
   // A short healthy 2-rank job: the daemon still serves after bad input.
   void ExpectHealthyJob(const std::string& job);
+  // The gradd flags giving a node daemon the cluster's credentials, made in
+  // dir_ on first use. Which kind comes from $GRADD_TEST_NODE_AUTH: "token"
+  // (the default), "mtls" (test certificates made with openssl by
+  // tests/tools/make_test_certs.sh) or "insecure" (--rendezvous-insecure);
+  // ctest runs the multi-node suite with token and with mtls.
+  std::vector<std::string> NodeAuthFlags();
   // `n` more daemons on loopback for multi-node jobs: node-0 is the
   // rendezvous coordinator (OS-chosen port), the others point at it; each
-  // gets daemon_flags_ and `flags`. Their sockets in node order, or empty
-  // (with a failure) if one is not up within 10 s. SIGKILLed at TearDown.
+  // gets NodeAuthFlags(), daemon_flags_ and `flags`. Their sockets in node
+  // order, or empty (with a failure) if one is not up within 10 s. SIGKILLed at
+  // TearDown.
   std::vector<std::string> StartNodeDaemons(
       int n, const std::vector<std::string>& flags = {});
   // One trainer per node socket (local rank 0 of 1, --num-nodes the number
@@ -109,6 +116,8 @@ class GraddTest : public ::testing::Test {
   std::string socket_;
   // Extra gradd flags for StartDaemon (set before GraddTest::SetUp).
   std::vector<std::string> daemon_flags_;
+  // NodeAuthFlags() once made.
+  std::vector<std::string> node_auth_flags_;
   Proc daemon_;
   std::vector<Proc> procs_;
 };

@@ -100,6 +100,8 @@ class MultiNodeTest : public GraddTest {
     std::vector<std::string> argv = {
         GRADD_DAEMON_BINARY, "--socket", d.socket, "--node-id", id,
         "--config",          config};
+    const std::vector<std::string> auth = NodeAuthFlags();
+    argv.insert(argv.end(), auth.begin(), auth.end());
     const std::string port_file = dir_ + "/coordinator.port";
     if (daemons_.empty()) {
       argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",

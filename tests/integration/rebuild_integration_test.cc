@@ -105,6 +105,8 @@ class RebuildTwoDaemonsTest : public GraddTest {
   bool StartNode(const std::string& id) {
     std::vector<std::string> argv = {GRADD_DAEMON_BINARY, "--socket",
                                      SocketOf(id), "--node-id", id};
+    const std::vector<std::string> auth = NodeAuthFlags();
+    argv.insert(argv.end(), auth.begin(), auth.end());
     const std::string port_file = dir_ + "/coordinator.port";
     if (coordinator_.empty()) {
       argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",

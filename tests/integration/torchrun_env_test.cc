@@ -84,10 +84,16 @@ class TorchrunEnvTest : public GraddTest {
   // Daemons for nodes 0..n-1: node id and rendezvous port only.
   bool StartNodes(int n) {
     for (int i = 0; i < n; ++i) {
-      Proc p = Spawn(
-          absl::StrCat("gradd-node", i),
-          {GRADD_DAEMON_BINARY, "--socket", Socket(i), "--node-id",
-           absl::StrCat("host", i), "--rendezvous-port", absl::StrCat(port_)});
+      std::vector<std::string> argv = {GRADD_DAEMON_BINARY,
+                                       "--socket",
+                                       Socket(i),
+                                       "--node-id",
+                                       absl::StrCat("host", i),
+                                       "--rendezvous-port",
+                                       absl::StrCat(port_)};
+      const std::vector<std::string> auth = NodeAuthFlags();
+      argv.insert(argv.end(), auth.begin(), auth.end());
+      Proc p = Spawn(absl::StrCat("gradd-node", i), argv);
       procs_.pop_back();  // stopped by TearDown with SIGTERM
       nodes_.push_back(p);
     }

@@ -10,6 +10,7 @@ Run by hand:
 """
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,18 @@ def daemon(gradd_binary):
     assert alive, f"gradd died during the tests:\n{log}"
 
 
+def node_token_args(directory):
+    """gradd flags giving a node daemon the cluster's shared token (issue 20:
+    a daemon taking part in multi-node jobs needs credentials): a fresh
+    random token in `directory`, mode 0600, the same file for every node."""
+    path = os.path.join(directory, "node-token")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(24) + "\n")
+    return ["--rendezvous-token-file", path]
+
+
 class TwoDaemons:
     """Two real gradd daemons on loopback forming multi-node jobs: node-a is
     the rendezvous coordinator (OS-chosen port), node-b points at it. Node
@@ -109,9 +122,10 @@ class TwoDaemons:
             f.write("rendezvous:\n  join_timeout_ms: 60000\n  collective_timeout_ms: 60000\n")
         port_file = os.path.join(self.dir, "coordinator.port")
         self.nodes = []
+        auth = node_token_args(self.dir)
         a = Daemon(binary, ["--node-id", "node-a", "--config", config,
                             "--rendezvous-listen", "127.0.0.1:0",
-                            "--rendezvous-port-file", port_file])
+                            "--rendezvous-port-file", port_file, *auth])
         self.nodes.append(a)
         deadline = time.monotonic() + 30
         port = 0
@@ -130,7 +144,7 @@ class TwoDaemons:
         self.coordinator = f"127.0.0.1:{port}"
         try:
             self.nodes.append(Daemon(binary, ["--node-id", "node-b", "--config", config,
-                                              "--coordinator", self.coordinator]))
+                                              "--coordinator", self.coordinator, *auth]))
         except Exception:
             self.stop()
             raise
@@ -171,10 +185,12 @@ class TorchrunDaemons:
         self.port = _free_port()
         self.master_port = _free_port()
         self.nodes = []
+        auth = node_token_args(self.dir)
         try:
             for i in range(2):
                 self.nodes.append(Daemon(binary, ["--node-id", f"host{i}",
-                                                  "--rendezvous-port", str(self.port)]))
+                                                  "--rendezvous-port", str(self.port),
+                                                  *auth]))
         except Exception:
             self.stop()
             raise

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from conftest import HERE, graddctl
+from conftest import HERE, graddctl, node_token_args
 from metrics_util import MetricsDaemon, read_port, value, wait_for
 
 
@@ -93,12 +93,13 @@ def test_multi_node_stall_names_the_node_and_its_missing_rank(gradd_binary, job_
     a = b = None
     procs = []
     try:
+        auth = node_token_args(tmp)
         a = MetricsDaemon(gradd_binary, "stall_warning_ms: 300\n",
                           ["--node-id", "node-a", "--rendezvous-listen", "127.0.0.1:0",
-                           "--rendezvous-port-file", port_file])
+                           "--rendezvous-port-file", port_file, *auth])
         coordinator = f"127.0.0.1:{wait_for('the coordinator port', lambda: read_port(port_file))}"
         b = MetricsDaemon(gradd_binary, "stall_warning_ms: 300\nstall_shutdown_ms: 3000\n",
-                          ["--node-id", "node-b", "--coordinator", coordinator])
+                          ["--node-id", "node-b", "--coordinator", coordinator, *auth])
         procs = [_worker(a, job_id, "0", "2", coordinator, "0"),
                  _worker(b, job_id, "1", "2", coordinator, "1")]
         on_b = _log_line(b, "stall: job", "of iteration 2")

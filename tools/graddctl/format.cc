@@ -159,7 +159,10 @@ std::string FormatStatus(const v1::GetStatusResponse& s) {
                 {"uptime", HumanDuration(uptime)},
                 {"jobs", absl::StrCat(s.running_jobs(), " running, ",
                                       s.pending_jobs(), " pending")},
-                {"sessions", absl::StrCat(s.sessions())}});
+                {"sessions", absl::StrCat(s.sessions())},
+                {"daemon network", s.network_security().empty()
+                                       ? std::string("-")
+                                       : s.network_security()}});
 }
 
 std::string FormatJobs(const v1::ListJobsResponse& jobs) {

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/src/data/comm_hook_options.h"
+#include "common/client_strings.h"
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -318,6 +319,8 @@ absl::Status ClientImpl::Detach() {
 
 absl::Status ClientImpl::SetCommHook(const CommHookOptions& hook) {
   if (absl::Status s = CheckFailed(); !s.ok()) return s;
+  RETURN_IF_ERROR(
+      CheckClientString("comm_hook.name", hook.name, kMaxCommHookNameBytes));
   v1::CommHookSetRequest request;
   request.set_job_id(options_.job_id);
   request.set_local_rank(options_.local_rank);

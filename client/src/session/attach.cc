@@ -43,6 +43,7 @@
 #include "client/src/device/device_client.h"
 #include "client/src/session/daemon_peer.h"
 #include "client/src/session/launcher_env.h"
+#include "common/client_strings.h"
 #include "common/control_block.h"
 #include "common/grpc_status.h"
 #include "common/session.h"
@@ -66,25 +67,6 @@ std::chrono::milliseconds Left(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - Clock::now());
   return std::max(left, std::chrono::milliseconds(0));
-}
-
-// The daemon's refusal (SessionRefused) as a status, or OK for any other
-// message.
-absl::Status RefusalStatus(const std::string& payload,
-                           const std::string& socket_path) {
-  SessionRefused refused;
-  if (payload.size() != sizeof(refused)) return absl::OkStatus();
-  std::memcpy(&refused, payload.data(), sizeof(refused));
-  if (refused.magic != kSessionMagic ||
-      refused.kind != static_cast<uint32_t>(SessionMessageKind::kRefused)) {
-    return absl::OkStatus();
-  }
-  refused.reason[kSessionReasonBytes - 1] = '\0';
-  absl::StatusCode code = static_cast<absl::StatusCode>(refused.code);
-  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kPermissionDenied;
-  return absl::Status(code,
-                      absl::StrCat("gradd at ", socket_path,
-                                   " refused this trainer: ", refused.reason));
 }
 
 // Connects to the daemon's session socket, retrying while nobody listens
@@ -130,6 +112,25 @@ absl::StatusOr<UniqueFd> ConnectSession(const std::string& socket_path,
   return absl::UnavailableError(what);
 }
 
+// The strings an attach sends (common/client_strings.h). The daemon
+// refuses bad ones too; refusing here names the field before anything is
+// sent.
+absl::Status CheckAttachStrings(const ClientOptions& options,
+                                const std::vector<ClientParam>& params) {
+  RETURN_IF_ERROR(CheckClientString("job_id", options.job_id, kMaxJobIdBytes));
+  RETURN_IF_ERROR(
+      CheckClientString("node_id", options.node_id, kMaxNodeIdBytes));
+  RETURN_IF_ERROR(CheckClientString("coordinator", options.coordinator,
+                                    kMaxCoordinatorBytes));
+  RETURN_IF_ERROR(CheckClientString("comm_hook.name", options.comm_hook.name,
+                                    kMaxCommHookNameBytes));
+  for (size_t i = 0; i < params.size(); ++i) {
+    RETURN_IF_ERROR(CheckClientString(absl::StrCat("params[", i, "].name"),
+                                      params[i].name, kMaxParamNameBytes));
+  }
+  return absl::OkStatus();
+}
+
 // The size of the rank's shared area for broadcasts and collectives.
 size_t CollectiveAreaBytes(const ClientOptions& options, size_t num_params) {
   size_t collective = options.collective_bytes;
@@ -154,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     }
     options.heartbeat_timeout = std::chrono::milliseconds(ms);
   }
+  RETURN_IF_ERROR(CheckAttachStrings(options, params));
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
   if (options.local_world_size < 1 || options.local_rank < 0) {
@@ -176,21 +178,19 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
       ReceivedMessage hello_msg,
       ReceiveWithFds(session.get(), sizeof(SessionRefused), 0,
                      std::max(Left(connect_deadline), kFdsTimeout)));
-  RETURN_IF_ERROR(RefusalStatus(hello_msg.payload, socket_path));
-  SessionHello hello;
-  if (hello_msg.payload.size() != sizeof(hello)) {
+  absl::StatusOr<SessionMessage> hello =
+      DecodeSessionMessage(hello_msg.payload);
+  if (hello.ok() && hello->kind == SessionMessageKind::kRefused) {
+    return absl::Status(
+        hello->refusal.code(),
+        absl::StrCat("gradd at ", socket_path,
+                     " refused this trainer: ", hello->refusal.message()));
+  }
+  if (!hello.ok() || hello->kind != SessionMessageKind::kHello) {
     return absl::InternalError(absl::StrCat(
         "unexpected greeting from ", SessionSocketPath(socket_path), " (",
-        hello_msg.payload.size(), " bytes); is it a gradd daemon?"));
-  }
-  std::memcpy(&hello, hello_msg.payload.data(), sizeof(hello));
-  if (hello.magic != kSessionMagic ||
-      hello.kind != static_cast<uint32_t>(SessionMessageKind::kHello) ||
-      hello.version != kSessionVersion) {
-    return absl::InternalError(absl::StrCat(
-        "unexpected greeting from ", SessionSocketPath(socket_path), " (magic ",
-        hello.magic, ", version ", hello.version,
-        "); this library speaks session protocol version ", kSessionVersion));
+        hello.ok() ? "not a hello" : hello.status().message(),
+        "); is it a gradd daemon?"));
   }
 
   // The gRPC socket must be served by the same daemon: the Attach request
@@ -227,7 +227,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   request.set_job_id(options.job_id);
   request.set_local_rank(options.local_rank);
   request.set_local_world_size(options.local_world_size);
-  request.set_session_id(hello.session_id);
+  request.set_session_id(hello->session_id);
   request.set_bucket_cap_mb(options.bucket_cap_mb);
   request.set_first_bucket_cap_mb(options.first_bucket_cap_mb);
   // One area carries broadcasts and the other collectives: the larger of
@@ -288,22 +288,20 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   ASSIGN_OR_RETURN(
       ReceivedMessage fds_msg,
       ReceiveWithFds(session.get(), sizeof(SessionFds), 5, kFdsTimeout));
-  SessionFds fds_header;
   // A fifth fd, the rank's device memory, comes with CUDA buckets.
   const size_t expected_fds = response.device_memory_bytes() > 0 ? 5 : 4;
-  if (fds_msg.payload.size() != sizeof(fds_header) ||
+  absl::StatusOr<SessionMessage> fds_header =
+      DecodeSessionMessage(fds_msg.payload);
+  if (!fds_header.ok() || fds_header->kind != SessionMessageKind::kFds ||
       fds_msg.fds.size() != expected_fds) {
     return absl::InternalError(absl::StrCat(
         "gradd sent a malformed fd message (", fds_msg.payload.size(),
         " bytes, ", fds_msg.fds.size(), " fds)"));
   }
-  std::memcpy(&fds_header, fds_msg.payload.data(), sizeof(fds_header));
-  if (fds_header.magic != kSessionMagic ||
-      fds_header.kind != static_cast<uint32_t>(SessionMessageKind::kFds) ||
-      fds_header.attach_id != response.attach_id()) {
+  if (fds_header->attach_id != response.attach_id()) {
     return absl::InternalError(absl::StrCat(
         "gradd's fd message does not match the attach (attach id ",
-        fds_header.attach_id, ", expected ", response.attach_id(), ")"));
+        fds_header->attach_id, ", expected ", response.attach_id(), ")"));
   }
 
   if (response.buckets_size() == 0 && !params.empty()) {
@@ -317,7 +315,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
                     response.bucket_slots() > 0
                         ? response.bucket_slots()
                         : static_cast<uint32_t>(response.buckets_size())));
-  client->SetConnection(std::move(session), hello.session_id, channel);
+  client->SetConnection(std::move(session), hello->session_id, channel);
   if (expected_fds == 5) {
     absl::StatusOr<std::unique_ptr<DeviceClient>> device = DeviceClient::Import(
         options.cuda_device, std::move(fds_msg.fds[4]), response);

@@ -15,6 +15,12 @@ constexpr size_t kDivideAt = 1;
 constexpr size_t kThrowAt = 2;
 constexpr size_t kNodesAt = 3;
 constexpr size_t kRanksAt = 4;
+// A rank's entry in the round is sync_bytes + 1 carried as a double: exact
+// only below 2^53. A larger sync_bytes (a rogue rank block) is refused
+// rather than rounded, and a summed entry past 2^53 (a peer daemon sending
+// inf or garbage) is refused before its conversion to an integer.
+constexpr uint64_t kMaxSyncBytes = (uint64_t{1} << 53) - 2;
+constexpr double kMaxRankEntry = 9007199254740992.0;  // 2^53
 
 std::string Options(uint32_t flags) {
   return absl::StrCat(
@@ -118,6 +124,12 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
     }
     const bool active = !joined && v.active_seq >= iteration_;
     if (!joined && !active) return std::vector<double>();  // undecided
+    if (active && v.sync_bytes > kMaxSyncBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(RankName(r), " asks for a join sync of ", v.sync_bytes,
+                       " bytes in iteration ", iteration_, "; the limit is ",
+                       kMaxSyncBytes));
+    }
     round_local_active_[r] = active;
     round[kRanksAt + offset_ + r] =
         active ? static_cast<double>(v.sync_bytes) + 1.0 : -1.0;
@@ -167,7 +179,7 @@ absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
       if (min_joined < 0) min_joined = g;
       continue;
     }
-    if (v < 1.0 || v != std::floor(v)) {
+    if (!(v >= 1.0 && v <= kMaxRankEntry) || v != std::floor(v)) {
       return absl::InternalError(
           absl::StrCat("job '", job_id_, "': join round: global rank ", g,
                        " reported as ", v, " (no node, or several, hold it)"));

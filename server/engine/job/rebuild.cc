@@ -414,7 +414,8 @@ void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
 // multi-node agreement through the coordinator the job formed through,
 // bounded like the formation.
 std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
-    Job* job, const v1::DaemonConfig& config) {
+    Job* job, const v1::DaemonConfig& config,
+    std::shared_ptr<const CoordinatorSelector> coordinators) {
   RebuildOptions options;
   options.local_timeout = absl::Milliseconds(config.attach_timeout_ms());
   options.node_timeout =
@@ -425,13 +426,10 @@ std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
   if (spec.num_nodes > 1) {
     options.round_prefix = spec.round_prefix;
     options.store_factory = [address = spec.coordinator,
-                             timeout = options.node_timeout]()
+                             timeout = options.node_timeout, coordinators]()
         -> absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> {
-      RendezvousClient::Options client_options;
-      client_options.address = address;
-      client_options.connect_timeout = timeout;
       ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
-                       RendezvousClient::Create(client_options));
+                       coordinators->Connect(address, timeout));
       return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
     };
   }

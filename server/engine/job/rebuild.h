@@ -66,6 +66,7 @@
 #include "gradd/v1/node.pb.h"
 #include "gradd/v1/rendezvous.pb.h"
 #include "server/engine/job/job.h"
+#include "server/rendezvous/coordinator.h"
 #include "server/rendezvous/store_interface.h"
 
 namespace gradd {
@@ -169,9 +170,11 @@ struct RebuildAgreement {
 // The coordinator for `job` with the daemon's bounds: local waits like
 // attaches (attach_timeout_ms), node agreement like the formation
 // (rendezvous.join_timeout_ms, through the coordinator and round the job
-// formed through), the engine switch within rendezvous.collective_timeout_ms.
+// formed through, connected by `coordinators`), the engine switch within
+// rendezvous.collective_timeout_ms.
 std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
-    Job* job, const v1::DaemonConfig& config);
+    Job* job, const v1::DaemonConfig& config,
+    std::shared_ptr<const CoordinatorSelector> coordinators);
 
 // The plan's buckets as the RPC carries them.
 v1::RebuildBucketsResponse RebuildResponse(const BucketPlan& plan,

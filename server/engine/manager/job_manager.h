@@ -80,7 +80,9 @@ class JobManager final : public NodeHandlerInterface,
   // `config` has defaults applied. `sessions` and `pool` (may be null:
   // reduce on the engine thread only) must outlive this object.
   // `coordinators` finds multi-node jobs' rendezvous coordinator (default:
-  // one made from config's rendezvous section, serving on demand only).
+  // one made from config's rendezvous section, serving on demand only and
+  // without credentials, so refusing multi-node jobs: the Daemon passes
+  // its own).
   // `events` (may be null) gets the engine's events (job_events.h) and
   // must outlive this object. Starts the control thread.
   JobManager(const v1::DaemonConfig& config, SessionRegistryInterface* sessions,

@@ -98,11 +98,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           absl::StrCat("job '", job_id, "': node '", options.node_id,
                        "' joining ", options.num_nodes, " nodes through ",
                        coordinator, " (Gloo on ", options.advertise_host, ")"));
-      RendezvousClient::Options client_options;
-      client_options.address = coordinator;
-      client_options.connect_timeout = options.join_timeout;
       ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
-                       RendezvousClient::Create(client_options));
+                       selector->Connect(coordinator, options.join_timeout));
       ASSIGN_OR_RETURN(options.prefix, OpenRound(*client, job_id));
       absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
       FormedNodes out;
@@ -127,6 +124,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                              : std::string(formed.status().message()));
       if (!formed.ok()) return formed.status();
       out.formation = *std::move(formed);
+      client->ReleaseRoundWhenDone(job_id, options.prefix, options.node_id,
+                                   out.formation.layout.num_nodes);
       out.store = std::move(client);
       out.coordinator = coordinator;
       out.round_prefix = options.prefix;
@@ -249,7 +248,8 @@ void JobManager::Activate(
   pending_.erase(job_id);
   ActiveJob active;
   active.job = *std::move(job);
-  active.rebuild = MakeRebuildCoordinator(active.job.get(), config_);
+  active.rebuild =
+      MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
   active.sessions.resize(ready.world);
   for (int r = 0; r < ready.world; ++r) {
     active.sessions[r] = ready.ranks[r]->request.session_id();

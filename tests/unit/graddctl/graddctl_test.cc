@@ -120,6 +120,21 @@ TEST(GraddctlFormatTest, HumanUnits) {
   EXPECT_EQ(HumanDuration(int64_t{27 * 3600} * 1000000000), "1d03h");
 }
 
+// Issue 20: how the daemon talks to the others is on the status page, an
+// insecure daemon included.
+TEST(GraddctlFormatTest, StatusShowsHowDaemonCallsAreSecured) {
+  v1::GetStatusResponse s;
+  s.set_version("0.1.0");
+  s.set_network_security(
+      "INSECURE (rendezvous.insecure: true): daemon calls carry no "
+      "credentials");
+  EXPECT_THAT(FormatStatus(s),
+              ::testing::ContainsRegex("daemon network +INSECURE "
+                                       "\\(rendezvous.insecure: true\\)"));
+  s.clear_network_security();
+  EXPECT_THAT(FormatStatus(s), ::testing::HasSubstr("daemon network  -"));
+}
+
 TEST(GraddctlFormatTest, JobsTableHasOneLinePerJob) {
   v1::ListJobsResponse jobs;
   EXPECT_EQ(FormatJobs(jobs), "no jobs\n");

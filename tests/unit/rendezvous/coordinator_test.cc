@@ -16,10 +16,12 @@
 #include "gtest/gtest.h"
 #include "server/rendezvous/host_addresses.h"
 #include "server/rendezvous/rendezvous_client.h"
+#include "tests/unit/auth/test_certs.h"
 
 namespace gradd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A port nobody listens on right now (bound, read, released).
@@ -38,10 +40,13 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// Discovery itself, on a daemon allowed to run without credentials
+// (rendezvous.insecure); the credentials' own tests are further down.
 CoordinatorSelector::Options OnDemand(int port) {
   CoordinatorSelector::Options o;
   o.port = port;
   o.bind_host = "127.0.0.1";
+  o.insecure = true;
   return o;
 }
 
@@ -139,6 +144,75 @@ TEST(CoordinatorTest, NoCoordinatorOrAMalformedOneIsAClearError) {
   absl::StatusOr<std::string> bad = (*s)->Resolve("host:99999");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("99999"));
+}
+
+// Issue 20: a daemon without credentials (and without rendezvous.insecure)
+// takes part in no multi-node job: it neither opens the rendezvous port nor
+// calls another daemon, and says which keys to set.
+TEST(CoordinatorTest, WithoutCredentialsMultiNodeIsRefusedBeforeAnyPort) {
+  CoordinatorSelector::Options o = OnDemand(FreePort());
+  o.insecure = false;
+  auto s = CoordinatorSelector::Create(o);
+  ASSERT_TRUE(s.ok());
+  for (const absl::Status& refused :
+       {(*s)->Resolve("127.0.0.1").status(),
+        (*s)->Connect("127.0.0.1:1", absl::Seconds(1)).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(
+        std::string(refused.message()),
+        AllOf(HasSubstr("rendezvous.token_file"), HasSubstr("rendezvous.tls"),
+              HasSubstr("rendezvous.insecure: true")));
+  }
+  EXPECT_EQ((*s)->serving_port(), 0);
+  EXPECT_THAT((*s)->SecurityDescription(),
+              HasSubstr("multi-node jobs refused"));
+  CoordinatorSelector::Options listen = o;
+  listen.listen_address = "127.0.0.1:0";
+  absl::Status served = CoordinatorSelector::Create(listen).status();
+  EXPECT_EQ(served.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(served.message()),
+              HasSubstr("rendezvous.listen_address"));
+  o.insecure = true;
+  auto insecure = CoordinatorSelector::Create(o);
+  ASSERT_TRUE(insecure.ok());
+  EXPECT_THAT((*insecure)->SecurityDescription(), HasSubstr("INSECURE"));
+}
+
+// With a token, the store the selector serves demands it and the clients
+// Connect() makes carry it; the store's limits come from the options.
+TEST(CoordinatorTest, TheServedStoreDemandsTheDaemonsCredentials) {
+  char tmpl[] = "/tmp/gradd-coord-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string token = std::string(tmpl) + "/token";
+  ASSERT_TRUE(testing::WriteSecret(token, "0123456789abcdef0123456789abcdef"));
+  NodeCredentialsOptions creds;
+  creds.token_file = token;
+  auto loaded = NodeCredentials::Load(creds);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CoordinatorSelector::Options o = OnDemand(FreePort());
+  o.insecure = false;
+  o.credentials = *loaded;
+  o.store.max_value_bytes = 1000;
+  auto s = CoordinatorSelector::Create(o);
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<std::string> address = (*s)->Resolve("127.0.0.1");
+  ASSERT_TRUE(address.ok()) << address.status();
+  EXPECT_EQ((*s)->serving_port(), o.port);
+  EXPECT_EQ((*s)->SecurityDescription(), "token (calls not encrypted)");
+  auto member = (*s)->Connect(*address, absl::Seconds(10));
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_TRUE((*member)->Set("job", "k", "v").ok());
+  EXPECT_THAT(
+      std::string((*member)->Set("job", "k", std::string(1001, 'x')).message()),
+      HasSubstr("rendezvous.limits.max_value_bytes = 1000"));
+  RendezvousClient::Options plain;
+  plain.address = *address;
+  auto stranger = RendezvousClient::Create(plain);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ((*stranger)->Set("job", "k", "poisoned").code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(*(*member)->Get("job", "k", absl::Seconds(1)), "v");
+  testing::RemoveTree(tmpl);
 }
 
 TEST(HostAddressesTest, ParsesHostsAndPorts) {

@@ -182,6 +182,46 @@ TEST_F(JobFormationTest, TooManyNodesIsRefused) {
   EXPECT_EQ(extra[0].status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// rendezvous.expected_node_ids is enforced by every node, not only used to
+// name missing ones: a node not on its own list does not join at all...
+TEST_F(JobFormationTest, ANodeNotOnItsOwnExpectedListDoesNotJoin) {
+  auto c = Node("node-c", 1, 2);
+  c.expected_node_ids = {"node-a", "node-b"};
+  auto results = FormAll({c});
+  ASSERT_EQ(results[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(results[0].status().message()),
+              HasSubstr("this node's id is not in rendezvous.expected_node_ids "
+                        "(node-a, node-b)"));
+  EXPECT_EQ(server_->store().NumKeys("job"), 0u);
+}
+
+// ... and a formation some unlisted node joined (a coordinator without the
+// list let it in) fails on the listed nodes, naming it.
+TEST_F(JobFormationTest, AnUnexpectedMemberFailsTheFormationNamingIt) {
+  auto a = Node("node-a", 1, 2);
+  a.expected_node_ids = {"node-a", "node-b"};
+  auto intruder = Node("node-x", 1, 2);
+  auto results = FormAll({a, intruder});
+  ASSERT_EQ(results[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(results[0].status().message()),
+              HasSubstr("node 'node-x' joined but is not in "
+                        "rendezvous.expected_node_ids"));
+}
+
+TEST(FormationNodeIdOfTest, NamesTheNodeOfMemberAndSlotKeysOnly) {
+  EXPECT_EQ(FormationNodeIdOf("round3/member/node-a", "blob"), "node-a");
+  // The daemons' prefix (node_formation.h) and node ids with '/'.
+  EXPECT_EQ(FormationNodeIdOf("round3/members/member/node-a", "b"), "node-a");
+  EXPECT_EQ(FormationNodeIdOf("round3/members/member/rack/1", ""), "rack/1");
+  EXPECT_EQ(FormationNodeIdOf("round3/members/slot/12", "node-b"), "node-b");
+  EXPECT_EQ(FormationNodeIdOf("round3/slot/x", "node-b"), std::nullopt);
+  EXPECT_EQ(FormationNodeIdOf("round3/member/", "blob"), std::nullopt);
+  EXPECT_EQ(FormationNodeIdOf("member/node-a", "blob"), std::nullopt);
+  EXPECT_EQ(FormationNodeIdOf("round3/members/joined", "2"), std::nullopt);
+  EXPECT_EQ(FormationNodeIdOf("round3/plan", "node-a"), std::nullopt);
+  EXPECT_EQ(FormationNodeIdOf("round3/gloo/arrived/1", "x"), std::nullopt);
+}
+
 TEST_F(JobFormationTest, WorksOnInProcessStoreToo) {
   KvStore store;
   auto a = Node("solo", 4, 1);

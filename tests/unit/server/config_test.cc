@@ -290,3 +290,105 @@ TEST(ConfigTest, ConfigToTextRoundTrips) {
 
 }  // namespace
 }  // namespace gradd
+
+namespace gradd {
+namespace {
+
+// Issue 20: a daemon configured to talk to other daemons must say how it
+// proves who it is, or say explicitly that it does not.
+TEST(ConfigSecurityTest, AMultiNodeDaemonNeedsCredentialsOrInsecure) {
+  for (const char* key :
+       {"coordinator_address", "listen_address", "expected_node_ids"}) {
+    v1::DaemonConfig c = DefaultConfig();
+    v1::RendezvousConfig* rv = c.mutable_rendezvous();
+    const auto* field = rv->GetDescriptor()->FindFieldByName(key);
+    rv->GetReflection()->SetString(rv, field, "node-a:29600");
+    const absl::Status s = ValidateNodeSecurity(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(
+        Message(s),
+        AllOf(HasSubstr(
+                  absl::StrCat("rendezvous.", key, " makes this a multi-node")),
+              HasSubstr("rendezvous.token_file"), HasSubstr("rendezvous.tls"),
+              HasSubstr("rendezvous.insecure: true")));
+    v1::DaemonConfig insecure = c;
+    insecure.mutable_rendezvous()->set_insecure(true);
+    EXPECT_TRUE(ValidateNodeSecurity(insecure).ok()) << key;
+    v1::DaemonConfig token = c;
+    token.mutable_rendezvous()->set_token_file("/run/credentials/gradd/token");
+    EXPECT_TRUE(ValidateNodeSecurity(token).ok()) << key;
+    v1::DaemonConfig tls = c;
+    tls.mutable_rendezvous()->mutable_tls()->set_cert_file("/c");
+    EXPECT_TRUE(ValidateNodeSecurity(tls).ok()) << key;
+  }
+  // Single-node use needs nothing.
+  EXPECT_TRUE(ValidateNodeSecurity(DefaultConfig()).ok());
+  // The rest of the config is checked without it: a file may leave the
+  // credentials to flags.
+  v1::DaemonConfig file = DefaultConfig();
+  file.mutable_rendezvous()->set_listen_address("0.0.0.0:29600");
+  EXPECT_TRUE(ValidateConfig(file).ok());
+  EXPECT_FALSE(ValidateNodeSecurity(file).ok());
+  // Both at once is a contradiction, not a fallback.
+  v1::DaemonConfig both = DefaultConfig();
+  both.mutable_rendezvous()->set_insecure(true);
+  both.mutable_rendezvous()->set_token_file("/t");
+  EXPECT_THAT(Message(ValidateNodeSecurity(both)),
+              HasSubstr("rendezvous.insecure: true contradicts"));
+}
+
+TEST(ConfigSecurityTest, CredentialKeysParseFromYaml) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(R"(
+rendezvous:
+  listen_address: "0.0.0.0:29600"
+  token_file: /run/credentials/gradd.service/gradd-token
+  tls:
+    cert_file: /etc/gradd/tls/node.crt
+    key_file: /etc/gradd/tls/node.key
+    ca_file: /etc/gradd/tls/ca.crt
+    server_name: gradd
+  limits:
+    max_value_bytes: 1048576
+    max_rounds_per_job_per_minute: 10
+)",
+                                                       "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  EXPECT_TRUE(ValidateNodeSecurity(*c).ok()) << ValidateNodeSecurity(*c);
+  const v1::RendezvousConfig& rv = c->rendezvous();
+  EXPECT_EQ(rv.tls().server_name(), "gradd");
+  EXPECT_EQ(rv.tls().ca_file(), "/etc/gradd/tls/ca.crt");
+  EXPECT_EQ(rv.limits().max_value_bytes(), 1048576u);
+  EXPECT_EQ(rv.limits().max_rounds_per_job_per_minute(), 10u);
+  EXPECT_FALSE(rv.insecure());
+}
+
+TEST(ConfigSecurityTest, StoreLimitsHaveDefaultsAndAreChecked) {
+  v1::DaemonConfig c = DefaultConfig();
+  const v1::RendezvousLimits& l = c.rendezvous().limits();
+  EXPECT_EQ(l.max_key_bytes(), 1024u);
+  EXPECT_EQ(l.max_value_bytes(), uint64_t{32} << 20);
+  EXPECT_EQ(l.max_keys_per_job(), 65536u);
+  EXPECT_EQ(l.max_job_bytes(), uint64_t{512} << 20);
+  EXPECT_EQ(l.max_total_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(l.max_rounds_per_job_per_minute(), 60u);
+  EXPECT_EQ(l.job_ttl_s(), 86400u);
+  v1::DaemonConfig bad = c;
+  bad.mutable_rendezvous()->mutable_limits()->set_max_job_bytes(1000);
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("rendezvous.limits.max_job_bytes = 1000 is below "
+                        "max_value_bytes"));
+  bad = c;
+  bad.mutable_rendezvous()->mutable_limits()->set_max_total_bytes(1 << 20);
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("rendezvous.limits.max_total_bytes"));
+  bad = c;
+  bad.mutable_rendezvous()->mutable_limits()->set_max_value_bytes(uint64_t{4}
+                                                                  << 30);
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("rendezvous.limits.max_value_bytes"));
+}
+
+}  // namespace
+}  // namespace gradd

@@ -76,5 +76,34 @@ TEST(LoggingTest, StderrLinesHaveTimestampAndLevel) {
                            "gradd: job 'j1' is slow\n"));
 }
 
+// Issue 20: a client string with a newline (or other control characters,
+// or bytes that are not UTF-8) cannot add a line of its own.
+TEST(LoggingTest, EveryMessageStaysOneEscapedLine) {
+  char path[] = "/tmp/gradd_logging_testXXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const int saved = dup(2);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(dup2(fd, 2), 2);
+  ASSERT_TRUE(InitLogging("info", LogDestination::kStderr).ok());
+  const std::string job =
+      "x\n2030-01-01T00:00:00.000000Z I gradd: forged\x1b[2J\xff";
+  spdlog::warn("job '{}': attach failed", job);
+  spdlog::info("caf\xc3\xa9 stays");
+  spdlog::default_logger()->flush();
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  unlink(path);
+  EXPECT_THAT(text.str(),
+              MatchesRegex("[0-9T:.Z-]+ W gradd: job 'x\\\\n2030-01-01T00:00:00"
+                           "\\.000000Z I gradd: forged\\\\x1b\\[2J\\\\xff': "
+                           "attach failed\n[0-9T:.Z-]+ I gradd: caf\xc3\xa9 "
+                           "stays\n"));
+}
+
 }  // namespace
 }  // namespace gradd

@@ -100,7 +100,17 @@ struct TestNode {
     config.mutable_rendezvous()->set_join_timeout_ms(join_timeout_ms);
     config.mutable_rendezvous()->set_collective_timeout_ms(10000);
     config.mutable_rendezvous()->set_expected_node_ids("node-a, node-b");
-    manager = std::make_unique<JobManager>(config, &sessions, &pool);
+    config.mutable_rendezvous()->set_insecure(true);
+    // The coordinator selector as the Daemon makes it. These tests are about
+    // formation, not credentials (tests/unit/rendezvous/
+    // rendezvous_auth_test.cc), so the daemons run insecure.
+    CoordinatorSelector::Options selector;
+    selector.coordinator_address = coordinator;
+    selector.insecure = true;
+    manager = std::make_unique<JobManager>(
+        config, &sessions, &pool,
+        /*reducer_factory=*/nullptr,
+        *CoordinatorSelector::Create(std::move(selector)));
     sessions.set_observer(manager.get());
   }
   ~TestNode() { manager->Stop(); }
