@@ -8,9 +8,9 @@
 //                        (server/rpc/request_checks.h);
 //   ValidateAttachRequest  the engine's checks of ranks, shapes, dtypes,
 //                        hooks and memory limits (server/engine/
-//                        manager/attach_validation.h), in the replay build only: the
-//                        libFuzzer build does not compile the engine (see
-//                        tests/fuzz/CMakeLists.txt).
+//                        manager/attach_validation.h), in the replay build
+//                        only: the libFuzzer build does not compile the engine
+//                        (see tests/fuzz/CMakeLists.txt).
 // Properties: no crash and no sanitizer report for any bytes; every refusal
 // is INVALID_ARGUMENT (RESOURCE_EXHAUSTED for the engine's limits) with a
 // message that is one clean line (no control character, valid UTF-8); a

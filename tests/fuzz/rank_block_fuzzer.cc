@@ -28,8 +28,8 @@
 
 #include "common/collective_reduce.h"
 #include "common/control_block.h"
-#include "server/engine/reduce/area_collective.h"
 #include "server/engine/job/join_state.h"
+#include "server/engine/reduce/area_collective.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {

@@ -197,8 +197,8 @@ TEST_F(KvStoreLimitsTest, ReleaseDeletesARoundOnceEveryNodeEndedIt) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// The engine's rounds (server/engine/formation/node_formation.h) and the store's
-// release agree: after a released round the next formation of the job
+// The engine's rounds (server/engine/formation/node_formation.h) and the
+// store's release agree: after a released round the next formation of the job
 // meets in a fresh round, never in the deleted one.
 TEST_F(KvStoreLimitsTest, AReleasedRoundIsNotOpenedAgain) {
   KvStore store(Options());
