@@ -297,12 +297,12 @@ std::vector<std::string> GraddTest::NodeAuthFlags() {
   if (kind == "insecure") {
     node_auth_flags_ = {"--rendezvous-insecure"};
   } else if (kind == "mtls") {
-    // This file's directory is tests/integration; the script is beside it.
-    std::string here = __FILE__;
-    here = here.substr(0, here.rfind('/'));
+    // From the source tree (not __FILE__, which a compiler cache may make
+    // relative to the build directory).
     const std::string certs = dir_ + "/certs";
-    const std::string cmd = absl::StrCat(
-        "sh '", here, "/../tools/make_test_certs.sh' '", certs, "'");
+    const std::string cmd =
+        absl::StrCat("sh '", GRADD_SOURCE_DIR,
+                     "/tests/tools/make_test_certs.sh' '", certs, "'");
     if (std::system(cmd.c_str()) != 0) {
       ADD_FAILURE() << "could not make test certificates: " << cmd;
       return {};
