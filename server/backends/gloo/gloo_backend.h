@@ -4,8 +4,14 @@
 // Create() forms the Gloo full mesh through the rendezvous store:
 //   1. every node sets "<prefix>/arrived/<rank>" and waits (connect_timeout)
 //      for all of them, so a missing node fails here naming its rank/name;
+//      (node rank 0 first publishes a fresh random pair key under
+//      "<prefix>/pairkey"; every node reads it);
 //   2. gloo::rendezvous::Context::connectFullMesh through a GlooStore under
-//      "<prefix>/mesh" (TCP device bound to advertise_host);
+//      "<prefix>/mesh" on Gloo's TCP transport bound to advertise_host, with
+//      a membership proof on every pair (authenticated_tcp.h): both ends of
+//      each connection prove they hold the pair key before Gloo reads a
+//      byte of it; a stranger's connection to a pair's port is refused,
+//      logged and counted, and the pair waits for its real peer;
 //   3. the context's timeout is the collective timeout from then on.
 // Use a fresh `store_prefix` every time a job re-creates its backend.
 //
@@ -55,6 +61,8 @@ class UnboundBuffer;
 }  // namespace gloo
 
 namespace gradd {
+
+struct PairAuthCounters;
 
 class GlooBackend final : public CollectiveBackendInterface {
  public:
@@ -143,6 +151,10 @@ class GlooBackend final : public CollectiveBackendInterface {
                                            CombineFn combine) override;
   std::string NodeName(int node_rank) const override;
 
+  // Connections to this node's pair ports refused because they did not
+  // prove membership of the job (any thread).
+  uint64_t RefusedPairConnections() const;
+
   // Closes the connections: peers' pending and later collectives fail
   // promptly with UNAVAILABLE. Later calls here return FAILED_PRECONDITION.
   void Close();
@@ -196,6 +208,8 @@ class GlooBackend final : public CollectiveBackendInterface {
   std::vector<std::string> node_names_;
   // peer_addresses_[r]: the "host:port" texts by which Gloo errors name node r.
   std::vector<std::vector<std::string>> peer_addresses_;
+  // Refused / authenticated pair connections (written by Gloo's I/O thread).
+  const std::shared_ptr<PairAuthCounters> pair_auth_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
