@@ -344,11 +344,17 @@ void AuthenticatedPair::waitUntilConnected(std::unique_lock<std::mutex>& lock,
 PendingConnection* AuthenticatedPair::FreeSlot() {
   PairAuthState& s = st();
   s.used_pending = true;
+  // Full: drop the oldest connection that has not even sent its hello (the
+  // real peer sends it at once), else the oldest.
   PendingConnection* oldest = nullptr;
   for (auto& slot : s.pending) {
     if (slot == nullptr) slot = std::make_unique<PendingConnection>();
     if (slot->fd < 0) return slot.get();
-    if (oldest == nullptr || slot->accepted < oldest->accepted) {
+    const bool silent = slot->step == PendingConnection::Step::kHello;
+    const bool oldest_silent =
+        oldest != nullptr && oldest->step == PendingConnection::Step::kHello;
+    if (oldest == nullptr || (silent && !oldest_silent) ||
+        (silent == oldest_silent && slot->accepted < oldest->accepted)) {
       oldest = slot.get();
     }
   }

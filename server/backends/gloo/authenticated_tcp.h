@@ -21,8 +21,9 @@
 //     keeps waiting for the real peer. The first connection that proves
 //     membership becomes the pair's socket; the listener and every other
 //     pending connection are closed. At most kMaxPendingConnections wait at
-//     once (the oldest is dropped), so a flood costs bounded memory. A
-//     stranger who connects and stays silent costs nothing but a slot.
+//     once (when full, the oldest that has not sent its hello is dropped,
+//     else the oldest), so a flood costs bounded memory. A stranger who
+//     connects and stays silent costs nothing but a slot.
 //   connecting side: after the TCP connect completes, the client half of
 //     the handshake runs before the pair is CONNECTED; a listener that
 //     cannot prove membership fails the pair ("pair to node X did not prove
