@@ -261,10 +261,17 @@ AuthenticatedPair::AuthenticatedPair(AuthenticatedContext* context,
 
 AuthenticatedPair::~AuthenticatedPair() {
   std::lock_guard<std::mutex> lock(m_);
+  // Closing a socket the loop still watches waits for the loop's next tick
+  // (Gloo's unregisterDescriptor); after that tick no event fetched for a
+  // pending connection dropped earlier can still be delivered. Otherwise
+  // wait for one here: the slots go with the context.
+  const bool closing_waits =
+      (state_ == CONNECTED && !sync_) ||
+      ((state_ == LISTENING || state_ == CONNECTING) && fd_ != -1);
   // Gloo's destructor would do the same close, but only once this object's
   // part (its handler) is gone; close while the handler is still whole.
   if (state_ != CLOSED) changeState(CLOSED);
-  if (st().used_pending) WaitForLoopTick();
+  if (st().used_pending && !closing_waits) WaitForLoopTick();
 }
 
 bool AuthenticatedPair::Register(int fd, int events, tcp::Handler* h) {
@@ -539,7 +546,13 @@ void AuthenticatedPair::ClientEvents(int events) {
           absl::StrCat("connect ", peer_.str(), ": ", strerror(err)));
       return;
     }
-    if ((events & EPOLLOUT) == 0) return;  // Not connected yet.
+    if ((events & EPOLLOUT) == 0) {
+      // Hung up without an error: nothing will complete the connection.
+      if ((events & (EPOLLHUP | EPOLLERR)) != 0) {
+        ClientFail("the connection was closed as it opened");
+      }
+      return;  // Otherwise not connected yet.
+    }
     absl::StatusOr<PairHandshakeClient> client = PairHandshakeClient::Create(
         auth().options().key, context_->rank, rank_);
     if (!client.ok()) {
