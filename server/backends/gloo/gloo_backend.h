@@ -111,7 +111,11 @@ class GlooBackend final : public CollectiveBackendInterface {
   };
 
   // Errors: INVALID_ARGUMENT (bad options), DEADLINE_EXCEEDED (a node did not
-  // arrive; the message lists them), UNAVAILABLE (store or transport failure).
+  // arrive; the message lists them), UNAVAILABLE (store or transport failure;
+  // a pair whose other end did not prove membership: "pair to <node> ... did
+  // not prove membership of the job", or a connect timeout that counts the
+  // connections the pair's port refused), FAILED_PRECONDITION (node rank
+  // 0's pair key in the store is malformed).
   static absl::StatusOr<std::unique_ptr<GlooBackend>> Create(
       const Options& options);
 
