@@ -3,15 +3,21 @@
 // uneven local world sizes, every averaged value checked exactly against
 // its closed form with the global world size; a model mismatch between
 // nodes, a node that never arrives and a peer daemon killed mid-job.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +44,114 @@ long Field(const std::string& output, const std::string& key) {
   if (at == std::string::npos) return -1;
   return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
 }
+
+// Inodes of the sockets process `pid` holds ("socket:[<inode>]" links).
+std::set<std::string> SocketInodes(pid_t pid) {
+  std::set<std::string> out;
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = opendir(fd_dir.c_str());
+  if (dir == nullptr) return out;
+  while (dirent* e = readdir(dir)) {
+    char target[256];
+    const ssize_t n = readlink(absl::StrCat(fd_dir, "/", e->d_name).c_str(),
+                               target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    absl::string_view link(target, n);
+    if (absl::ConsumePrefix(&link, "socket:[") &&
+        absl::ConsumeSuffix(&link, "]")) {
+      out.emplace(link);
+    }
+  }
+  closedir(dir);
+  return out;
+}
+
+// (inode, port) of every IPv4 socket listening on 127.0.0.1.
+std::vector<std::pair<std::string, int>> LoopbackListeners() {
+  std::vector<std::pair<std::string, int>> out;
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string sl, local, remote, state, queues, timer, retrans, uid, timeout,
+        inode;
+    fields >> sl >> local >> remote >> state >> queues >> timer >> retrans >>
+        uid >> timeout >> inode;
+    if (state != "0A" || local.rfind("0100007F:", 0) != 0) continue;
+    out.emplace_back(inode, std::stoi(local.substr(9), nullptr, 16));
+  }
+  return out;
+}
+
+// Watches for new loopback listeners of the given processes (a daemon's
+// Gloo pair ports appear while a job forms) and connects to each as soon
+// as it shows up, sending an unsolicited Gloo payload (a SEND_UNBOUND_BUFFER
+// preamble and 64 bytes): what a stranger racing the real peer does.
+class PortRacer {
+ public:
+  explicit PortRacer(std::vector<pid_t> pids) : pids_(std::move(pids)) {
+    // What already listens (the rendezvous service, ...) is left alone.
+    for (const auto& [inode, port] : LoopbackListeners()) seen_.insert(inode);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~PortRacer() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      thread_.join();
+    }
+    for (int fd : fds_) close(fd);
+    fds_.clear();
+  }
+  int connections() const { return connections_; }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      std::vector<std::pair<std::string, int>> fresh;
+      for (const auto& l : LoopbackListeners()) {
+        if (!seen_.count(l.first)) fresh.push_back(l);
+      }
+      if (!fresh.empty()) {
+        std::set<std::string> theirs;
+        for (pid_t pid : pids_) theirs.merge(SocketInodes(pid));
+        for (const auto& [inode, port] : fresh) {
+          if (!theirs.count(inode)) continue;  // Another process's.
+          seen_.insert(inode);
+          Race(port);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  void Race(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);  // The real peer got there first.
+      return;
+    }
+    size_t preamble[6] = {48 + 64, 1, 0, 0, 64, 0};
+    std::string bytes(reinterpret_cast<const char*>(preamble),
+                      sizeof(preamble));
+    bytes.append(64, 'x');
+    (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    fds_.push_back(fd);  // Held open until Stop().
+    ++connections_;
+  }
+
+  const std::vector<pid_t> pids_;
+  std::set<std::string> seen_;
+  std::vector<int> fds_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
 
 struct NodeDaemon {
   std::string node_id;
@@ -251,6 +365,42 @@ TEST_F(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
                 AllOf(HasSubstr("PASS iterations=30"), HasSubstr("world=6")));
     EXPECT_GT(Field(exits[i].output, "verified"), 0);
     EXPECT_GE(Field(exits[i].output, "buckets"), 3);
+  }
+}
+
+// A stranger racing the real peers to the Gloo pair ports while jobs form
+// (issue 20 point 2): every job still forms and averages exactly, the
+// stranger's connections are refused and logged, and no daemon crashes
+// (TearDown checks that each exits cleanly). Before pairs proved
+// membership, the stranger took the pair and the real peer was refused, and
+// its unsolicited Gloo payload aborted the daemon.
+TEST_F(MultiNodeTest, StrangerRacingThePairPortsDoesNotStopJobs) {
+  const std::string config = WriteConfig(30000, 20000);
+  ASSERT_TRUE(StartNodes({"node-a", "node-b"}, config));
+  PortRacer racer({Node("node-a").proc.pid, Node("node-b").proc.pid});
+  // Several formations: each has its own pair ports to race for.
+  for (int k = 0; k < 3; ++k) {
+    const std::string job = absl::StrCat("raced", k);
+    std::vector<Proc> ps =
+        StartJob(job, {{"node-a", 1}, {"node-b", 2}},
+                 {"--iterations", "20", "--seed", absl::StrCat(7 + k)});
+    std::vector<Exit> exits = WaitAll(ps, milliseconds(40000));
+    for (size_t i = 0; i < exits.size(); ++i) {
+      ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
+      EXPECT_THAT(exits[i].output, HasSubstr("PASS iterations=20"));
+      EXPECT_EQ(Field(exits[i].output, "world"), 3);
+      EXPECT_GT(Field(exits[i].output, "verified"), 0);
+    }
+  }
+  racer.Stop();
+  RecordProperty("stranger_connections", racer.connections());
+  // The race is real: the stranger reached pair ports while they listened,
+  // and the daemons refused it.
+  EXPECT_GT(racer.connections(), 0);
+  const std::string logs =
+      ReadFile(Node("node-a").proc.log) + ReadFile(Node("node-b").proc.log);
+  if (racer.connections() > 0) {
+    EXPECT_THAT(logs, HasSubstr("did not prove membership of the job"));
   }
 }
 

@@ -23,6 +23,8 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
+#include "server/auth/pair_handshake.h"
+#include "server/backends/gloo/authenticated_tcp.h"
 #include "server/rendezvous/gloo_store.h"
 
 namespace gradd {
@@ -71,7 +73,8 @@ GlooBackend::GlooBackend(const Options& options)
       fused_min_bytes_(options.fused_min_bytes),
       fused_segment_bytes_(options.fused_segment_bytes),
       node_names_(options.node_names),
-      peer_addresses_(options.num_nodes) {
+      peer_addresses_(options.num_nodes),
+      pair_auth_(std::make_shared<PairAuthCounters>()) {
   node_names_.resize(num_nodes_);
   for (int r = 0; r < num_nodes_; ++r) {
     if (node_names_[r].empty()) node_names_[r] = absl::StrCat("node ", r);
@@ -117,8 +120,23 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   const std::string& prefix = options.store_prefix;
 
   // 1. Everyone arrives (so a missing node is reported as such, not as a
-  //    Gloo connect timeout).
+  //    Gloo connect timeout). Node rank 0 draws the mesh's pair key before
+  //    it marks its arrival, so the key is there once everyone arrived.
   const int me = options.node_rank;
+  const std::string key_key = absl::StrCat(prefix, "/pairkey");
+  if (me == 0) {
+    absl::StatusOr<std::string> key = RandomPairKey();
+    if (!key.ok()) {
+      return absl::Status(key.status().code(),
+                          absl::StrCat("gloo backend of job '", options.job_id,
+                                       "': ", key.status().message()));
+    }
+    if (absl::Status s = store.Set(options.job_id, key_key, *key); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("gloo backend of job '", options.job_id,
+                       "': publishing the pair key: ", s.message()));
+    }
+  }
   if (absl::Status s = store.Set(options.job_id, ArrivedKey(prefix, me),
                                  backend->node_names_[me]);
       !s.ok()) {
@@ -151,14 +169,49 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
             s.message(), "]"));
   }
 
-  // 2. Full mesh over TCP. Gloo throws; nothing escapes this block.
+  // 2. The pair key of this mesh (auth/pair_handshake.h): every pair's two
+  //    ends prove they hold it before Gloo sees a byte of their connection,
+  //    so a stranger racing the real peer to a pair's port is refused and
+  //    the real peer still gets in (backends/gloo/authenticated_tcp.h).
+  //    The key is only as secret as the store: with mTLS it travels
+  //    encrypted between authenticated daemons; with a token alone it
+  //    travels in clear text like the token itself; without credentials
+  //    anyone who can reach the coordinator can read it, and the proof then
+  //    keeps out only blind port racers (docs/operations.md). The token is
+  //    not mixed into the key: whoever can read the key off the wire can
+  //    read the token off the same wire, and nodes in the middle of a token
+  //    roll-out send different tokens.
+  absl::StatusOr<std::string> pair_key =
+      store.Get(options.job_id, key_key, options.connect_timeout);
+  if (!pair_key.ok()) {
+    return absl::Status(
+        pair_key.status().code() == absl::StatusCode::kDeadlineExceeded
+            ? absl::StatusCode::kDeadlineExceeded
+            : absl::StatusCode::kUnavailable,
+        absl::StrCat("gloo backend of job '", options.job_id,
+                     "': reading the pair key of ", backend->NodeName(0), ": ",
+                     pair_key.status().message()));
+  }
+  if (pair_key->size() != kPairKeyBytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gloo backend of job '", options.job_id,
+                     "': the pair key of ", backend->NodeName(0), " has ",
+                     pair_key->size(), " bytes, not ", kPairKeyBytes));
+  }
+
+  // 3. Full mesh over TCP. Gloo throws; nothing escapes this block.
   const std::string mesh_prefix = absl::StrCat(prefix, "/mesh");
   GlooStore gloo_store(&store, options.job_id, mesh_prefix,
                        ToMillis(options.connect_timeout));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.advertise_host;
-    backend->device_ = gloo::transport::tcp::CreateDevice(attr);
+    PairAuthOptions auth;
+    auth.key = *std::move(pair_key);
+    auth.job_id = options.job_id;
+    auth.node_names = backend->node_names_;
+    backend->device_ = CreateAuthenticatedTcpDevice(attr, std::move(auth),
+                                                    backend->pair_auth_);
     auto context = std::make_shared<gloo::rendezvous::Context>(
         options.node_rank, options.num_nodes);
     // Pairs take their I/O timeout from the context when they are created.
@@ -171,7 +224,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
                      "': connecting the full mesh failed: ", e.what()));
   }
 
-  // 3. Learn how Gloo's errors will name each peer: the listening address
+  // 4. Learn how Gloo's errors will name each peer: the listening address
   //    that peer published for its pair with us.
   for (int r = 0; r < options.num_nodes; ++r) {
     if (r == me) continue;
@@ -197,6 +250,10 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
     }
   }
   return backend;
+}
+
+uint64_t GlooBackend::RefusedPairConnections() const {
+  return pair_auth_->refused.load();
 }
 
 absl::Status GlooBackend::CheckUsable() const {

@@ -4,8 +4,14 @@
 // Create() forms the Gloo full mesh through the rendezvous store:
 //   1. every node sets "<prefix>/arrived/<rank>" and waits (connect_timeout)
 //      for all of them, so a missing node fails here naming its rank/name;
+//      (node rank 0 first publishes a fresh random pair key under
+//      "<prefix>/pairkey"; every node reads it);
 //   2. gloo::rendezvous::Context::connectFullMesh through a GlooStore under
-//      "<prefix>/mesh" (TCP device bound to advertise_host);
+//      "<prefix>/mesh" on Gloo's TCP transport bound to advertise_host, with
+//      a membership proof on every pair (authenticated_tcp.h): both ends of
+//      each connection prove they hold the pair key before Gloo reads a
+//      byte of it; a stranger's connection to a pair's port is refused,
+//      logged and counted, and the pair waits for its real peer;
 //   3. the context's timeout is the collective timeout from then on.
 // Use a fresh `store_prefix` every time a job re-creates its backend.
 //
@@ -56,6 +62,8 @@ class UnboundBuffer;
 
 namespace gradd {
 
+struct PairAuthCounters;
+
 class GlooBackend final : public CollectiveBackendInterface {
  public:
   enum class Algorithm { kAuto, kRing, kBcube };
@@ -103,7 +111,11 @@ class GlooBackend final : public CollectiveBackendInterface {
   };
 
   // Errors: INVALID_ARGUMENT (bad options), DEADLINE_EXCEEDED (a node did not
-  // arrive; the message lists them), UNAVAILABLE (store or transport failure).
+  // arrive; the message lists them), UNAVAILABLE (store or transport failure;
+  // a pair whose other end did not prove membership: "pair to <node> ... did
+  // not prove membership of the job", or a connect timeout that counts the
+  // connections the pair's port refused), FAILED_PRECONDITION (node rank
+  // 0's pair key in the store is malformed).
   static absl::StatusOr<std::unique_ptr<GlooBackend>> Create(
       const Options& options);
 
@@ -142,6 +154,10 @@ class GlooBackend final : public CollectiveBackendInterface {
                                            size_t elem_bytes,
                                            CombineFn combine) override;
   std::string NodeName(int node_rank) const override;
+
+  // Connections to this node's pair ports refused because they did not
+  // prove membership of the job (any thread).
+  uint64_t RefusedPairConnections() const;
 
   // Closes the connections: peers' pending and later collectives fail
   // promptly with UNAVAILABLE. Later calls here return FAILED_PRECONDITION.
@@ -196,6 +212,8 @@ class GlooBackend final : public CollectiveBackendInterface {
   std::vector<std::string> node_names_;
   // peer_addresses_[r]: the "host:port" texts by which Gloo errors name node r.
   std::vector<std::vector<std::string>> peer_addresses_;
+  // Refused / authenticated pair connections (written by Gloo's I/O thread).
+  const std::shared_ptr<PairAuthCounters> pair_auth_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
