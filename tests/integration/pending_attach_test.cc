@@ -342,49 +342,107 @@ TEST_F(SessionCapTest, OneProcessCannotLockOutItsUid) {
   for (auto& call : calls) call->Wait(std::chrono::seconds(10));
 }
 
-class CancelledAttachTest : public PendingAttachTest {
+// Sessions parked by processes of a uid at its cap: another process's
+// connection closes the oldest idle one (idle for at least 1 s) instead of
+// being refused until session_idle_timeout_ms.
+class IdleReapTest : public PendingAttachTest {
  protected:
-  std::string Config() const override { return ""; }
+  std::string Config() const override {
+    return "max_sessions_per_uid: 4\nmax_sessions_per_process: 8\n"
+           "session_idle_timeout_ms: 60000\n";
+  }
 };
 
-// An Attach whose client gives up (here: its deadline) frees its rank at
-// once: another session attaches the same rank and the job forms. Before
-// the fix the rank stayed taken until attach_timeout_ms (60 s), and the
-// retry was refused with ALREADY_EXISTS.
-TEST_F(CancelledAttachTest, CancelledAttachFreesItsRank) {
-  Session first = OpenSession();
-  ASSERT_NE(first.id, 0u) << first.refusal;
-  std::unique_ptr<Call> gone = StartAttach(AttachOf("retry", 0, 2, first.id),
-                                           std::chrono::milliseconds(500));
-  std::optional<grpc::Status> s = gone->Wait(std::chrono::seconds(10));
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-      << s->error_message();
-  ASSERT_TRUE(WaitForPendingRanks(0, std::chrono::milliseconds(5000)));
+TEST_F(IdleReapTest, IdleSessionsOfAnotherProcessMakeRoom) {
+  std::vector<Session> parked;
+  for (int i = 0; i < 4; ++i) {
+    parked.push_back(OpenSession());
+    ASSERT_NE(parked.back().id, 0u) << parked.back().refusal;
+  }
+  // This process is at the uid's cap; its own sessions are not reaped for
+  // it.
+  Session own = OpenSession();
+  EXPECT_EQ(own.id, 0u);
+  EXPECT_THAT(own.refusal, HasSubstr("max_sessions_per_uid"));
 
-  // The same session may attach again (and is not left claimed), and a
-  // new one takes rank 1.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  // Two trainer processes of this uid: each takes the place of one parked
+  // session, at once.
+  const auto start = std::chrono::steady_clock::now();
+  ExpectHealthyJob("reaped-room");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  int closed = 0;
+  for (Session& s : parked) {
+    char buf[sizeof(SessionRefused)];
+    const ssize_t n = recv(s.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(sizeof(SessionRefused))) {
+      SessionRefused refused;
+      std::memcpy(&refused, buf, sizeof(refused));
+      EXPECT_THAT(std::string(refused.reason),
+                  HasSubstr("another process of uid"));
+      ++closed;
+    }
+  }
+  EXPECT_EQ(closed, 2);
+}
+
+class CancelledAttachTest : public PendingAttachTest {
+ protected:
+  std::string Config() const override {
+    return "session_idle_timeout_ms: 1500\n";
+  }
+};
+
+// An Attach whose client gives up frees its rank at once: before the fix
+// the rank stayed taken (and the job pending with its world size) until
+// attach_timeout_ms (60 s). Its session is idle again: the trainer may
+// retry on it, or it is closed after session_idle_timeout_ms.
+TEST_F(CancelledAttachTest, CancelledAttachFreesItsRankAndSession) {
+  Session a = OpenSession();
+  ASSERT_NE(a.id, 0u) << a.refusal;
+  std::unique_ptr<Call> cancelled =
+      StartAttach(AttachOf("cxl", 1, 3, a.id), std::chrono::seconds(60));
+  ASSERT_TRUE(WaitForPendingRanks(1, std::chrono::milliseconds(5000)));
+  cancelled->context.TryCancel();
+  std::optional<grpc::Status> s = cancelled->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForPendingRanks(0, std::chrono::milliseconds(5000)));
+
+  // The job is gone: the same rank on the same session attaches afresh,
+  // now in a job of world size 2, and forms it with a new rank 0.
   std::unique_ptr<Call> again =
-      StartAttach(AttachOf("retry", 0, 2, first.id), std::chrono::seconds(20));
-  Session second = OpenSession();
-  ASSERT_NE(second.id, 0u) << second.refusal;
-  grpc::Status rank1 = AttachNow(AttachOf("retry", 1, 2, second.id));
-  EXPECT_TRUE(rank1.ok()) << rank1.error_message();
+      StartAttach(AttachOf("cxl", 1, 2, a.id), std::chrono::seconds(20));
+  Session b = OpenSession();
+  ASSERT_NE(b.id, 0u) << b.refusal;
+  grpc::Status rank0 = AttachNow(AttachOf("cxl", 0, 2, b.id));
+  EXPECT_TRUE(rank0.ok()) << rank0.error_message();
   s = again->Wait(std::chrono::seconds(20));
   ASSERT_TRUE(s.has_value());
   EXPECT_TRUE(s->ok()) << s->error_message();
 
-  // An explicit cancel frees the rank as well.
-  Session third = OpenSession();
-  ASSERT_NE(third.id, 0u) << third.refusal;
-  std::unique_ptr<Call> cancelled = StartAttach(
-      AttachOf("cancelled", 1, 3, third.id), std::chrono::seconds(60));
+  // A cancelled session not used again is closed as idle.
+  Session c = OpenSession();
+  ASSERT_NE(c.id, 0u) << c.refusal;
+  std::unique_ptr<Call> idle =
+      StartAttach(AttachOf("idle", 0, 2, c.id), std::chrono::seconds(60));
   ASSERT_TRUE(WaitForPendingRanks(1, std::chrono::milliseconds(5000)));
-  cancelled->context.TryCancel();
-  s = cancelled->Wait(std::chrono::seconds(10));
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(WaitForPendingRanks(0, std::chrono::milliseconds(5000)));
+  // Claimed while pending: not closed as idle meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  {
+    std::lock_guard<std::mutex> lock(idle->mu);
+    EXPECT_FALSE(idle->status.has_value());
+  }
+  idle->context.TryCancel();
+  ASSERT_TRUE(idle->Wait(std::chrono::seconds(10)).has_value());
+  absl::StatusOr<ReceivedMessage> closed = ReceiveWithFds(
+      c.fd.get(), sizeof(SessionRefused), 0, std::chrono::milliseconds(6000));
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  ASSERT_EQ(closed->payload.size(), sizeof(SessionRefused));
+  SessionRefused refused;
+  std::memcpy(&refused, closed->payload.data(), sizeof(refused));
+  EXPECT_THAT(std::string(refused.reason),
+              HasSubstr("session_idle_timeout_ms"));
 }
 
 }  // namespace
