@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "grpcpp/alarm.h"
+#include "proto/grpc_request_traits.h"
 #include "server/rpc/request_checks.h"
 
 namespace gradd {
@@ -117,35 +118,89 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   std::unique_ptr<grpc::Alarm> alarm_;
 };
 
+// The handler's end of a call. A handler that drops its callback without
+// calling it (the engine stopping: engine/manager/job_manager.h) answers
+// UNAVAILABLE here, rather than leaving the call to the client's deadline.
+class Responder {
+ public:
+  Responder(std::shared_ptr<Answer> answer, absl::string_view what)
+      : answer_(std::move(answer)), what_(what) {}
+  Responder(Responder&& other) noexcept
+      : answer_(std::move(other.answer_)), what_(other.what_) {}
+  Responder& operator=(Responder&&) = delete;
+  ~Responder() {
+    if (answer_ == nullptr) return;
+    answer_->Give([&] {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("gradd did not answer ", what_,
+                                       ": the daemon is stopping"));
+    });
+  }
+
+  template <typename Fill>
+  void Give(Fill fill) {
+    std::shared_ptr<Answer> answer = std::move(answer_);
+    answer->Give(std::move(fill));
+  }
+
+ private:
+  std::shared_ptr<Answer> answer_;
+  absl::string_view what_;  // a literal
+};
+
+// Writes `message` as the call's response.
+grpc::Status Serialize(const google::protobuf::MessageLite& message,
+                       grpc::ByteBuffer* response) {
+  bool own_buffer = false;
+  return grpc::GenericSerialize<grpc::ProtoBufferWriter,
+                                google::protobuf::MessageLite>(
+      message, response, &own_buffer);
+}
+
+// Parses the request as gRPC's sync server did (proto/grpc_request_traits.h:
+// INVALID_ARGUMENT naming a string field that is not UTF-8); the callback
+// server would answer a parse failure with a bare UNIMPLEMENTED.
+grpc::Status Parse(const grpc::ByteBuffer& raw,
+                   google::protobuf::Message* request) {
+  grpc::ByteBuffer copy(raw);  // shares the slices; parsing clears it
+  return ParseMessage(&copy, request);
+}
+
 // A call whose handler waits on other ranks (Attach, RebuildBuckets): the
 // handler gets the client's deadline less kAnswerMargin and answers with
 // the response. The client's deadline itself cancels the call (OnCancel),
 // so no timer of ours is needed. `start(deadline, done)` calls the handler.
 template <typename Response, typename Start>
 void StartWaiting(UnaryCall* call, const grpc::CallbackServerContext* context,
-                  Response* response, Start start) {
+                  grpc::ByteBuffer* response, absl::string_view what,
+                  Start start) {
   const absl::Time deadline = CallDeadline(context);
   const absl::Time handler_deadline =
       deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin;
-  start(handler_deadline,
-        [answer = call->answer(), response](absl::StatusOr<Response> result) {
-          answer->Give([&] {
-            if (!result.ok()) return ToGrpcStatus(result.status());
-            *response = *std::move(result);
-            return grpc::Status::OK;
-          });
-        });
+  start(handler_deadline, [responder = Responder(call->answer(), what),
+                           response](absl::StatusOr<Response> result) mutable {
+    responder.Give([&] {
+      if (!result.ok()) return ToGrpcStatus(result.status());
+      return Serialize(*result, response);
+    });
+  });
 }
 
-// An immediate call (Detach, SetCommHook), bounded by kDetachLimit even
-// without a client deadline. `start(done)` calls the handler.
-template <typename Start>
+// An immediate call (Detach, SetCommHook) answering an empty `Response`,
+// bounded by kDetachLimit even without a client deadline. `start(done)`
+// calls the handler.
+template <typename Response, typename Start>
 void StartImmediate(UnaryCall* call, const grpc::CallbackServerContext* context,
-                    absl::string_view what, Start start) {
+                    grpc::ByteBuffer* response, absl::string_view what,
+                    Start start) {
   call->AnswerBy(std::min(CallDeadline(context), absl::Now() + kDetachLimit),
                  what);
-  start([answer = call->answer()](absl::Status status) {
-    answer->Give([&] { return ToGrpcStatus(status); });
+  start([responder = Responder(call->answer(), what),
+         response](absl::Status status) mutable {
+    responder.Give([&] {
+      if (!status.ok()) return ToGrpcStatus(status);
+      return Serialize(Response(), response);
+    });
   });
 }
 
@@ -166,83 +221,107 @@ grpc::Status NodeService::CheckCaller(
   return s.ok() ? grpc::Status::OK : ToGrpcStatus(s);
 }
 
-grpc::ServerUnaryReactor* NodeService::Attach(
-    grpc::CallbackServerContext* context, const v1::AttachRequest* request,
-    v1::AttachResponse* response) {
-  auto* call = new UnaryCall();
-  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
-    call->Reply(std::move(s));
-    return call;
+// The checks every call makes before the handler sees it, in the order
+// the sync service made them: the request parses, the caller owns the
+// session, the strings follow the rules. The first failure, or OK.
+grpc::Status NodeService::Admit(
+    const grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+    google::protobuf::Message* request,
+    uint64_t (*session_of)(const google::protobuf::Message&)) const {
+  if (grpc::Status s = Parse(raw, request); !s.ok()) return s;
+  if (grpc::Status s = CheckCaller(context, session_of(*request)); !s.ok()) {
+    return s;
   }
-  if (grpc::Status s = CheckStrings(*request); !s.ok()) {
+  return CheckStrings(*request);
+}
+
+namespace {
+
+template <typename Request>
+uint64_t SessionOf(const google::protobuf::Message& request) {
+  return static_cast<const Request&>(request).session_id();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* NodeService::Attach(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* response) {
+  auto* call = new UnaryCall();
+  v1::AttachRequest request;
+  if (grpc::Status s =
+          Admit(context, *raw, &request, &SessionOf<v1::AttachRequest>);
+      !s.ok()) {
     call->Reply(std::move(s));
     return call;
   }
   // The session has at most this one Attach pending (the handler refuses
   // a second), so its id names it.
-  call->OnCancelled([handler = handler_, session = request->session_id()] {
+  call->OnCancelled([handler = handler_, session = request.session_id()] {
     handler->HandleAttachCancelled(session);
   });
-  StartWaiting(call, context, response, [&](absl::Time deadline, auto done) {
-    handler_->HandleAttach(*request, deadline, std::move(done));
-  });
+  StartWaiting<v1::AttachResponse>(
+      call, context, response, "Attach", [&](absl::Time deadline, auto done) {
+        handler_->HandleAttach(std::move(request), deadline, std::move(done));
+      });
   return call;
 }
 
 grpc::ServerUnaryReactor* NodeService::Detach(
-    grpc::CallbackServerContext* context, const v1::DetachRequest* request,
-    v1::DetachResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* response) {
   auto* call = new UnaryCall();
-  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+  v1::DetachRequest request;
+  if (grpc::Status s =
+          Admit(context, *raw, &request, &SessionOf<v1::DetachRequest>);
+      !s.ok()) {
     call->Reply(std::move(s));
     return call;
   }
-  if (grpc::Status s = CheckStrings(*request); !s.ok()) {
-    call->Reply(std::move(s));
-    return call;
-  }
-  StartImmediate(call, context, "Detach", [&](auto done) {
-    handler_->HandleDetach(*request, std::move(done));
-  });
+  StartImmediate<v1::DetachResponse>(
+      call, context, response, "Detach", [&](auto done) {
+        handler_->HandleDetach(std::move(request), std::move(done));
+      });
   return call;
 }
 
 grpc::ServerUnaryReactor* NodeService::RebuildBuckets(
-    grpc::CallbackServerContext* context,
-    const v1::RebuildBucketsRequest* request,
-    v1::RebuildBucketsResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* response) {
   auto* call = new UnaryCall();
-  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
-    call->Reply(std::move(s));
-    return call;
-  }
-  if (grpc::Status s = CheckStrings(*request); !s.ok()) {
+  v1::RebuildBucketsRequest request;
+  if (grpc::Status s =
+          Admit(context, *raw, &request, &SessionOf<v1::RebuildBucketsRequest>);
+      !s.ok()) {
     call->Reply(std::move(s));
     return call;
   }
   // A cancelled rebuild is left to the job: it answers by the deadline
   // (engine/job/rebuild.h), and the answer then finds the call done.
-  StartWaiting(call, context, response, [&](absl::Time deadline, auto done) {
-    handler_->HandleRebuildBuckets(*request, deadline, std::move(done));
-  });
+  StartWaiting<v1::RebuildBucketsResponse>(
+      call, context, response, "RebuildBuckets",
+      [&](absl::Time deadline, auto done) {
+        handler_->HandleRebuildBuckets(std::move(request), deadline,
+                                       std::move(done));
+      });
   return call;
 }
 
 grpc::ServerUnaryReactor* NodeService::SetCommHook(
-    grpc::CallbackServerContext* context, const v1::CommHookSetRequest* request,
-    v1::CommHookSetResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* response) {
   auto* call = new UnaryCall();
-  if (grpc::Status s = CheckCaller(context, request->session_id()); !s.ok()) {
+  v1::CommHookSetRequest request;
+  if (grpc::Status s =
+          Admit(context, *raw, &request, &SessionOf<v1::CommHookSetRequest>);
+      !s.ok()) {
     call->Reply(std::move(s));
     return call;
   }
-  if (grpc::Status s = CheckStrings(*request); !s.ok()) {
-    call->Reply(std::move(s));
-    return call;
-  }
-  StartImmediate(call, context, "SetCommHook", [&](auto done) {
-    handler_->HandleSetCommHook(*request, std::move(done));
-  });
+  StartImmediate<v1::CommHookSetResponse>(
+      call, context, response, "SetCommHook", [&](auto done) {
+        handler_->HandleSetCommHook(std::move(request), std::move(done));
+      });
   return call;
 }
 

@@ -31,7 +31,15 @@
 
 namespace gradd {
 
-class NodeService final : public v1::Node::CallbackService {
+// Raw callback methods: the service parses each request itself, so a
+// request that does not parse is answered as the sync service answered it
+// (proto/grpc_request_traits.h) and not with gRPC's bare UNIMPLEMENTED.
+using NodeCallbackBase = v1::Node::WithRawCallbackMethod_Attach<
+    v1::Node::WithRawCallbackMethod_Detach<
+        v1::Node::WithRawCallbackMethod_RebuildBuckets<
+            v1::Node::WithRawCallbackMethod_SetCommHook<v1::Node::Service>>>>;
+
+class NodeService final : public NodeCallbackBase {
  public:
   // `handler` (and `caller_check`, which may be null: no check) must
   // outlive the service.
@@ -39,25 +47,31 @@ class NodeService final : public v1::Node::CallbackService {
                        const CallerCheckInterface* caller_check = nullptr)
       : handler_(handler), caller_check_(caller_check) {}
 
+  // Each request is a serialized gradd.v1 request of the method's type
+  // (node.proto); each answer a serialized response.
   grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
-                                   const v1::AttachRequest* request,
-                                   v1::AttachResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Detach(grpc::CallbackServerContext* context,
-                                   const v1::DetachRequest* request,
-                                   v1::DetachResponse* response) override;
-  grpc::ServerUnaryReactor* RebuildBuckets(
-      grpc::CallbackServerContext* context,
-      const v1::RebuildBucketsRequest* request,
-      v1::RebuildBucketsResponse* response) override;
-  grpc::ServerUnaryReactor* SetCommHook(
-      grpc::CallbackServerContext* context,
-      const v1::CommHookSetRequest* request,
-      v1::CommHookSetResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RebuildBuckets(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* SetCommHook(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
   // PERMISSION_DENIED (as a gRPC status) unless the caller owns the session.
   grpc::Status CheckCaller(const grpc::CallbackServerContext* context,
                            uint64_t session_id) const;
+  // Parses `raw` into `request` and checks it (caller, strings); the first
+  // failure or OK.
+  grpc::Status Admit(
+      const grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+      google::protobuf::Message* request,
+      uint64_t (*session_of)(const google::protobuf::Message&)) const;
 
   NodeHandlerInterface* const handler_;
   const CallerCheckInterface* const caller_check_;
