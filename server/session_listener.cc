@@ -223,7 +223,10 @@ bool SessionListener::Accept(std::vector<uint64_t>* closed) {
     if (sessions_.size() >= options_.max_sessions) {
       refusal = absl::StrCat("the daemon has ", sessions_.size(),
                              " open sessions, its limit (max_sessions)");
-    } else if (of_process >= options_.max_sessions_per_process) {
+    } else if (of_process >= options_.max_sessions_per_process &&
+               // Else implied by the uid's cap, whose refusal says more.
+               options_.max_sessions_per_process <
+                   options_.max_sessions_per_uid) {
       refusal = absl::StrCat("pid ", cred.pid, " (uid ", cred.uid, ") has ",
                              of_process,
                              " open sessions, the limit per process "
