@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -339,6 +340,11 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (c->max_sessions() == 0) c->set_max_sessions(kDefaultMaxSessions);
   if (c->max_sessions_per_uid() == 0) {
     c->set_max_sessions_per_uid(kDefaultMaxSessionsPerUid);
+  }
+  if (c->max_sessions_per_process() == 0) {
+    // Half the uid's: another process of the uid always finds room.
+    c->set_max_sessions_per_process(
+        std::max(1u, c->max_sessions_per_uid() / 2));
   }
   if (c->session_idle_timeout_ms() == 0) {
     c->set_session_idle_timeout_ms(kDefaultSessionIdleTimeoutMs);

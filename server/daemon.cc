@@ -231,6 +231,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   SessionListener::Options session_options;
   session_options.max_sessions = config.max_sessions();
   session_options.max_sessions_per_uid = config.max_sessions_per_uid();
+  session_options.max_sessions_per_process = config.max_sessions_per_process();
   session_options.idle_timeout =
       std::chrono::milliseconds(config.session_idle_timeout_ms());
   ASSIGN_OR_RETURN(d->listener_,

@@ -70,6 +70,7 @@ void SessionListener::Stop() {
   absl::MutexLock lock(&mu_);
   sessions_.clear();
   per_uid_.clear();
+  per_pid_.clear();
   if (listen_fd_.valid()) {
     listen_fd_.reset();
     unlink(path_.c_str());
@@ -87,6 +88,59 @@ bool SessionListener::Claim(uint64_t session_id) {
   if (it == sessions_.end()) return false;
   it->second.claimed = true;
   return true;
+}
+
+void SessionListener::Unclaim(uint64_t session_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || !it->second.claimed) return;
+    it->second.claimed = false;
+    it->second.idle_since = Clock::now();
+  }
+  // The poll thread recomputes its next expiry.
+  uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void SessionListener::Erase(
+    absl::flat_hash_map<uint64_t, Session>::iterator it) {
+  if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
+  if (it->second.pid != 0 && --per_pid_[it->second.pid] == 0) {
+    per_pid_.erase(it->second.pid);
+  }
+  sessions_.erase(it);
+}
+
+uint64_t SessionListener::ReapIdle(uid_t uid, pid_t pid,
+                                   Clock::time_point now) {
+  auto victim = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    const Session& s = it->second;
+    if (s.uid != uid || s.claimed || (s.pid == pid && pid != 0) ||
+        now - s.idle_since < kReapAfter) {
+      continue;
+    }
+    if (victim == sessions_.end() || s.idle_since < victim->second.idle_since) {
+      victim = it;
+    }
+  }
+  if (victim == sessions_.end()) return 0;
+  const uint64_t id = victim->first;
+  const Session& s = victim->second;
+  const long long idle_ms = static_cast<long long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - s.idle_since)
+          .count());
+  spdlog::info(
+      "closed idle session {} of uid {} pid {} (no Attach for {} ms) to make "
+      "room for pid {}: uid {} is at max_sessions_per_uid",
+      id, s.uid, s.pid, idle_ms, pid, uid);
+  Refuse(s.fd.get(), absl::StatusCode::kResourceExhausted,
+         absl::StrCat("closed: no Attach used this session for ", idle_ms,
+                      " ms and another process of uid ", uid,
+                      " needed one (max_sessions_per_uid)"));
+  Erase(victim);
+  return id;
 }
 
 std::optional<PeerIdentity> SessionListener::PeerOf(uint64_t session_id) const {
@@ -130,7 +184,7 @@ uint64_t SessionListener::NewSessionId() const {
   }
 }
 
-bool SessionListener::Accept() {
+bool SessionListener::Accept(std::vector<uint64_t>* closed) {
   UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr,
                       SOCK_CLOEXEC | SOCK_NONBLOCK));
   if (!fd.valid()) {
@@ -158,13 +212,36 @@ bool SessionListener::Accept() {
   {
     absl::MutexLock lock(&mu_);
     std::string refusal;
+    const Clock::time_point now = Clock::now();
+    // pid 0: a peer in a pid namespace the daemon cannot see; all such
+    // peers would share one count, so none is capped per process.
+    const uint32_t of_process =
+        cred.pid == 0 ? 0
+                      : (per_pid_.contains(cred.pid) ? per_pid_[cred.pid] : 0);
+    const uint32_t of_uid =
+        per_uid_.contains(cred.uid) ? per_uid_[cred.uid] : 0;
     if (sessions_.size() >= options_.max_sessions) {
       refusal = absl::StrCat("the daemon has ", sessions_.size(),
                              " open sessions, its limit (max_sessions)");
-    } else if (per_uid_[cred.uid] >= options_.max_sessions_per_uid) {
-      refusal = absl::StrCat("uid ", cred.uid, " has ", per_uid_[cred.uid],
-                             " open sessions, the limit per uid "
-                             "(max_sessions_per_uid)");
+    } else if (of_process >= options_.max_sessions_per_process &&
+               // Else implied by the uid's cap, whose refusal says more.
+               options_.max_sessions_per_process <
+                   options_.max_sessions_per_uid) {
+      refusal = absl::StrCat("pid ", cred.pid, " (uid ", cred.uid, ") has ",
+                             of_process,
+                             " open sessions, the limit per process "
+                             "(max_sessions_per_process)");
+    } else if (of_uid >= options_.max_sessions_per_uid) {
+      if (const uint64_t reaped = ReapIdle(cred.uid, cred.pid, now);
+          reaped != 0) {
+        closed->push_back(reaped);
+      } else {
+        refusal = absl::StrCat("uid ", cred.uid, " has ", of_uid,
+                               " open sessions, the limit per uid "
+                               "(max_sessions_per_uid), none of them idle "
+                               "for ",
+                               kReapAfter.count(), " ms in another process");
+      }
     }
     if (!refusal.empty()) {
       spdlog::warn("refused session from uid {} pid {}: {}", cred.uid, cred.pid,
@@ -174,8 +251,9 @@ bool SessionListener::Accept() {
     }
     hello.session_id = NewSessionId();
     ++per_uid_[cred.uid];
-    sessions_.emplace(hello.session_id, Session{std::move(fd), cred.uid,
-                                                cred.pid, false, Clock::now()});
+    if (cred.pid != 0) ++per_pid_[cred.pid];
+    sessions_.emplace(hello.session_id,
+                      Session{std::move(fd), cred.uid, cred.pid, false, now});
   }
   spdlog::debug("session {} opened by uid {} pid {}", hello.session_id,
                 cred.uid, cred.pid);
@@ -183,8 +261,7 @@ bool SessionListener::Accept() {
       static_cast<ssize_t>(sizeof(hello))) {
     absl::MutexLock lock(&mu_);
     if (auto it = sessions_.find(hello.session_id); it != sessions_.end()) {
-      if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
-      sessions_.erase(it);
+      Erase(it);
     }
   }
   return true;
@@ -196,7 +273,7 @@ std::vector<uint64_t> SessionListener::ExpireIdle(Clock::time_point now,
   *next = Clock::time_point::max();
   for (auto& [id, session] : sessions_) {
     if (session.claimed) continue;
-    const Clock::time_point expiry = session.accepted + options_.idle_timeout;
+    const Clock::time_point expiry = session.idle_since + options_.idle_timeout;
     if (expiry <= now) {
       spdlog::info(
           "closed session {} of uid {} pid {}: no Attach within {} ms "
@@ -212,11 +289,7 @@ std::vector<uint64_t> SessionListener::ExpireIdle(Clock::time_point now,
       *next = std::min(*next, expiry);
     }
   }
-  for (uint64_t id : closed) {
-    auto it = sessions_.find(id);
-    if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
-    sessions_.erase(it);
-  }
+  for (uint64_t id : closed) Erase(sessions_.find(id));
   return closed;
 }
 
@@ -261,14 +334,28 @@ void SessionListener::Loop() {
       spdlog::error("poll on session sockets failed: {}", std::strerror(errno));
       return;
     }
-    if (pfds[0].revents != 0) continue;  // Stop(): re-check stopping_
+    if (pfds[0].revents != 0) {
+      // Stop() (re-check stopping_) or Unclaim() (recompute the expiry).
+      uint64_t count = 0;
+      (void)!read(wake_fd_.get(), &count, sizeof(count));
+      continue;
+    }
     if (pfds[1].revents & POLLIN) {
-      if (!Accept()) {
+      std::vector<uint64_t> reaped;
+      const bool accepted = Accept(&reaped);
+      const int accept_errno = errno;
+      if (observer_ != nullptr) {
+        for (uint64_t id : reaped) observer_->OnSessionClosed(id);
+      }
+      if (!accepted) {
         spdlog::warn("cannot accept sessions on {} ({}); retrying in {} ms",
-                     path_, std::strerror(errno),
+                     path_, std::strerror(accept_errno),
                      static_cast<long long>(kAcceptBackoff.count()));
         accept_paused_until_ = Clock::now() + kAcceptBackoff;
       }
+      // A closed session's fd number may now be the new session's: the
+      // events polled for it are stale. Poll again (level-triggered).
+      if (!reaped.empty()) continue;
     }
     for (size_t i = 2; i < pfds.size(); ++i) {
       short ev = pfds[i].revents;
@@ -288,8 +375,7 @@ void SessionListener::Loop() {
         if (it == sessions_.end()) continue;
         spdlog::debug("session {} of uid {} pid {} closed", it->first,
                       it->second.uid, it->second.pid);
-        if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
-        sessions_.erase(it);
+        Erase(it);
       }
       if (observer_ != nullptr) observer_->OnSessionClosed(ids[i - 2]);
     }

@@ -9,9 +9,16 @@
 // Nothing a peer does can wedge it:
 // - peers whose uid is neither ours nor root (SO_PEERCRED) are refused at
 //   accept with a SessionRefused message saying why;
-// - at most Options::max_sessions sessions, max_sessions_per_uid per uid:
-//   beyond that a connection is refused (RESOURCE_EXHAUSTED), so idle
-//   connections cannot use up the daemon's file descriptors;
+// - at most Options::max_sessions sessions, max_sessions_per_uid per uid
+//   and max_sessions_per_process per process (pid, SO_PEERCRED): beyond
+//   that a connection is refused (RESOURCE_EXHAUSTED), so idle connections
+//   cannot use up the daemon's file descriptors, and one process cannot
+//   hold all of its uid's sessions. A peer whose pid the daemon cannot see
+//   (SO_PEERCRED says 0: another pid namespace) is not capped per process;
+// - when a uid is at its cap, a connection from another process of that
+//   uid first closes the uid's oldest idle session (no Attach using it)
+//   that has been idle for kReapAfter, so sessions parked by one process
+//   do not lock the uid's other trainers out until idle_timeout;
 // - a session that no Attach claims within idle_timeout is closed;
 // - when accept() fails for want of resources (EMFILE, ENFILE, ENOBUFS,
 //   ENOMEM) the listener stops polling the listening socket for
@@ -46,9 +53,13 @@ class SessionListener final : public SessionRegistryInterface {
   struct Options {
     uint32_t max_sessions = 1024;
     uint32_t max_sessions_per_uid = 256;
+    uint32_t max_sessions_per_process = 128;
     std::chrono::milliseconds idle_timeout{30000};
   };
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  // An idle session younger than this is never closed to make room: a
+  // trainer sends its Attach within milliseconds of the hello.
+  static constexpr std::chrono::milliseconds kReapAfter{1000};
 
   // Binds and listens on `path` (mode 0600). The caller has removed any stale
   // file. Errors: UNAVAILABLE/INTERNAL from socket calls, naming the path.
@@ -64,6 +75,7 @@ class SessionListener final : public SessionRegistryInterface {
 
   bool IsLive(uint64_t session_id) const override;
   bool Claim(uint64_t session_id) override;
+  void Unclaim(uint64_t session_id) override;
   // Who connected session `session_id` (SO_PEERCRED at accept); nullopt
   // once it is closed. Any thread.
   std::optional<PeerIdentity> PeerOf(uint64_t session_id) const;
@@ -81,14 +93,25 @@ class SessionListener final : public SessionRegistryInterface {
     uid_t uid = 0;
     pid_t pid = 0;
     bool claimed = false;
-    Clock::time_point accepted;
+    // Accepted, or last given back by the engine (Unclaim): the idle
+    // timeout counts from here.
+    Clock::time_point idle_since;
   };
 
   SessionListener(std::string path, UniqueFd listen_fd, UniqueFd wake_fd,
                   const Options& options);
   void Loop();
   // Accepts one connection; false if accept failed for want of resources.
-  bool Accept();
+  // Sessions it closed to make room go to `closed`.
+  bool Accept(std::vector<uint64_t>* closed);
+  // Uid `uid` is at its cap and process `pid` of it asks for a session:
+  // closes the uid's oldest session of another process that no Attach
+  // uses and that is idle for kReapAfter; its id, or 0 if none.
+  uint64_t ReapIdle(uid_t uid, pid_t pid, Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes session `it` and its counts.
+  void Erase(absl::flat_hash_map<uint64_t, Session>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes unclaimed sessions past idle_timeout; returns the ids closed and
   // the time of the next expiry (Clock::time_point::max() if none).
   std::vector<uint64_t> ExpireIdle(Clock::time_point now,
@@ -110,6 +133,7 @@ class SessionListener final : public SessionRegistryInterface {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint32_t> per_uid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<pid_t, uint32_t> per_pid_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradd

@@ -8,6 +8,8 @@
 #ifndef GRADD_SERVER_RPC_NODE_HANDLER_H_
 #define GRADD_SERVER_RPC_NODE_HANDLER_H_
 
+#include <cstdint>
+
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +40,14 @@ class NodeHandlerInterface {
     std::move(done)(
         absl::UnimplementedError("this gradd daemon cannot rebuild buckets"));
   }
+
+  // The client of session `session_id`'s Attach gave up before it was
+  // answered (it cancelled, its deadline passed or its connection closed):
+  // the handler drops that rank's pending attach, if it still has one, and
+  // answers its callback (CANCELLED; nobody reads it). A session has at
+  // most one Attach pending. Thread-safe; returns at once. The default
+  // keeps the attach until its deadline.
+  virtual void HandleAttachCancelled(uint64_t session_id) {}
 
   // Immediate (no waiting on other ranks).
   virtual void HandleSetCommHook(v1::CommHookSetRequest request,

@@ -55,7 +55,10 @@ def _attach_and_run(daemon, job):
 
 
 def test_session_limits_refuse_with_a_reason(gradd_binary, tmp_path):
+    # One process fills its uid's cap here: the per-process cap (default half
+    # the uid's) raised to it.
     d = Daemon(gradd_binary, _config(tmp_path, "max_sessions: 6\nmax_sessions_per_uid: 3\n"
+                                                "max_sessions_per_process: 3\n"
                                                 "session_idle_timeout_ms: 60000\n"))
     try:
         held = [_connect(d.socket) for _ in range(3)]

@@ -111,6 +111,10 @@ void JobManager::HandleAttach(v1::AttachRequest request, absl::Time deadline,
                });
 }
 
+void JobManager::HandleAttachCancelled(uint64_t session_id) {
+  Post([this, session_id] { DoAttachCancelled(session_id); });
+}
+
 void JobManager::HandleDetach(v1::DetachRequest request, DetachCallback done) {
   done = [job = request.job_id(), rank = request.local_rank(),
           done = std::move(done)](absl::Status status) mutable {

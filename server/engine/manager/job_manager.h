@@ -28,6 +28,10 @@
 // by the join timeout (and the ranks' Attach deadlines); a rank that leaves
 // while its job forms fails the others at once and the result is dropped.
 //
+// A pending Attach holds no thread: its callback waits in pending_ until
+// the job forms, it times out or its client cancels
+// (HandleAttachCancelled), whichever comes first.
+//
 // Errors (Attach): INVALID_ARGUMENT (bad request, model mismatch naming the
 // parameter and both ranks), ALREADY_EXISTS (rank taken), DEADLINE_EXCEEDED
 // (missing ranks named), RESOURCE_EXHAUSTED (max_jobs / memory),
@@ -99,6 +103,7 @@ class JobManager final : public NodeHandlerInterface,
                             absl::Time deadline, RebuildCallback done) override;
   void HandleSetCommHook(v1::CommHookSetRequest request,
                          SetCommHookCallback done) override;
+  void HandleAttachCancelled(uint64_t session_id) override;
   void OnSessionClosed(uint64_t session_id) override;
 
   // Publishes `message` (UNAVAILABLE) in every job's control block, answers
@@ -218,6 +223,12 @@ class JobManager final : public NodeHandlerInterface,
   void DoAttach(v1::AttachRequest request, absl::Time deadline,
                 AttachCallback done);
   void ExpireAttaches(absl::Time now);
+  // The client of session `session_id`'s pending Attach gave up: its rank
+  // is free again at once (a job forming with other nodes fails, ABORTED).
+  void DoAttachCancelled(uint64_t session_id);
+  // An Attach of session `session_id` ended without binding it: the
+  // session counts as idle again (SessionRegistryInterface::Unclaim).
+  void Unbind(uint64_t session_id);
   void FailPending(const std::string& job_id, const absl::Status& status);
   // Every local rank attached: checks that they agree, plans and makes the
   // job's spec, then activates it or starts its formation.

@@ -6,6 +6,7 @@
 // formation (job_manager_formation.cc). Control thread only.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,13 +50,17 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
         "pass the session id it sends")));
     return;
   }
+  // From here on every refusal gives the session back (Unclaim), so a
+  // refused session is closed as idle unless the trainer retries on it.
   absl::StatusOr<int> device =
       ResolveRankDevice(request, *params, *devices_, who);
   if (!device.ok()) {
+    sessions_->Unclaim(sid);
     std::move(done)(device.status());
     return;
   }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
+    sessions_->Unclaim(sid);
     const ActiveJob& active = it->second;
     if (rank < static_cast<int>(active.sessions.size()) &&
         active.sessions[rank] != 0) {
@@ -71,6 +76,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
   auto it = pending_.find(id);
   if (it == pending_.end()) {
     if (pending_.size() + jobs_.size() >= config_.max_jobs()) {
+      sessions_->Unclaim(sid);
       std::move(done)(absl::ResourceExhaustedError(
           absl::StrCat(who, ": the daemon already serves its maximum of ",
                        config_.max_jobs(), " jobs")));
@@ -83,12 +89,14 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
   }
   PendingJob& p = it->second;
   if (p.world != request.local_world_size()) {
+    sessions_->Unclaim(sid);
     std::move(done)(absl::InvalidArgumentError(
         absl::StrCat(who, " says local world size ", request.local_world_size(),
                      " but ranks already attached said ", p.world)));
     return;
   }
   if (p.ranks[rank]) {
+    sessions_->Unclaim(sid);
     std::move(done)(absl::AlreadyExistsError(
         absl::StrCat(who, " is already attached (session ",
                      p.ranks[rank]->request.session_id(), ")")));
@@ -119,13 +127,45 @@ void JobManager::ExpireAttaches(absl::Time now) {
           "local rank",
           missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
           " of local world size ", p.world)));
-      bound_.erase(slot->request.session_id());
+      Unbind(slot->request.session_id());
       slot.reset();
       --p.count;
     }
     if (p.count == 0) emptied.push_back(id);
   }
   for (const std::string& id : emptied) pending_.erase(id);
+}
+
+void JobManager::Unbind(uint64_t session_id) {
+  bound_.erase(session_id);
+  sessions_->Unclaim(session_id);
+}
+
+void JobManager::DoAttachCancelled(uint64_t session_id) {
+  auto bound = bound_.find(session_id);
+  if (bound == bound_.end()) return;  // answered (and unbound) already
+  const std::string job_id = bound->second.first;
+  const int rank = bound->second.second;
+  auto p = pending_.find(job_id);
+  if (p == pending_.end()) return;  // formed: the attach was answered
+  std::optional<PendingRank>& slot = p->second.ranks[rank];
+  if (!slot || slot->request.session_id() != session_id) return;
+  AttachCallback done = std::move(slot->done);
+  slot.reset();
+  Unbind(session_id);
+  // Nobody reads this answer (the call is over); it is logged.
+  std::move(done)(absl::CancelledError(
+      absl::StrCat("local rank ", rank, " of job '", job_id,
+                   "': the client gave up on its Attach")));
+  if (p->second.formation != 0) {
+    FailPending(job_id,
+                absl::AbortedError(absl::StrCat(
+                    "local rank ", rank, " of job '", job_id,
+                    "' gave up on its Attach while the job was forming with "
+                    "the other nodes")));
+  } else if (--p->second.count == 0) {
+    pending_.erase(p);
+  }
 }
 
 void JobManager::FailPending(const std::string& job_id,
@@ -137,7 +177,7 @@ void JobManager::FailPending(const std::string& job_id,
   pending_.erase(it);
   for (auto& r : p.ranks) {
     if (!r) continue;
-    bound_.erase(r->request.session_id());
+    Unbind(r->request.session_id());
     std::move(r->done)(status);
   }
 }

@@ -25,6 +25,12 @@ class SessionRegistryInterface {
   // timeouts.
   virtual bool Claim(uint64_t session_id) { return IsLive(session_id); }
 
+  // Undoes Claim: the Attach that claimed the session failed or was
+  // cancelled, so the session is idle again and the idle timeout runs
+  // from now (a trainer may retry on it meanwhile). No-op for an unknown
+  // session and by default.
+  virtual void Unclaim(uint64_t session_id) {}
+
   // Sends SessionFds{attach_id} with `fds` (SCM_RIGHTS; duplicated into the
   // peer, the caller keeps its own) on the session's socket. UNAVAILABLE if
   // the session is gone.

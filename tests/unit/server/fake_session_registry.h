@@ -63,6 +63,17 @@ class FakeSessionRegistry final : public SessionRegistryInterface {
     return absl::OkStatus();
   }
 
+  // Counts the Unclaims (the engine gave the session back).
+  void Unclaim(uint64_t id) override {
+    absl::MutexLock lock(&mu_);
+    ++unclaims_[id];
+  }
+  int unclaims(uint64_t id) const {
+    absl::MutexLock lock(&mu_);
+    auto it = unclaims_.find(id);
+    return it == unclaims_.end() ? 0 : it->second;
+  }
+
   // The fds sent to session `id` (moved out), or empty.
   Sent TakeSent(uint64_t id) {
     absl::MutexLock lock(&mu_);
@@ -78,6 +89,7 @@ class FakeSessionRegistry final : public SessionRegistryInterface {
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 100;
   absl::flat_hash_set<uint64_t> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Sent> sent_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, int> unclaims_ ABSL_GUARDED_BY(mu_);
   SessionObserverInterface* observer_ = nullptr;
 };
 

@@ -326,6 +326,72 @@ TEST_F(JobManagerTest, AttachTimeoutNamesMissingRanks) {
   EXPECT_EQ(manager().NumJobs(), 0);
 }
 
+// Issue 20, point 5: a client that gives up on its pending Attach frees its
+// rank at once (not at the attach timeout) and gives its session back to
+// the idle timeout; the other ranks keep waiting.
+TEST_F(JobManagerTest, CancelledAttachFreesItsRankAndSession) {
+  const uint64_t s0 = sessions_.Open();
+  const uint64_t s1 = sessions_.Open();
+  auto rank0 =
+      StartAttach(manager(), MakeRequest("cxl", 0, 3, s0, kSmallModel));
+  auto gone = StartAttach(manager(), MakeRequest("cxl", 1, 3, s1, kSmallModel));
+  manager().HandleAttachCancelled(s1);
+  EXPECT_THAT(gone->Get().status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       "local rank 1 of job 'cxl': the client gave up on its "
+                       "Attach"));
+  EXPECT_EQ(manager().NumJobs(), 1);  // rank 0 still waits
+  EXPECT_EQ(sessions_.unclaims(s1), 1);
+  EXPECT_EQ(sessions_.unclaims(s0), 0);
+  // Nothing pending for the session any more: no effect.
+  manager().HandleAttachCancelled(s1);
+  EXPECT_EQ(manager().NumJobs(), 1);
+  EXPECT_EQ(sessions_.unclaims(s1), 1);
+
+  // Rank 1 again, on the same session, and rank 2: the job forms.
+  auto again =
+      StartAttach(manager(), MakeRequest("cxl", 1, 3, s1, kSmallModel));
+  auto rank2 = StartAttach(
+      manager(), MakeRequest("cxl", 2, 3, sessions_.Open(), kSmallModel));
+  for (auto& p : {rank0, again, rank2}) EXPECT_TRUE(p->Get().ok());
+  // A cancel arriving after the answer leaves the running job alone.
+  manager().HandleAttachCancelled(s1);
+  EXPECT_EQ(manager().NumJobs(), 1);
+  EXPECT_EQ(sessions_.unclaims(s1), 1);
+
+  // The last waiting rank cancelled: the pending job is gone.
+  const uint64_t s3 = sessions_.Open();
+  auto lone =
+      StartAttach(manager(), MakeRequest("lone", 0, 2, s3, kSmallModel));
+  manager().HandleAttachCancelled(s3);
+  EXPECT_THAT(lone->Get().status(),
+              StatusIs(absl::StatusCode::kCancelled, "gave up"));
+  EXPECT_EQ(manager().NumJobs(), 1);
+  EXPECT_THAT(AttachOne(MakeRequest("lone", 0, 1, s3, kSmallModel)),
+              StatusIs(absl::StatusCode::kOk, ""));
+}
+
+// A refused or timed-out Attach gives its session back too, so the session
+// is closed as idle unless the trainer retries on it.
+TEST_F(JobManagerTest, FailedAttachGivesItsSessionBack) {
+  config_.set_attach_timeout_ms(100);
+  const uint64_t s = sessions_.Open();
+  EXPECT_THAT(AttachOne(MakeRequest("late", 0, 2, s, kSmallModel)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "missing"));
+  EXPECT_EQ(manager().NumJobs(), 0);
+  EXPECT_EQ(sessions_.unclaims(s), 1);
+  const uint64_t t = sessions_.Open();
+  auto first = StartAttach(manager(), MakeRequest("w", 0, 3, t, kSmallModel));
+  const uint64_t u = sessions_.Open();
+  EXPECT_THAT(AttachOne(MakeRequest("w", 1, 4, u, kSmallModel)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "world size 4"));
+  EXPECT_EQ(sessions_.unclaims(u), 1);
+  EXPECT_THAT(first->Get().status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "missing"));
+  EXPECT_EQ(manager().NumJobs(), 0);
+  EXPECT_EQ(sessions_.unclaims(t), 1);
+}
+
 TEST_F(JobManagerTest, MaxJobsIsEnforced) {
   config_.set_max_jobs(1);
   auto a = StartAttach(manager(),
