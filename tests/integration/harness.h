@@ -133,6 +133,10 @@ std::vector<int> ReportedInts(const std::string& csv);
 int ExpectBucketsFollow(const std::string& plan, const std::vector<int>& order,
                         const std::string& whose);
 
+// A loopback TCP port nobody listens on right now (bound, read, released;
+// 0 if none could be bound).
+int FreePort();
+
 }  // namespace gradd::testing
 
 #endif  // GRADD_TESTS_INTEGRATION_HARNESS_H_

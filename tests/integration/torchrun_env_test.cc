@@ -40,22 +40,6 @@ long Field(const std::string& output, const std::string& key) {
   return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
 }
 
-// A TCP port nobody listens on right now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 class TorchrunEnvTest : public GraddTest {
  protected:
   void SetUp() override {
