@@ -90,6 +90,40 @@
 //           bcast_seq, then clears joined_at (release): until then the
 //           daemon treats its old rows as "not ready", not as an error.
 //
+// Rank restart (version 5; the job's rank_restart_grace_ms > 0, single
+// node). A rank whose session closes without Detach is "restarting": what
+// needs it (a bucket it had not made ready, a collective round it had not
+// entered) waits, up to the grace; past it the job fails naming the rank.
+// What it had handed over before dying still completes (its memory stays
+// mapped by the daemon). When it attaches again (Attach with the same job
+// id, local rank and model; AttachResponse.rejoined), at a point where no
+// bucket or round is with the reducer, the daemon:
+//   1. aborts the gradient iteration in progress, if any (some bucket done
+//      or some live rank ready for it, not all done): header.aborted_rank,
+//      then header.aborted_iteration.store(i, release), then every bucket
+//      not done gets done_seq = i without being reduced;
+//   2. aborts the collective round in progress, if any, likewise
+//      (aborted_round, then bcast_done_seq = k);
+//   3. writes the rank's ready row = the last iteration (done), its
+//      collective row = bcast_done_seq, clears its JoinSlot, bumps
+//      header.restarts, then header.sync_seq (release), WakeClients.
+//   client: after WaitAll saw every done_seq == i, aborted_iteration == i
+//           means iteration i was aborted: its buckets hold no average; the
+//           client returns ABORTED (IterationAborted: skip the optimizer
+//           step, retry the batch) and its next iteration is i + 1. A
+//           collective round k completes with aborted_round == k likewise.
+//           Before its next iteration's first bucket and first collective,
+//           a rank that sees sync_seq differ from the value it last
+//           handled takes part in the state sync: an allreduce (MIN) of
+//           (its global rank, or INT32_MAX for a rank that rejoined and has
+//           not been synced since), then a broadcast of the model state
+//           from that root (gradd.torch: parameters, buffers and the
+//           register_state()s); a restarted rank does it before its first
+//           iteration. A root of INT32_MAX (no rank holds the state) is an
+//           error.
+// The order matters: the aborted_* word is stored before the done / round
+// words it explains, so a client that sees done == i reads the verdict.
+//
 // Failure: the daemon writes header.error (NUL-terminated), then
 // header.status.store(absl::StatusCode, release), then WakeClients. Status
 // never goes back to 0 for the life of the block.
@@ -114,7 +148,8 @@ inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
 // 2: the daemon's heartbeat and the join region.
 // 3: split into a read-only job block and per-rank blocks, per-rank bells.
 // 4: collectives through the broadcast slot (kind, dtype, op).
-inline constexpr uint32_t kControlVersion = 4;
+// 5: rank restart (aborted iteration / round, state sync sequence).
+inline constexpr uint32_t kControlVersion = 5;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -147,6 +182,20 @@ struct alignas(kCacheLine) ControlHeader {
   // its sockets open) fails with UNAVAILABLE instead of waiting for its
   // wait timeout.
   alignas(kCacheLine) std::atomic<uint64_t> heartbeat_ns;
+
+  // Rank restart (version 5, see above). Daemon -> clients.
+  // The last gradient iteration / collective round aborted (0: none).
+  alignas(kCacheLine) std::atomic<uint64_t> aborted_iteration;
+  std::atomic<uint64_t> aborted_round;
+  // Bumped once per restarted rank re-attached: ranks run a state sync
+  // when it changes.
+  std::atomic<uint64_t> sync_seq;
+  // Restarted ranks re-attached so far.
+  std::atomic<uint64_t> restarts;
+  // The local rank whose restart caused the last abort.
+  std::atomic<int32_t> aborted_rank;
+  // Local ranks away (session closed, within the grace) now.
+  std::atomic<uint32_t> restarting;
 };
 
 // CLOCK_MONOTONIC in nanoseconds: one clock for every process on the host.

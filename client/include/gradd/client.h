@@ -157,7 +157,21 @@ struct ClientOptions {
   // The GPU (this process's CUDA ordinal) every CUDA parameter lives on;
   // required when any ClientParam::device is 1.
   int cuda_device = -1;
+  // Rank restart (Client::rejoined): how long the daemon keeps this job
+  // waiting for a rank whose process died (0: the job fails at once).
+  // Unset: $GRADD_RANK_RESTART_GRACE_MS if set, else the daemon's
+  // rank_restart_grace_ms. Every local rank must choose the same.
+  std::optional<uint32_t> rank_restart_grace_ms;
 };
+
+// The payload URL marking the ABORTED status of an aborted iteration or
+// collective round (IsIterationAborted), as opposed to a failed job.
+inline constexpr char kIterationAbortedPayload[] = "gradd.iteration_aborted";
+// True when `status` says the iteration (or collective round) was aborted
+// because a rank of the job restarted: skip the optimizer step and retry
+// the batch, after the state sync (Client::StateSyncPending). The job goes
+// on; every other ABORTED is the job's failure.
+bool IsIterationAborted(const absl::Status& status);
 
 // What MarkUnused contributes for a parameter this rank did not use.
 enum class UnusedGradient {
@@ -347,6 +361,41 @@ class Client {
                                      size_t count, int32_t dtype, ReduceOp op);
   // Returns once every rank of the job has entered the barrier.
   virtual absl::Status Barrier();
+
+  // Rank restart (common/control_block.h "Rank restart"; the job's
+  // rank_restart_grace_ms > 0). When a rank of the job dies and comes back
+  // within the grace, the iteration it died in (and any begun while it was
+  // away) is aborted: WaitAll (or a collective) returns ABORTED with
+  // IsIterationAborted true, the buckets hold no average, and the next
+  // iteration starts. Before its next iteration every rank then runs the
+  // state sync:
+  //
+  //   if (client->StateSyncPending()) {
+  //     ASSIGN_OR_RETURN(int root, client->BeginStateSync());
+  //     client->Broadcast(model_state, bytes, root);   // and any other state
+  //   }
+  //
+  // True when this Attach re-attached a restarted rank to its running job
+  // (its first iteration is then iteration(), past 1).
+  virtual bool rejoined() const { return false; }
+  // The grace the job runs with (0: none).
+  virtual uint32_t rank_restart_grace_ms() const { return 0; }
+  // A state sync is due: a rank rejoined since this rank last synced, or
+  // this rank rejoined and has not synced yet. Every rank of the job sees
+  // the same at the same point of its iteration sequence (the daemon aborts
+  // what was in flight when the rank came back).
+  virtual bool StateSyncPending() const { return false; }
+  // The sync's root: the lowest global rank that holds the job's state
+  // (an allreduce MIN over the ranks, a rejoined rank not yet synced
+  // offering none), and marks the sync handled; the caller broadcasts its
+  // state from it. FAILED_PRECONDITION when no rank holds the state (every
+  // rank restarted before a sync); ABORTED (IsIterationAborted) when
+  // another restart aborted the allreduce (call it again).
+  virtual absl::StatusOr<int> BeginStateSync();
+  // Iterations aborted by rank restarts since this rank attached, and
+  // restarted ranks re-attached to the job so far (the daemon's count).
+  virtual uint64_t iterations_aborted() const { return 0; }
+  virtual uint64_t restarts() const { return 0; }
 };
 
 }  // namespace gradd

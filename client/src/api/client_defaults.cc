@@ -32,3 +32,18 @@ absl::Status Client::Barrier() {
 }
 
 }  // namespace gradd
+
+namespace gradd {
+
+bool IsIterationAborted(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAborted &&
+         status.GetPayload(kIterationAbortedPayload).has_value();
+}
+
+// Rank restart: clients without it never rejoin, so no sync is ever due.
+absl::StatusOr<int> Client::BeginStateSync() {
+  return absl::FailedPreconditionError(
+      "BeginStateSync: this client does not take part in rank restarts");
+}
+
+}  // namespace gradd
