@@ -450,6 +450,13 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                      ": a stall is reported before it fails the job (set "
                      "stall_warning_ms lower, or 0 to only fail)"));
   }
+  if (c.rank_restart_grace_ms() > kMaxRankRestartGraceMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank_restart_grace_ms = ", c.rank_restart_grace_ms(), " is above ",
+        kMaxRankRestartGraceMs,
+        " (one hour): a job would hold its ranks and memory that long for a "
+        "trainer that may never come back"));
+  }
   if (c.timeline_events() > kMaxTimelineEvents) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeline_events = ", c.timeline_events(), " is above ",

@@ -9,6 +9,7 @@
 #ifndef GRADD_SERVER_CONFIG_H_
 #define GRADD_SERVER_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,6 +18,10 @@
 #include "gradd/v1/config.pb.h"
 
 namespace gradd {
+
+// The longest rank_restart_grace_ms the daemon (config) or a job
+// (AttachRequest) may ask for: one hour.
+inline constexpr uint32_t kMaxRankRestartGraceMs = 3'600'000;
 
 // Parses YAML text onto DaemonConfig field by field (snake_case keys as in
 // config.proto). Unknown keys, wrong types and out-of-range numbers are

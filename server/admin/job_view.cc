@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace gradd {
 namespace {
@@ -35,6 +36,8 @@ v1::RankState StateOf(RankSnapshot::State s) {
       return v1::RANK_STATE_DETACHED;
     case RankSnapshot::State::kDisconnected:
       return v1::RANK_STATE_DISCONNECTED;
+    case RankSnapshot::State::kRestarting:
+      return v1::RANK_STATE_RESTARTING;
   }
   return v1::RANK_STATE_UNSPECIFIED;
 }
@@ -117,6 +120,14 @@ v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   s.set_num_buckets(job.num_buckets);
   s.set_bucket_bytes(job.bucket_bytes);
   if (!job.status.ok()) s.set_error(job.status.ToString());
+  int restarting = 0;
+  for (const RankSnapshot& r : job.ranks) {
+    restarting += r.state == RankSnapshot::State::kRestarting;
+  }
+  s.set_rank_restart_grace_ms(job.rank_restart_grace_ms);
+  s.set_restarting_local_ranks(restarting);
+  s.set_restarts(job.restarts);
+  s.set_iterations_aborted(job.iterations_aborted);
   return s;
 }
 
@@ -186,6 +197,13 @@ v1::JobDetail JobDetailOf(const JobSnapshot& job, const std::string& node_id) {
     rank->set_state(StateOf(r.state));
     rank->set_pid(r.pid);
     rank->set_uid(r.uid);
+    if (r.state == RankSnapshot::State::kRestarting &&
+        r.restart_deadline_unix_ns != 0) {
+      rank->set_restart_deadline_unix_ns(r.restart_deadline_unix_ns);
+      rank->set_restart_ms_left(std::max<int64_t>(
+          0, (r.restart_deadline_unix_ns - absl::GetCurrentTimeNanos()) /
+                 1'000'000));
+    }
   }
   if (!job.node_ids.empty()) {
     for (size_t n = 0; n < job.node_ids.size(); ++n) {

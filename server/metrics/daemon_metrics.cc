@@ -61,6 +61,8 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     communication_ = &daemon_->communication_seconds_.Add(labels);
     overlapped_ = &daemon_->overlapped_seconds_.Add(labels);
     overlap_ratio_ = &daemon_->overlap_ratio_.Add(labels);
+    world_size_ = &daemon_->job_world_size_.Add(labels);
+    world_size_->Set(job.world_size);
   }
 
   ~JobMetrics() override {
@@ -73,6 +75,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->communication_seconds_.Remove(communication_);
     daemon_->overlapped_seconds_.Remove(overlapped_);
     daemon_->overlap_ratio_.Remove(overlap_ratio_);
+    daemon_->job_world_size_.Remove(world_size_);
     daemon_->job_series_.fetch_sub(1);
   }
 
@@ -110,6 +113,16 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->job_failures_.Add({{"code", CodeLabel(code)}}).Increment();
   }
 
+  void OnRankRestarting(const RankRestartEvent& e) override {
+    if (world_size_ != nullptr) world_size_->Set(e.world_size);
+  }
+
+  void OnRankRejoined(const RankRestartEvent& e) override {
+    daemon_->rank_restarts_.Increment();
+    if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
+    if (world_size_ != nullptr) world_size_->Set(e.world_size);
+  }
+
  private:
   DaemonMetrics* const daemon_;
   const uint64_t memory_;
@@ -119,6 +132,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   Counter* communication_ = nullptr;
   Counter* overlapped_ = nullptr;
   Gauge* overlap_ratio_ = nullptr;
+  Gauge* world_size_ = nullptr;
 };
 
 namespace {
@@ -156,6 +170,17 @@ DaemonMetrics::DaemonMetrics()
                        "Buckets that waited longer than stall_warning_ms "
                        "(counted once per bucket and iteration)")
                   .Add({})),
+      rank_restarts_(
+          Register(BuildCounter(), *registry_, "gradd_rank_restarts_total",
+                   "Local ranks that went away without Detach and attached "
+                   "again to their running job within rank_restart_grace_ms")
+              .Add({})),
+      iterations_aborted_(
+          Register(
+              BuildCounter(), *registry_, "gradd_iterations_aborted_total",
+              "Gradient iterations that no rank applied because a rank that "
+              "restarted came back during them")
+              .Add({})),
       rendezvous_requests_(Register(
           BuildCounter(), *registry_, "gradd_rendezvous_requests_total",
           "Requests to this daemon's rendezvous service, by method")),
@@ -182,6 +207,10 @@ DaemonMetrics::DaemonMetrics()
                               "gradd_backward_overlap_ratio",
                               "Fraction of the last iteration's communication "
                               "that overlapped backward, per active job")),
+      job_world_size_(Register(
+          BuildGauge(), *registry_, "gradd_job_world_size",
+          "Ranks of the job taking part now (its world size on every node, "
+          "less this node's ranks away restarting), per active job")),
       phase_seconds_(Register(
           BuildHistogram(), *registry_, "gradd_phase_seconds",
           "Time per bucket in each reduce phase (local_reduce: sum across "

@@ -67,6 +67,9 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Counter>& detaches_;
   prometheus::Family<prometheus::Counter>& job_failures_;
   prometheus::Counter& stalls_;
+  // Rank restart (daemon-wide): ranks taken back, iterations aborted.
+  prometheus::Counter& rank_restarts_;
+  prometheus::Counter& iterations_aborted_;
   prometheus::Family<prometheus::Counter>& rendezvous_requests_;
   // Per job (job_id label).
   prometheus::Family<prometheus::Counter>& buckets_reduced_;
@@ -75,6 +78,7 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Counter>& communication_seconds_;
   prometheus::Family<prometheus::Counter>& overlapped_seconds_;
   prometheus::Family<prometheus::Gauge>& overlap_ratio_;
+  prometheus::Family<prometheus::Gauge>& job_world_size_;
   // Daemon-wide histograms.
   prometheus::Family<prometheus::Histogram>& phase_seconds_;
   prometheus::Histogram& local_reduce_seconds_;

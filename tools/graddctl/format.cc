@@ -26,6 +26,8 @@ std::string RankStateName(v1::RankState s) {
       return "detached";
     case v1::RANK_STATE_DISCONNECTED:
       return "disconnected";
+    case v1::RANK_STATE_RESTARTING:
+      return "restarting";
     default:
       return "unknown";
   }
@@ -189,14 +191,26 @@ std::string FormatJob(const v1::JobDetail& d) {
       " local ranks live, node ", s.node_rank(), " of ", s.num_nodes(),
       ", world size ", s.world_size(), "\n");
   if (!s.error().empty()) absl::StrAppend(&out, "error: ", s.error(), "\n");
+  if (s.rank_restart_grace_ms() > 0 || s.restarts() > 0) {
+    absl::StrAppend(&out, "rank restart: grace ", s.rank_restart_grace_ms(),
+                    " ms, ", s.restarting_local_ranks(),
+                    " local ranks restarting now, ", s.restarts(),
+                    " restarts, ", s.iterations_aborted(),
+                    " iterations aborted\n");
+  }
 
   std::vector<std::vector<std::string>> rows;
   for (const v1::RankInfo& r : d.ranks()) {
-    rows.push_back({absl::StrCat(r.local_rank()),
-                    r.global_rank() < 0 ? "-" : absl::StrCat(r.global_rank()),
-                    RankStateName(r.state()),
-                    r.pid() > 0 ? absl::StrCat(r.pid()) : "-",
-                    r.pid() > 0 ? absl::StrCat(r.uid()) : "-"});
+    rows.push_back(
+        {absl::StrCat(r.local_rank()),
+         r.global_rank() < 0 ? "-" : absl::StrCat(r.global_rank()),
+         r.state() == v1::RANK_STATE_RESTARTING
+             ? absl::StrCat("restarting (",
+                            absl::StrFormat("%.1f", r.restart_ms_left() / 1e3),
+                            " s left)")
+             : RankStateName(r.state()),
+         r.pid() > 0 ? absl::StrCat(r.pid()) : "-",
+         r.pid() > 0 ? absl::StrCat(r.uid()) : "-"});
   }
   absl::StrAppend(&out, "\nranks\n",
                   Table({"LOCAL", "GLOBAL", "STATE", "PID", "UID"}, rows, 2));

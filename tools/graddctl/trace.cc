@@ -80,7 +80,9 @@ std::string ChromeTraceJson(const v1::GetTraceResponse& trace) {
     out += ",\n";
     absl::StrAppend(
         &out, "{\"ph\":\"X\",\"name\":",
-        JsonString(absl::StrCat(e.phase(), " b", e.bucket())),
+        // Rank restart events belong to no bucket (-1).
+        JsonString(e.bucket() < 0 ? e.phase()
+                                  : absl::StrCat(e.phase(), " b", e.bucket())),
         ",\"cat\":", JsonString(e.phase()), ",\"pid\":", pid,
         ",\"tid\":", Tid(e.local_rank()), ",\"ts\":", Micros(e.start_unix_ns()),
         ",\"dur\":", Micros(e.duration_ns()),

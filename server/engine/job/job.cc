@@ -114,6 +114,7 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
                    spec_.params.empty() ? 0 : MaxPlanBytes(spec_.params))),
       reducer_(std::move(reducer)),
       rank_state_(new std::atomic<int>[spec_.local_world_size]),
+      restart_since_ns_(new std::atomic<int64_t>[spec_.local_world_size]),
       plan_(spec_.plan),
       started_(spec_.plan.buckets.size(), 0),
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
@@ -124,7 +125,10 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
       iterations_(layout_.num_buckets()) {
-  for (int r = 0; r < spec_.local_world_size; ++r) rank_state_[r] = kLive;
+  for (int r = 0; r < spec_.local_world_size; ++r) {
+    rank_state_[r] = kLive;
+    restart_since_ns_[r] = 0;
+  }
   used_map_param_ = FindUsedMapParam(spec_.params);
   events_.Add(&timeline_);
 }
@@ -133,6 +137,8 @@ Job::~Job() {
   Stop();
   AbortSwitch(absl::CancelledError(absl::StrCat(
       "job '", spec_.job_id, "' stopped during a bucket rebuild")));
+  AbortRejoins(absl::CancelledError(absl::StrCat(
+      "job '", spec_.job_id, "' stopped before the rank could rejoin")));
   // Joins the reducer's threads (if any) while the memory its completions
   // write to is still mapped.
   reducer_.reset();
@@ -157,6 +163,10 @@ std::vector<int> Job::FdsFor(int rank) const {
 }
 
 void Job::ReleaseFds() {
+  // A restarted rank gets the same memory and bell again (FdsFor): keep
+  // them. Keeping the bell's write end also keeps the doorbell polling it
+  // after the rank's process dies (no POLLHUP while a writer remains).
+  if (spec_.rank_restart_grace.count() > 0) return;
   control_fd_.reset();
   rank_fds_.clear();
   rank_control_fds_.clear();
@@ -185,13 +195,26 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
     resp.set_device_memory_bytes(device_memory_[rank]->size());
   }
   reducer_->DescribeDevice(rank, &resp);
+  resp.set_rank_restart_grace_ms(
+      static_cast<uint32_t>(spec_.rank_restart_grace.count()));
+  // A new job; a rejoin overwrites these (Job::RejoinInfo).
+  resp.set_next_iteration(1);
+  resp.set_collective_seq(0);
+  resp.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
   return resp;
 }
 
 void Job::RankGone(int rank, bool detached) {
-  int expected = kLive;
-  rank_state_[rank].compare_exchange_strong(
-      expected, detached ? kDetached : kDisconnected);
+  const int target = detached ? kDetached : kDisconnected;
+  int s = rank_state_[rank].load();
+  while (s == kLive || s == kRestarting) {
+    if (rank_state_[rank].compare_exchange_weak(s, target)) {
+      if (s == kRestarting) {
+        header_->restarting.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      break;
+    }
+  }
   doorbell_->Ring();  // the engine re-checks who is stuck
 }
 
@@ -228,7 +251,7 @@ void Job::FailJob(absl::StatusCode code, absl::string_view message) {
   if (header_->status.load(std::memory_order_acquire) == 0) {
     // The first failure is the job's reason; later ones only echo it. The
     // end of a job whose ranks all left is logged by the job manager.
-    const bool ended = live_ranks() == 0;
+    const bool ended = live_ranks() == 0 && restarting_ranks() == 0;
     spdlog::log(ended ? spdlog::level::debug : spdlog::level::err,
                 "job '{}' failed: {}: {}", spec_.job_id,
                 absl::StatusCodeToString(code), message);
@@ -252,6 +275,13 @@ void Job::Loop() {
     if (failed_ && switch_pending_.load(std::memory_order_acquire)) {
       AbortSwitch(ReadError(header_));
     }
+    if (rejoin_pending_.load(std::memory_order_acquire)) {
+      if (failed_) {
+        AbortRejoins(ReadError(header_));
+      } else if (TryRejoin()) {
+        continue;
+      }
+    }
     bool progress = !failed_ && Scan();
     if (!failed_ && stalls_.enabled()) CheckStalls();
     if (progress) continue;
@@ -272,6 +302,8 @@ bool Job::Scan() {
     if (failed_) return false;
   }
   const uint64_t rebuild_after = rebuild_after_.load(std::memory_order_acquire);
+  const uint64_t aborted_iteration =
+      header_->aborted_iteration.load(std::memory_order_acquire);
 
   if (JoinInPlay()) {
     progress |= StepJoin();
@@ -295,6 +327,7 @@ bool Job::Scan() {
       const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
       uint64_t s = row.load(std::memory_order_acquire);
       if (s < d && Lagging(r, row, &s)) continue;
+      if (BehindAbort(s, d, aborted_iteration)) continue;
       if (s == need && rebuild_after != 0 && need > rebuild_after) {
         FailJob(absl::StatusCode::kFailedPrecondition,
                 absl::StrCat(RankName(r), " started iteration ", need,
@@ -503,7 +536,9 @@ void Job::CheckStalls() {
         return names;
       },
       &events_);
-  if (fail.has_value()) {
+  // While a rank restarts, its grace (the JobManager's) bounds the wait,
+  // not the stall shutdown; the warnings still go out.
+  if (fail.has_value() && restarting_ranks() == 0) {
     FailJob(absl::StatusCode::kDeadlineExceeded, *fail);
     failed_ = true;
   }
@@ -566,6 +601,10 @@ bool Job::ScanBroadcast() {
     const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
     uint64_t s = row.load(std::memory_order_acquire);
     if (s < d && Lagging(r, row, &s)) continue;
+    if (BehindAbort(s, d,
+                    header_->aborted_round.load(std::memory_order_acquire))) {
+      continue;
+    }
     if (s == need) {
       ++ready;
     } else if (s != d && rank_state_[r].load() == kLive) {
@@ -679,10 +718,11 @@ void Job::CheckStuck() {
     for (int r = 0; r < world; ++r) {
       const bool ready = layout_.ready_row(base, r)[b].load(
                              std::memory_order_acquire) == d + 1;
-      if (rank_state_[r].load() == kLive) {
+      const int state = rank_state_[r].load();
+      if (state == kLive) {
         waiting |= ready;
-      } else if (!ready && missing < 0) {
-        missing = r;
+      } else if (!ready && missing < 0 && state != kRestarting) {
+        missing = r;  // a restarting rank is waited for (job_restart.cc)
       }
     }
     if (waiting && missing >= 0) {
@@ -697,9 +737,10 @@ void Job::CheckStuck() {
   for (int r = 0; r < world; ++r) {
     const bool ready = layout_.bcast(base, r)->ready_seq.load(
                            std::memory_order_acquire) == bd + 1;
-    if (rank_state_[r].load() == kLive) {
+    const int state = rank_state_[r].load();
+    if (state == kLive) {
       waiting |= ready;
-    } else if (!ready && missing < 0) {
+    } else if (!ready && missing < 0 && state != kRestarting) {
       missing = r;
     }
   }

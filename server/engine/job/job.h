@@ -15,7 +15,25 @@
 //
 //   attached --(Detach RPC)----------> detached     \  error published only if
 //       \-----(session socket closes)-> disconnected /  another rank is waiting
-//                                                       on work that needed it
+//       |                                  ^           on work that needed it
+//       |  grace > 0, no join in play,     | grace over (JobManager): the job
+//       |  no rebuild pending              | fails ABORTED naming the rank
+//       |  (RankRestarting)                |
+//       +-----------------------------> restarting ---(Attach again, same
+//       ^                                             model: Rejoin)---+
+//       |  engine, at a point where no bucket or round is with the     |
+//       |  reducer: aborts the iteration / collective round in         |
+//       |  progress, resets the rank's rows, restarts++, sync_seq++    |
+//       +--------------------------------------------------------------+
+//
+// Rank restart (common/control_block.h, "Rank restart"; job_restart.cc).
+// While a rank is restarting, what needs it waits (CheckStuck and the stall
+// shutdown leave it alone): the work it had handed over before dying still
+// completes, its memory staying mapped here. The JobManager keeps the
+// grace's deadline; the daemon keeps its copies of the rank's fds
+// (ReleaseFds keeps them for a job with a grace), so the new process gets
+// the same memory and the same bell, whose write end the daemon holding a
+// copy never sees hang up.
 //
 // Events (job_events.h): the engine notes when it first sees each rank hand
 // a bucket over (in its scan) and when it starts the bucket; the reducer
@@ -57,6 +75,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -130,6 +149,10 @@ struct JobSpec {
   // between the nodes (nccl_job_setup.h): NCCL communicators, or why they
   // are staged through host memory; null: not set up (staged).
   std::shared_ptr<NcclJobSetup> nccl_between_nodes;
+  // Rank restart: how long the job waits for a local rank whose session
+  // closed without Detach (0: it does not wait, the rank is gone). The
+  // JobManager enforces it; here it decides whether the fds are kept.
+  std::chrono::milliseconds rank_restart_grace{0};
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -184,7 +207,8 @@ class Job {
   // rank r's device memory when the job has CUDA buckets.
   std::vector<int> FdsFor(int rank) const;
   // Closes the daemon's copies of the memfds and bell write ends once every
-  // rank has its own.
+  // rank has its own; a job with a rank restart grace keeps them (a
+  // restarted rank is sent them again).
   void ReleaseFds();
   // Attach reply (plan, sizes) for local rank r. Reads the plan: call it
   // before any rank can ask for a rebuild (the JobManager answers the
@@ -194,8 +218,42 @@ class Job {
   // Local rank r is gone (detached == true: clean Detach; else its session
   // closed). The engine decides whether anyone is stuck. Any thread.
   void RankGone(int rank, bool detached);
-  // Number of ranks that have not gone.
+  // Number of ranks that have not gone (restarting ones are not live).
   int live_ranks() const;
+
+  // Rank restart (job_restart.cc). Local rank r's session closed without
+  // Detach and the job waits for it to attach again: from now on work that
+  // needs r waits instead of failing. False (and nothing done) when r is
+  // not live or the job cannot wait (no grace, a bucket rebuild expected or
+  // switching); the caller then treats r as gone. `reason` goes to the log
+  // and the events. Any thread.
+  bool RankRestarting(int rank, absl::string_view reason);
+  bool restarting(int rank) const;
+  int restarting_ranks() const;
+  // What a re-attached rank is told (AttachResponse fields 62-64) and what
+  // its return aborted (0: nothing).
+  struct RejoinInfo {
+    uint64_t next_iteration = 1;
+    uint64_t collective_seq = 0;
+    uint64_t sync_seq = 0;
+    uint64_t aborted_iteration = 0;
+    uint64_t aborted_round = 0;
+    // ResponseFor(rank) with the fields above, made on the engine thread
+    // (the plan is the engine's); the caller adds the attach id.
+    v1::AttachResponse response;
+  };
+  using RejoinDone = absl::AnyInvocable<void(absl::StatusOr<RejoinInfo>) &&>;
+  // Restarting local rank r attached again (checked by the caller): the
+  // engine thread, at its next point where no bucket or round is with the
+  // reducer, does what control_block.h "Rank restart" says and runs
+  // done(info) there; done(error) instead if the job has failed, stops
+  // first, or r is not restarting. Any thread.
+  void Rejoin(int rank, RejoinDone done);
+  // Restarted ranks re-attached, iterations aborted by them (any thread).
+  uint64_t restarts() const;
+  uint64_t iterations_aborted() const {
+    return iterations_aborted_.load(std::memory_order_relaxed);
+  }
 
   // Stamps the control block's heartbeat (clients watch it). Any thread.
   void Heartbeat();
@@ -244,7 +302,12 @@ class Job {
   JobSnapshot Snapshot(bool detail) const;
 
  private:
-  enum RankState : int { kLive = 0, kDetached = 1, kDisconnected = 2 };
+  enum RankState : int {
+    kLive = 0,
+    kDetached = 1,
+    kDisconnected = 2,
+    kRestarting = 3
+  };
 
   Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer);
   void Loop();
@@ -311,6 +374,18 @@ class Job {
   // parameters no rank used. `map` is the reduced map (float32, one per
   // model parameter) in a contributing rank's bucket, not yet handed back.
   void RecordUsedMap(uint64_t iteration, const float* map);
+  // job_restart.cc, engine thread: runs the pending Rejoins if no bucket
+  // or round is with the reducer; true if it did.
+  bool TryRejoin();
+  void RejoinNow(int rank, RejoinDone done);
+  // Fails the pending Rejoins with `status`.
+  void AbortRejoins(const absl::Status& status);
+  // A live rank's `row` (read as s) lags the daemon's `done` by one only
+  // because the daemon aborted that iteration / round (`aborted`) before
+  // the rank published it: "not ready yet", not a protocol error.
+  static bool BehindAbort(uint64_t s, uint64_t done, uint64_t aborted) {
+    return aborted != 0 && done == aborted && s + 1 == done;
+  }
   // Create: every rank's device memory on its GPU, when the job has CUDA
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();
@@ -344,6 +419,13 @@ class Job {
   std::vector<void*> bcast_areas_;
 
   std::unique_ptr<std::atomic<int>[]> rank_state_;
+  // Rank restart: when each local rank started restarting (engine clock;
+  // 0: not restarting), for the rejoin event.
+  std::unique_ptr<std::atomic<int64_t>[]> restart_since_ns_;
+  std::atomic<uint64_t> iterations_aborted_{0};
+  std::atomic<bool> rejoin_pending_{false};
+  absl::Mutex rejoin_mu_;
+  std::vector<std::pair<int, RejoinDone>> rejoins_ ABSL_GUARDED_BY(rejoin_mu_);
   std::atomic<bool> stop_{false};
   std::thread thread_;
 

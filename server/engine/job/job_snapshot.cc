@@ -88,6 +88,9 @@ JobSnapshot Job::Snapshot(bool detail) const {
       case kDetached:
         rank.state = RankSnapshot::State::kDetached;
         break;
+      case kRestarting:
+        rank.state = RankSnapshot::State::kRestarting;
+        break;
       default:
         rank.state = RankSnapshot::State::kDisconnected;
     }
@@ -138,6 +141,10 @@ JobSnapshot Job::Snapshot(bool detail) const {
     }
   }
   s.stats = reducer_->stats();
+  s.rank_restart_grace_ms =
+      static_cast<uint32_t>(spec_.rank_restart_grace.count());
+  s.restarts = restarts();
+  s.iterations_aborted = iterations_aborted();
   s.status = status();
   s.state = s.status.ok() ? JobSnapshot::State::kRunning
                           : JobSnapshot::State::kFailed;

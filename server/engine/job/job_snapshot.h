@@ -30,7 +30,9 @@ inline constexpr std::string_view kUsedMapParameterName =
 int FindUsedMapParam(const std::vector<ParamInfo>& params);
 
 struct RankSnapshot {
-  enum class State { kAttaching, kLive, kDetached, kDisconnected };
+  // kRestarting: its session closed without Detach and the job waits for
+  // it to attach again (rank restart), until restart_deadline.
+  enum class State { kAttaching, kLive, kDetached, kDisconnected, kRestarting };
   int local_rank = 0;
   int global_rank = -1;  // -1 until the job formed
   State state = State::kAttaching;
@@ -39,6 +41,9 @@ struct RankSnapshot {
   uint64_t session_id = 0;
   pid_t pid = 0;
   uid_t uid = 0;
+  // kRestarting: when the grace ends, in Unix nanoseconds (the JobManager
+  // fills it in).
+  int64_t restart_deadline_unix_ns = 0;
 };
 
 struct BucketSnapshot {
@@ -78,6 +83,12 @@ struct JobSnapshot {
   uint64_t iteration = 0;  // smallest done sequence over the buckets
   ReducerStats stats;
   absl::Status status;  // the job's failure, or OK
+
+  // Rank restart (common/control_block.h): the job's grace (0: none),
+  // restarted ranks taken back and iterations their returns aborted.
+  uint32_t rank_restart_grace_ms = 0;
+  uint64_t restarts = 0;
+  uint64_t iterations_aborted = 0;
 
   // Bucket rebuild (engine/job/rebuild.h).
   bool rebuilt = false;

@@ -150,6 +150,11 @@ bool RebuildCoordinator::rebuilt() const {
   return rebuilt_;
 }
 
+bool RebuildCoordinator::in_progress() const {
+  absl::MutexLock lock(&mu_);
+  return count_ > 0 && !finished_;
+}
+
 RebuildCoordinator::Record RebuildCoordinator::record() const {
   absl::MutexLock lock(&mu_);
   Record r;

@@ -106,6 +106,8 @@ class RebuildCoordinator {
   void RankGone(int rank);
 
   bool rebuilt() const;
+  // Some local rank asked and the rebuild has not finished. Any thread.
+  bool in_progress() const;
   // What the admin API shows: whether the rebuild ran well, after which
   // iteration, and the parameter ready order its plan came from (node rank
   // 0's local rank 0). Any thread.

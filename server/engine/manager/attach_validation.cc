@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "server/config.h"
 #include "server/hooks/comm_hook_factory.h"
 
 namespace gradd {
@@ -41,29 +42,38 @@ bool SameParam(const ParamInfo& a, const ParamInfo& b) {
          a.device == b.device;
 }
 
-// First difference between two ranks' models, or OK.
-absl::Status CompareModels(const std::string& job_id, int ra,
-                           const std::vector<ParamInfo>& a, int rb,
+// First difference between two models, or OK. `head` starts the message;
+// `a_name` / `b_name` say whose each model is ("local rank 0", "the job").
+absl::Status CompareModels(absl::string_view head, absl::string_view a_name,
+                           const std::vector<ParamInfo>& a,
+                           absl::string_view b_name,
                            const std::vector<ParamInfo>& b) {
   const size_t n = std::min(a.size(), b.size());
-  std::string head = absl::StrCat("local ranks ", ra, " and ", rb, " of job '",
-                                  job_id, "' registered different models: ");
   for (size_t i = 0; i < n; ++i) {
     if (SameParam(a[i], b[i])) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        head, "parameter ", i, " is ", DescribeParam(a[i]), " on local rank ",
-        ra, " but ", DescribeParam(b[i]), " on local rank ", rb));
+    return absl::InvalidArgumentError(
+        absl::StrCat(head, "parameter ", i, " is ", DescribeParam(a[i]), " on ",
+                     a_name, " but ", DescribeParam(b[i]), " on ", b_name));
   }
   if (a.size() != b.size()) {
     const bool a_longer = a.size() > b.size();
     const ParamInfo& extra = a_longer ? a[n] : b[n];
     return absl::InvalidArgumentError(absl::StrCat(
-        head, "local rank ", ra, " registered ", a.size(),
-        " parameters and local rank ", rb, " registered ", b.size(),
-        "; parameter ", n, " is ", DescribeParam(extra), " on local rank ",
-        a_longer ? ra : rb, " and missing on local rank ", a_longer ? rb : ra));
+        head, a_name, " registered ", a.size(), " parameters and ", b_name,
+        " registered ", b.size(), "; parameter ", n, " is ",
+        DescribeParam(extra), " on ", a_longer ? a_name : b_name,
+        " and missing on ", a_longer ? b_name : a_name));
   }
   return absl::OkStatus();
+}
+
+absl::Status CompareModels(const std::string& job_id, int ra,
+                           const std::vector<ParamInfo>& a, int rb,
+                           const std::vector<ParamInfo>& b) {
+  return CompareModels(
+      absl::StrCat("local ranks ", ra, " and ", rb, " of job '", job_id,
+                   "' registered different models: "),
+      absl::StrCat("local rank ", ra), a, absl::StrCat("local rank ", rb), b);
 }
 
 double CapOr(double requested, double fallback) {
@@ -157,6 +167,22 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
                      "collective_bytes > 0"));
   }
   RETURN_IF_ERROR(ValidateCommHookSpec(req.comm_hook(), who));
+  if (req.has_rank_restart_grace_ms()) {
+    if (req.rank_restart_grace_ms() > kMaxRankRestartGraceMs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": rank_restart_grace_ms ", req.rank_restart_grace_ms(),
+          " is above ", kMaxRankRestartGraceMs, " (one hour)"));
+    }
+    // Issue 23, this release: a restart needs every node to agree to wait
+    // (a vote across nodes), which is not there yet.
+    if (req.rank_restart_grace_ms() > 0 && NumNodes(req) > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": rank_restart_grace_ms ", req.rank_restart_grace_ms(),
+          " asked for a job over ", NumNodes(req),
+          " nodes; rank restart is supported for single-node jobs only in "
+          "this release (leave it unset or 0 for multi-node jobs)"));
+    }
+  }
   if (static_cast<uint32_t>(req.params_size()) > config.max_params()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(who, " registered ", req.params_size(),
@@ -257,7 +283,56 @@ absl::Status CompareLocalAttach(const std::string& job_id, int r,
         "' asked for different broadcast areas (", first.broadcast_bytes(),
         " vs ", other.broadcast_bytes(), " bytes)"));
   }
+  if (same.ok() && EffectiveRankRestartGrace(first, config) !=
+                       EffectiveRankRestartGrace(other, config)) {
+    auto describe = [&](const v1::AttachRequest& r) {
+      return r.has_rank_restart_grace_ms()
+                 ? absl::StrCat(r.rank_restart_grace_ms())
+                 : absl::StrCat(EffectiveRankRestartGrace(r, config),
+                                " (the daemon's default)");
+    };
+    same = absl::InvalidArgumentError(
+        absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                     "' asked for different rank_restart_grace_ms (",
+                     describe(first), " vs ", describe(other), ")"));
+  }
   return same;
+}
+
+uint32_t EffectiveRankRestartGrace(const v1::AttachRequest& request,
+                                   const v1::DaemonConfig& config) {
+  if (request.has_rank_restart_grace_ms()) {
+    return request.rank_restart_grace_ms();
+  }
+  // The daemon's default is for single-node jobs only (this release).
+  return NumNodes(request) > 1 ? 0 : config.rank_restart_grace_ms();
+}
+
+absl::Status CompareRejoinAttach(const std::string& job_id, int rank,
+                                 int local_world_size,
+                                 const std::vector<ParamInfo>& job_params,
+                                 uint64_t broadcast_bytes,
+                                 const v1::AttachRequest& request,
+                                 const std::vector<ParamInfo>& params) {
+  const std::string who =
+      absl::StrCat("local rank ", rank, " of job '", job_id, "'");
+  if (request.local_world_size() != local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " re-attached with local world size ", request.local_world_size(),
+        " but the job runs with ", local_world_size));
+  }
+  RETURN_IF_ERROR(CompareModels(
+      absl::StrCat(who,
+                   " re-attached with a different model than the job "
+                   "runs: "),
+      "the job", job_params, "the re-attaching rank", params));
+  if (request.broadcast_bytes() != broadcast_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " re-attached asking for a broadcast/collective area of ",
+        request.broadcast_bytes(), " bytes but the job has ", broadcast_bytes,
+        " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CompareNodeSetup(const std::string& job_id, int r,

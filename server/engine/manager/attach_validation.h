@@ -11,6 +11,7 @@
 #ifndef GRADD_SERVER_ENGINE_MANAGER_ATTACH_VALIDATION_H_
 #define GRADD_SERVER_ENGINE_MANAGER_ATTACH_VALIDATION_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,13 +35,31 @@ int NumNodes(const v1::AttachRequest& request);
 // parameters `first_params`) and local rank `rank`'s in what every local
 // rank of a job must agree on: the model, the bucket caps (the daemon's
 // defaults standing in for caps not given), the communication hook, the
-// broadcast area. OK when they agree.
+// broadcast area, the rank restart grace. OK when they agree.
 absl::Status CompareLocalAttach(const std::string& job_id, int rank,
                                 const v1::AttachRequest& first,
                                 const std::vector<ParamInfo>& first_params,
                                 const v1::AttachRequest& other,
                                 const std::vector<ParamInfo>& other_params,
                                 const v1::DaemonConfig& config);
+
+// The rank restart grace a job asked for (AttachRequest.rank_restart_grace_ms)
+// or, unset, the daemon's (config.rank_restart_grace_ms), which applies to
+// single-node jobs only: 0 for a multi-node job that set none.
+uint32_t EffectiveRankRestartGrace(const v1::AttachRequest& request,
+                                   const v1::DaemonConfig& config);
+
+// A restarted local rank `rank` attaching again to its running job
+// (`local_world_size` ranks, parameters `job_params`, a broadcast area of
+// `broadcast_bytes`): the first difference between what the job runs and
+// what `request` (its parameters `params`) asks for, INVALID_ARGUMENT
+// naming it; OK when they are the same.
+absl::Status CompareRejoinAttach(const std::string& job_id, int rank,
+                                 int local_world_size,
+                                 const std::vector<ParamInfo>& job_params,
+                                 uint64_t broadcast_bytes,
+                                 const v1::AttachRequest& request,
+                                 const std::vector<ParamInfo>& params);
 
 // The same for the multi-node setup (num_nodes, node rank, node id,
 // coordinator).

@@ -239,6 +239,9 @@ int JobManager::NumJobs() {
 absl::Time JobManager::NextDeadline() const {
   absl::Time next = jobs_.empty() ? absl::InfiniteFuture() : next_heartbeat_;
   next = std::min(next, watchdog_.next());
+  for (const auto& [id, active] : jobs_) {
+    for (absl::Time t : active.restart_deadline) next = std::min(next, t);
+  }
   for (const auto& [id, p] : pending_) {
     if (p.formation != 0) continue;  // the formation answers them
     for (const auto& r : p.ranks) {
@@ -263,6 +266,7 @@ void JobManager::Loop() {
     }
     for (Task& t : batch) std::move(t)();
     ExpireAttaches(absl::Now());
+    ExpireRestarts(absl::Now());
     Beat(absl::Now());
     watchdog_.Tick(absl::Now());
   }
@@ -280,10 +284,15 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   ActiveJob& active = it->second;
   bound_.erase(active.sessions[rank]);
   active.sessions[rank] = 0;
+  const bool was_restarting = active.job->restarting(rank);
+  if (rank < static_cast<int>(active.restart_deadline.size())) {
+    active.restart_deadline[rank] = absl::InfiniteFuture();
+  }
   active.job->RankGone(rank, detached);
   active.rebuild->RankGone(rank);
-  if (events_ != nullptr) events_->OnDetach(detached);
-  if (active.job->live_ranks() == 0) {
+  // A restarting rank's detach was counted when its session closed.
+  if (events_ != nullptr && !was_restarting) events_->OnDetach(detached);
+  if (active.job->live_ranks() == 0 && active.job->restarting_ranks() == 0) {
     const ReducerStats st = active.job->reducer_stats();
     auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };
     spdlog::info(
@@ -404,6 +413,23 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
       return;
     }
     bound_.erase(session_id);
+    return;
+  }
+  if (auto job = jobs_.find(job_id);
+      job != jobs_.end() && job->second.grace_ms > 0 && !shutting_down_ &&
+      !job->second.rebuild->in_progress() &&
+      job->second.job->RankRestarting(rank, "session closed without Detach")) {
+    ActiveJob& active = job->second;
+    bound_.erase(session_id);
+    active.sessions[rank] = 0;
+    active.restart_deadline[rank] =
+        absl::Now() + absl::Milliseconds(active.grace_ms);
+    if (events_ != nullptr) events_->OnDetach(/*clean=*/false);
+    spdlog::warn(
+        "job '{}': local rank {} is restarting (session closed without "
+        "Detach); the job waits up to rank_restart_grace_ms={} for it to "
+        "attach again",
+        job_id, rank, active.grace_ms);
     return;
   }
   spdlog::warn("job '{}': local rank {} closed its session without detaching",

@@ -22,6 +22,17 @@
 //              +------------- every rank detached or disconnected --------+
 //                             (memory released; the id may attach afresh)
 //
+// Rank restart (job.h's rank lifecycle): in an active job whose effective
+// rank_restart_grace_ms is > 0 (attach_validation.h), a rank whose session
+// closes without Detach is "restarting" (Job::RankRestarting) with a
+// deadline this loop keeps (NextDeadline); an Attach for that job id and
+// rank that matches the job (CompareRejoinAttach) is bound to its new
+// session, the engine takes the rank back (Job::Rejoin) and the Attach is
+// answered with the same fds and AttachResponse.rejoined. Past the
+// deadline the job fails ABORTED naming the rank and the grace, and the
+// rank is gone. A job whose every rank is restarting keeps waiting (its
+// memory kept) until the grace runs out.
+//
 // forming: the rendezvous with the other nodes' daemons (node_formation.h)
 // runs on a thread of its own and posts its result back to the control
 // thread, so other jobs on this daemon are served meanwhile. It is bounded
@@ -168,6 +179,10 @@ class JobManager final : public NodeHandlerInterface,
   struct ActiveJob {
     std::unique_ptr<Job> job;
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
+    // Rank restart: the job's grace (0: none) and, by local rank, when a
+    // restarting rank's grace runs out (InfiniteFuture: not restarting).
+    uint32_t grace_ms = 0;
+    std::vector<absl::Time> restart_deadline;
     // Declared after `job`: destroyed (and its thread joined) first.
     std::unique_ptr<RebuildCoordinator> rebuild;
   };
@@ -218,6 +233,13 @@ class JobManager final : public NodeHandlerInterface,
   void DoSetCommHook(const v1::CommHookSetRequest& request,
                      SetCommHookCallback done);
   void RankGone(const std::string& job_id, int rank, bool detached);
+  // Rank restart (job_manager_restart.cc). An Attach for active job
+  // `active`: re-attaches its restarting rank, or refuses as before.
+  void DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
+                      std::vector<ParamInfo> params, int device,
+                      AttachCallback done);
+  // Fails the jobs whose restarting ranks' grace is over.
+  void ExpireRestarts(absl::Time now);
 
   // Pending attaches (job_manager_attach.cc).
   void DoAttach(v1::AttachRequest request, absl::Time deadline,

@@ -60,8 +60,14 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
     return;
   }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
+    ActiveJob& active = it->second;
+    if (rank < static_cast<int>(active.sessions.size()) &&
+        active.job->restarting(rank)) {
+      DoRejoinAttach(active, std::move(request), *std::move(params), *device,
+                     std::move(done));
+      return;
+    }
     sessions_->Unclaim(sid);
-    const ActiveJob& active = it->second;
     if (rank < static_cast<int>(active.sessions.size()) &&
         active.sessions[rank] != 0) {
       std::move(done)(
@@ -248,7 +254,17 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.collective_timeout =
       std::chrono::milliseconds(config_.rendezvous().collective_timeout_ms());
   spec.rank_devices = std::move(rank_devices);
+  spec.rank_restart_grace = std::chrono::milliseconds(
+      EffectiveRankRestartGrace(first.request, config_));
   if (NumNodes(first.request) > 1) {
+    if (config_.rank_restart_grace_ms() > 0 &&
+        !first.request.has_rank_restart_grace_ms()) {
+      spdlog::info(
+          "job '{}' spans {} nodes: the daemon's rank_restart_grace_ms={} "
+          "does not apply to it (rank restart is single-node only in this "
+          "release); a rank that goes away fails the job",
+          job_id, NumNodes(first.request), config_.rank_restart_grace_ms());
+    }
     StartNodeFormation(job_id, std::move(spec));
     return;
   }

@@ -229,6 +229,7 @@ void JobManager::Activate(
     info.node_rank = (*job)->spec().node_rank;
     info.num_nodes = (*job)->spec().num_nodes;
     info.shared_memory_bytes = (*job)->shared_memory_bytes();
+    info.world_size = (*job)->spec().global_world_size();
     (*job)->AddEventSink(events_->OnJobStarted(info));
   }
   (*job)->Start();
@@ -251,6 +252,9 @@ void JobManager::Activate(
   active.rebuild =
       MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
   active.sessions.resize(ready.world);
+  active.grace_ms =
+      static_cast<uint32_t>(active.job->spec().rank_restart_grace.count());
+  active.restart_deadline.assign(ready.world, absl::InfiniteFuture());
   for (int r = 0; r < ready.world; ++r) {
     active.sessions[r] = ready.ranks[r]->request.session_id();
   }

@@ -95,6 +95,12 @@ JobSnapshot JobManager::SnapshotOf(const ActiveJob& active, bool detail) const {
     if (rank.local_rank < static_cast<int>(active.sessions.size())) {
       rank.session_id = active.sessions[rank.local_rank];
     }
+    if (rank.state == RankSnapshot::State::kRestarting &&
+        rank.local_rank < static_cast<int>(active.restart_deadline.size()) &&
+        active.restart_deadline[rank.local_rank] != absl::InfiniteFuture()) {
+      rank.restart_deadline_unix_ns =
+          absl::ToUnixNanos(active.restart_deadline[rank.local_rank]);
+    }
   }
   s.node_ids = active.job->spec().node_ids;
   if (active.rebuild != nullptr) {

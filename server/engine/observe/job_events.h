@@ -18,7 +18,9 @@
 // it sees done). Sinks are thus on the data path and must not block:
 // atomic counters, histograms and a preallocated ring under a short lock
 // are fine; I/O, allocation and locks held elsewhere for long are not. OnStall
-// runs on the engine thread; OnFailed on any thread, once per job.
+// runs on the engine thread; OnFailed on any thread, once per job;
+// OnRankRestarting on the job manager's thread, OnRankRejoined on the
+// engine thread (both rare).
 // EngineEventSinkInterface calls come from the job manager's control thread,
 // OnAttach from whichever thread answers the Attach.
 #ifndef GRADD_SERVER_ENGINE_OBSERVE_JOB_EVENTS_H_
@@ -124,6 +126,25 @@ struct IterationEvent {
   int64_t overlapped_ns = 0;
 };
 
+// A local rank's restart (common/control_block.h, "Rank restart"). Engine
+// clock.
+struct RankRestartEvent {
+  int local_rank = 0;
+  // Restarting: when its session closed (since_ns == at_ns). Rejoined: when
+  // it went away (since_ns) and when the engine took it back (at_ns).
+  int64_t since_ns = 0;
+  int64_t at_ns = 0;
+  // Rejoined: the gradient iteration and collective round its return
+  // aborted (0: none).
+  uint64_t aborted_iteration = 0;
+  uint64_t aborted_round = 0;
+  // The job's ranks taking part after the event: its world size less the
+  // local ranks away now.
+  int world_size = 0;
+  // Restarting: why the daemon waits ("session closed without Detach").
+  std::string reason;
+};
+
 class JobEventSinkInterface {
  public:
   virtual ~JobEventSinkInterface() = default;
@@ -133,6 +154,11 @@ class JobEventSinkInterface {
   // The job failed (the first failure only; not the end of a job whose
   // ranks all left).
   virtual void OnFailed(absl::StatusCode code, absl::string_view message) {}
+  // Rank restart: a local rank went away and the job waits for it (any
+  // thread); it came back (the engine thread, once its return aborted what
+  // it had to).
+  virtual void OnRankRestarting(const RankRestartEvent& event) {}
+  virtual void OnRankRejoined(const RankRestartEvent& event) {}
 };
 
 // What the job manager knows of a job when it becomes active.
@@ -144,6 +170,8 @@ struct JobInfo {
   // Shared memory the daemon holds for the job (every rank's memory and the
   // control blocks).
   uint64_t shared_memory_bytes = 0;
+  // Ranks of the job on every node (its global world size).
+  int world_size = 0;
 };
 
 class EngineEventSinkInterface {
@@ -184,6 +212,12 @@ class JobEventFanOut final : public JobEventSinkInterface {
   }
   void OnFailed(absl::StatusCode code, absl::string_view message) override {
     for (JobEventSinkInterface* s : sinks_) s->OnFailed(code, message);
+  }
+  void OnRankRestarting(const RankRestartEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnRankRestarting(event);
+  }
+  void OnRankRejoined(const RankRestartEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnRankRejoined(event);
   }
 
  private:

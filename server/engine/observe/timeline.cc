@@ -6,8 +6,10 @@ namespace gradd {
 namespace {
 
 const char* PhaseName(int phase) {
-  static const char* const kNames[] = {"ready", "local_reduce", "network",
-                                       "write_back", "done"};
+  static const char* const kNames[] = {
+      "ready",        "local_reduce", "network",        "write_back",
+      "done",         "restarting",   "rank_restarted", "iteration_aborted",
+      "round_aborted"};
   return kNames[phase];
 }
 
@@ -49,6 +51,41 @@ void Timeline::OnBucket(const BucketEvent& e) {
   entry.start_ns = e.done_ns;
   entry.duration_ns = 0;
   Push(entry);
+}
+
+void Timeline::OnRankRestarting(const RankRestartEvent& e) {
+  Entry entry;
+  entry.bucket = -1;
+  entry.local_rank = e.local_rank;
+  entry.phase = Phase::kRestarting;
+  entry.start_ns = e.at_ns;
+  absl::MutexLock lock(&mu_);
+  Push(entry);
+}
+
+void Timeline::OnRankRejoined(const RankRestartEvent& e) {
+  Entry entry;
+  entry.bucket = -1;
+  entry.local_rank = e.local_rank;
+  entry.phase = Phase::kRankRestarted;
+  // The span the rank was away.
+  entry.start_ns = e.since_ns != 0 ? e.since_ns : e.at_ns;
+  entry.duration_ns = std::max<int64_t>(0, e.at_ns - entry.start_ns);
+  absl::MutexLock lock(&mu_);
+  Push(entry);
+  entry.local_rank = -1;
+  entry.start_ns = e.at_ns;
+  entry.duration_ns = 0;
+  if (e.aborted_iteration != 0) {
+    entry.phase = Phase::kIterationAborted;
+    entry.iteration = e.aborted_iteration;
+    Push(entry);
+  }
+  if (e.aborted_round != 0) {
+    entry.phase = Phase::kRoundAborted;
+    entry.iteration = e.aborted_round;
+    Push(entry);
+  }
 }
 
 std::vector<TimelineEvent> Timeline::Snapshot() const {

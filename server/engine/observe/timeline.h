@@ -5,7 +5,8 @@
 // Per reduced bucket it keeps each local rank's "ready" span (from when the
 // engine saw the rank hand the bucket over to when the bucket started: how
 // long that rank waited for the others) and the node's "local_reduce",
-// "network" and "write_back" spans and its "done" instant. The ring is
+// "network" and "write_back" spans and its "done" instant, and the rank
+// restart events (OnRankRestarting / OnRankRejoined). The ring is
 // allocated once (capacity entries); the oldest entries are overwritten.
 //
 // Threads: OnBucket from the job's completion thread (one short lock, no
@@ -29,6 +30,13 @@ class Timeline final : public JobEventSinkInterface {
   explicit Timeline(size_t capacity);
 
   void OnBucket(const BucketEvent& event) override;
+  // Rank restart (bucket -1): "restarting" (instant, on the rank) when a
+  // rank went away; "rank_restarted" (the span it was away, on the rank)
+  // when it came back, with "iteration_aborted" / "round_aborted"
+  // (instants on the node; iteration: the iteration or round) for what its
+  // return aborted.
+  void OnRankRestarting(const RankRestartEvent& event) override;
+  void OnRankRejoined(const RankRestartEvent& event) override;
 
   // The events in the ring, oldest first, times in Unix nanoseconds.
   std::vector<TimelineEvent> Snapshot() const;
@@ -40,7 +48,11 @@ class Timeline final : public JobEventSinkInterface {
     kLocalReduce,
     kNetwork,
     kWriteBack,
-    kDone
+    kDone,
+    kRestarting,
+    kRankRestarted,
+    kIterationAborted,
+    kRoundAborted
   };
   struct Entry {
     uint64_t iteration = 0;

@@ -1,0 +1,243 @@
+// The engine side of rank restart (job.h's rank lifecycle;
+// common/control_block.h, "Rank restart"): a rank whose session closed is
+// waited for, and when it attaches again the engine, at a point where no
+// bucket or round is with the reducer, aborts what cannot complete and
+// hands the rank rows that say where the job is.
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/job/job.h"
+#include "server/logging.h"
+
+namespace gradd {
+
+bool Job::RankRestarting(int rank, absl::string_view reason) {
+  if (spec_.rank_restart_grace.count() <= 0) return false;
+  // A plan switch needs every rank at its boundary; a job that failed
+  // waits for nobody.
+  if (rebuild_after_.load(std::memory_order_acquire) != 0 ||
+      switch_pending_.load(std::memory_order_acquire) ||
+      header_->status.load(std::memory_order_acquire) != 0) {
+    return false;
+  }
+  const int64_t now = EngineNowNs();
+  restart_since_ns_[rank].store(now, std::memory_order_relaxed);
+  int expected = kLive;
+  if (!rank_state_[rank].compare_exchange_strong(expected, kRestarting)) {
+    return false;
+  }
+  header_->restarting.fetch_add(1, std::memory_order_acq_rel);
+  RankRestartEvent e;
+  e.local_rank = rank;
+  e.since_ns = now;
+  e.at_ns = now;
+  e.world_size =
+      spec_.global_world_size() - (spec_.local_world_size - live_ranks());
+  e.reason = std::string(reason);
+  events_.OnRankRestarting(e);
+  doorbell_->Ring();  // the engine re-checks who is stuck
+  return true;
+}
+
+bool Job::restarting(int rank) const {
+  return rank_state_[rank].load() == kRestarting;
+}
+
+int Job::restarting_ranks() const {
+  int n = 0;
+  for (int r = 0; r < spec_.local_world_size; ++r) {
+    n += rank_state_[r].load() == kRestarting;
+  }
+  return n;
+}
+
+uint64_t Job::restarts() const {
+  return header_->restarts.load(std::memory_order_acquire);
+}
+
+void Job::Rejoin(int rank, RejoinDone done) {
+  {
+    absl::MutexLock lock(&rejoin_mu_);
+    rejoins_.emplace_back(rank, std::move(done));
+    rejoin_pending_.store(true, std::memory_order_release);
+  }
+  doorbell_->Ring();
+}
+
+void Job::AbortRejoins(const absl::Status& status) {
+  std::vector<std::pair<int, RejoinDone>> batch;
+  {
+    absl::MutexLock lock(&rejoin_mu_);
+    batch.swap(rejoins_);
+    rejoin_pending_.store(false, std::memory_order_release);
+  }
+  for (auto& [rank, done] : batch) std::move(done)(status);
+}
+
+bool Job::TryRejoin() {
+  void* base = control_.data();
+  std::atomic<uint64_t>* done = layout_.done_seq(base);
+  // Nothing may be with the reducer: its completion would publish a done
+  // sequence (or a round) under the abort's feet, and a rank's buffer
+  // would be read while the new process writes it.
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    if (started_[b] > done[b].load(std::memory_order_acquire)) return false;
+  }
+  if (bcast_started_ >
+      header_->bcast_done_seq.load(std::memory_order_acquire)) {
+    return false;
+  }
+  std::vector<std::pair<int, RejoinDone>> batch;
+  {
+    absl::MutexLock lock(&rejoin_mu_);
+    batch.swap(rejoins_);
+    rejoin_pending_.store(false, std::memory_order_release);
+  }
+  for (auto& [rank, d] : batch) RejoinNow(rank, std::move(d));
+  return !batch.empty();
+}
+
+void Job::RejoinNow(int rank, RejoinDone done) {
+  if (rank_state_[rank].load() != kRestarting) {
+    std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin")));
+    return;
+  }
+  void* base = control_.data();
+  std::atomic<uint64_t>* done_seq = layout_.done_seq(base);
+  const int world = spec_.local_world_size;
+  const size_t n = plan_.buckets.size();
+  auto live = [&](int r) { return rank_state_[r].load() == kLive; };
+
+  // 1. The gradient iteration in progress: some bucket done for it, or some
+  // live rank ready for it. Nobody applies it: every bucket not done gets
+  // done_seq = i without being reduced, the verdict stored first.
+  uint64_t lo = std::numeric_limits<uint64_t>::max();
+  uint64_t hi = 0;
+  for (size_t b = 0; b < n; ++b) {
+    const uint64_t d = done_seq[b].load(std::memory_order_acquire);
+    lo = std::min(lo, d);
+    hi = std::max(hi, d);
+  }
+  if (n == 0) lo = 0;
+  uint64_t aborted_iteration = 0;
+  if (hi > lo) {
+    aborted_iteration = hi;
+  } else {
+    for (int r = 0; r < world && aborted_iteration == 0; ++r) {
+      if (!live(r)) continue;
+      for (size_t b = 0; b < n; ++b) {
+        if (layout_.ready_row(base, r)[b].load(std::memory_order_acquire) ==
+            lo + 1) {
+          aborted_iteration = lo + 1;
+          break;
+        }
+      }
+    }
+  }
+  if (aborted_iteration != 0) {
+    header_->aborted_rank.store(rank, std::memory_order_relaxed);
+    header_->aborted_iteration.store(aborted_iteration,
+                                     std::memory_order_release);
+    for (size_t b = 0; b < n; ++b) {
+      if (done_seq[b].load(std::memory_order_acquire) < aborted_iteration) {
+        done_seq[b].store(aborted_iteration, std::memory_order_release);
+      }
+      // The aborted buckets' waits are over (stall inspector, events).
+      first_ready_iter_[b] = 0;
+    }
+    std::fill(rank_ready_ns_.begin(), rank_ready_ns_.end(), 0);
+    iterations_aborted_.fetch_add(1, std::memory_order_relaxed);
+  }
+  const uint64_t last = std::max(hi, aborted_iteration);
+
+  // 2. The collective round in progress (some live rank entered it).
+  const uint64_t bd = header_->bcast_done_seq.load(std::memory_order_acquire);
+  uint64_t aborted_round = 0;
+  for (int r = 0; r < world; ++r) {
+    if (live(r) && layout_.bcast(base, r)->ready_seq.load(
+                       std::memory_order_acquire) == bd + 1) {
+      aborted_round = bd + 1;
+      break;
+    }
+  }
+  if (aborted_round != 0) {
+    header_->aborted_rank.store(rank, std::memory_order_relaxed);
+    header_->aborted_round.store(aborted_round, std::memory_order_release);
+    header_->bcast_done_seq.store(aborted_round, std::memory_order_release);
+  }
+  const uint64_t collective_seq =
+      header_->bcast_done_seq.load(std::memory_order_acquire);
+
+  // 3. The rank's rows say "done with everything so far"; its join state
+  // starts over. Written by the daemon against the rule that rank r writes
+  // only its own: the new process reads them only once its Attach answers.
+  for (size_t b = 0; b < n; ++b) {
+    layout_.ready_row(base, rank)[b].store(last, std::memory_order_release);
+  }
+  layout_.bcast(base, rank)
+      ->ready_seq.store(collective_seq, std::memory_order_release);
+  JoinSlot* slot = layout_.join_slot(base, rank);
+  slot->epoch.store(0, std::memory_order_relaxed);
+  slot->begin.store(0, std::memory_order_relaxed);
+  slot->active_seq.store(0, std::memory_order_relaxed);
+  slot->joined_at.store(0, std::memory_order_relaxed);
+  slot->sync_bytes.store(0, std::memory_order_relaxed);
+  slot->flags.store(0, std::memory_order_relaxed);
+  // The dead process may have gone while asleep.
+  layout_.rank_header(base, rank)->sleeping.store(0, std::memory_order_relaxed);
+
+  int expected = kRestarting;
+  if (!rank_state_[rank].compare_exchange_strong(expected, kLive)) {
+    // Gone meanwhile (grace over): what was aborted stays aborted.
+    WakeClients(layout_, base);
+    std::move(done)(absl::AbortedError(absl::StrCat(
+        RankName(rank), " went away before its return was complete")));
+    return;
+  }
+  header_->restarting.fetch_sub(1, std::memory_order_acq_rel);
+  header_->restarts.fetch_add(1, std::memory_order_acq_rel);
+  const uint64_t sync =
+      header_->sync_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
+  WakeClients(layout_, base);
+
+  const int64_t now = EngineNowNs();
+  RankRestartEvent e;
+  e.local_rank = rank;
+  e.since_ns = restart_since_ns_[rank].exchange(0, std::memory_order_relaxed);
+  e.at_ns = now;
+  e.aborted_iteration = aborted_iteration;
+  e.aborted_round = aborted_round;
+  e.world_size =
+      spec_.global_world_size() - (spec_.local_world_size - live_ranks());
+  events_.OnRankRejoined(e);
+  spdlog::info(
+      "{}",
+      absl::StrCat(
+          RankName(rank), " rejoined after ",
+          e.since_ns != 0 ? (now - e.since_ns) / 1'000'000 : 0, " ms away; ",
+          aborted_iteration != 0
+              ? absl::StrCat("aborted iteration ", aborted_iteration)
+              : std::string("no iteration aborted"),
+          aborted_round != 0
+              ? absl::StrCat(", aborted collective round ", aborted_round)
+              : std::string(),
+          "; it goes on at iteration ", last + 1, " after state sync ", sync));
+
+  RejoinInfo info;
+  info.next_iteration = last + 1;
+  info.collective_seq = collective_seq;
+  info.sync_seq = sync;
+  info.aborted_iteration = aborted_iteration;
+  info.aborted_round = aborted_round;
+  info.response = ResponseFor(rank);
+  info.response.set_rejoined(true);
+  info.response.set_next_iteration(info.next_iteration);
+  info.response.set_collective_seq(info.collective_seq);
+  info.response.set_sync_seq(info.sync_seq);
+  std::move(done)(std::move(info));
+}
+
+}  // namespace gradd

@@ -1,0 +1,125 @@
+// JobManager's side of rank restart (job_manager.h): a restarting rank's
+// new Attach checked against its running job and bound, the engine's
+// Rejoin answered with the rank's fds, and the grace's expiry. Control
+// thread only (the Rejoin's answer is posted back to it).
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/manager/attach_validation.h"
+#include "server/engine/manager/job_manager.h"
+#include "server/logging.h"
+
+namespace gradd {
+
+void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
+                                std::vector<ParamInfo> params, int device,
+                                AttachCallback done) {
+  Job& job = *active.job;
+  const std::string id = request.job_id();
+  const int rank = request.local_rank();
+  const uint64_t sid = request.session_id();
+  const std::string who =
+      absl::StrCat("local rank ", rank, " of job '", id, "'");
+  absl::Status same =
+      CompareRejoinAttach(id, rank, job.local_world_size(), job.spec().params,
+                          job.spec().broadcast_bytes, request, params);
+  if (same.ok() && request.has_rank_restart_grace_ms() &&
+      request.rank_restart_grace_ms() != active.grace_ms) {
+    same = absl::InvalidArgumentError(
+        absl::StrCat(who, " re-attached asking for rank_restart_grace_ms ",
+                     request.rank_restart_grace_ms(), " but the job runs with ",
+                     active.grace_ms));
+  }
+  if (same.ok() && rank < static_cast<int>(job.spec().rank_devices.size()) &&
+      job.spec().rank_devices[rank] != device) {
+    same = absl::InvalidArgumentError(
+        absl::StrCat(who, " re-attached on GPU ", device,
+                     " but the job's memory for it is on GPU ",
+                     job.spec().rank_devices[rank]));
+  }
+  if (!same.ok()) {
+    // The job keeps waiting for the right process, until the grace.
+    sessions_->Unclaim(sid);
+    std::move(done)(std::move(same));
+    return;
+  }
+  bound_[sid] = {id, rank};
+  active.sessions[rank] = sid;
+  // The grace is over for this rank: it is back (the engine takes it at
+  // its next safe point).
+  active.restart_deadline[rank] = absl::InfiniteFuture();
+  job.Rejoin(rank, [this, id, rank, sid, done = std::move(done)](
+                       absl::StatusOr<Job::RejoinInfo> info) mutable {
+    Post([this, id, rank, sid, info = std::move(info),
+          done = std::move(done)]() mutable {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end() || it->second.sessions.size() <= size_t(rank) ||
+          it->second.sessions[rank] != sid) {
+        if (auto b = bound_.find(sid);
+            b != bound_.end() && b->second.first == id &&
+            b->second.second == rank && it == jobs_.end()) {
+          Unbind(sid);
+        }
+        std::move(done)(absl::AbortedError(absl::StrCat(
+            "local rank ", rank, " of job '", id,
+            "' could not rejoin: the job ended or the rank went away "
+            "meanwhile")));
+        return;
+      }
+      if (!info.ok()) {
+        // The job failed (or stops): the session stays bound until the
+        // trainer closes it, like every rank of a failed job.
+        std::move(done)(info.status());
+        return;
+      }
+      Job& job = *it->second.job;
+      const uint64_t attach_id = next_attach_id_++;
+      if (absl::Status sent =
+              sessions_->SendFds(sid, attach_id, job.FdsFor(rank));
+          !sent.ok()) {
+        // Its session closed meanwhile: OnSessionClosed (posted) makes it
+        // restarting again.
+        std::move(done)(absl::UnavailableError(
+            absl::StrCat("local rank ", rank, " of job '", id,
+                         "' disconnected while rejoining: ", sent.message())));
+        return;
+      }
+      v1::AttachResponse resp = std::move(info->response);
+      resp.set_attach_id(attach_id);
+      std::move(done)(std::move(resp));
+    });
+  });
+}
+
+void JobManager::ExpireRestarts(absl::Time now) {
+  std::vector<std::pair<std::string, int>> expired;
+  for (auto& [id, active] : jobs_) {
+    for (size_t r = 0; r < active.restart_deadline.size(); ++r) {
+      if (active.restart_deadline[r] <= now) {
+        expired.emplace_back(id, static_cast<int>(r));
+      }
+    }
+  }
+  for (const auto& [id, rank] : expired) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;  // ended by an earlier expiry
+    const std::string message =
+        absl::StrCat("local rank ", rank, " of job '", id,
+                     "' did not re-attach within rank_restart_grace_ms=",
+                     it->second.grace_ms, " after its process went away");
+    spdlog::error("{}", message);
+    it->second.job->Fail(absl::StatusCode::kAborted, message);
+    // The job waits for nobody now: every rank still away is gone (the
+    // last one ends the job).
+    std::vector<int> away;
+    for (size_t r = 0; r < it->second.restart_deadline.size(); ++r) {
+      if (it->second.restart_deadline[r] != absl::InfiniteFuture()) {
+        away.push_back(static_cast<int>(r));
+      }
+    }
+    for (int r : away) RankGone(id, r, /*detached=*/false);
+  }
+}
+
+}  // namespace gradd
