@@ -209,6 +209,49 @@ TEST(GraddctlFormatTest, JobDetailShowsEverySection) {
   EXPECT_THAT(out, Not(HasSubstr("rebuilt_bucket_sizes")));
 }
 
+TEST(GraddctlFormatTest, JobDetailShowsRankRestart) {
+  v1::JobDetail d;
+  v1::JobSummary* s = d.mutable_summary();
+  s->set_job_id("r");
+  s->set_state(v1::JOB_STATE_RUNNING);
+  s->set_local_world_size(2);
+  s->set_live_local_ranks(1);
+  s->set_world_size(2);
+  s->set_rank_restart_grace_ms(30000);
+  s->set_restarting_local_ranks(1);
+  s->set_restarts(3);
+  s->set_iterations_aborted(2);
+  v1::RankInfo* live = d.add_ranks();
+  live->set_local_rank(0);
+  live->set_state(v1::RANK_STATE_LIVE);
+  v1::RankInfo* away = d.add_ranks();
+  away->set_local_rank(1);
+  away->set_state(v1::RANK_STATE_RESTARTING);
+  away->set_restart_ms_left(12500);
+  const std::string out = FormatJob(d);
+  EXPECT_THAT(out, HasSubstr("rank restart: grace 30000 ms, 1 local ranks "
+                             "restarting now, 3 restarts, 2 iterations "
+                             "aborted"));
+  EXPECT_THAT(out, HasSubstr("restarting (12.5 s left)"));
+  // A job without a grace that never restarted says nothing of it.
+  s->set_rank_restart_grace_ms(0);
+  s->set_restarts(0);
+  EXPECT_THAT(FormatJob(d), Not(HasSubstr("rank restart:")));
+}
+
+TEST(GraddctlTraceTest, RestartEventsAreNamedWithoutABucket) {
+  v1::GetTraceResponse trace;
+  trace.set_job_id("r");
+  v1::TraceEvent* e = trace.add_events();
+  e->set_phase("rank_restarted");
+  e->set_bucket(-1);
+  e->set_local_rank(1);
+  e->set_iteration(0);
+  const std::string json = ChromeTraceJson(trace);
+  EXPECT_THAT(json, HasSubstr("\"name\":\"rank_restarted\""));
+  EXPECT_THAT(json, Not(HasSubstr("b-1")));
+}
+
 TEST(GraddctlFormatTest, JsonUsesProtoNamesAndKeepsDefaults) {
   v1::GetStatusResponse s;
   s.set_version("1.2.3");
