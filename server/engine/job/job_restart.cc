@@ -22,6 +22,20 @@ bool Job::RankRestarting(int rank, absl::string_view reason) {
       header_->status.load(std::memory_order_acquire) != 0) {
     return false;
   }
+  // A join (uneven inputs) in play: some rank opened an epoch the daemon
+  // has not finished. Its rounds count the ranks; a rank away fails them
+  // as before.
+  {
+    void* base = control_.data();
+    const uint64_t done_epoch =
+        layout_.join_board(base)->done_epoch.load(std::memory_order_acquire);
+    for (int r = 0; r < spec_.local_world_size; ++r) {
+      if (layout_.join_slot(base, r)->epoch.load(std::memory_order_acquire) >
+          done_epoch) {
+        return false;
+      }
+    }
+  }
   const int64_t now = EngineNowNs();
   restart_since_ns_[rank].store(now, std::memory_order_relaxed);
   int expected = kLive;

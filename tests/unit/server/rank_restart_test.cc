@@ -366,6 +366,27 @@ TEST_F(RankRestartTest, GraceZeroKeepsTheFastAbort) {
                        "iteration 1"));
 }
 
+TEST_F(RankRestartTest, DeathWithAJoinInPlayFailsAsBefore) {
+  auto ranks = Start("join", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& r : ranks) {
+    r->Publish(0, 1);
+    r->Publish(1, 1);
+  }
+  for (auto& r : ranks) ASSERT_TRUE(r->WaitAllDone(1));
+  // Rank 0 enters join mode (common/control_block.h, "Join"), then rank 1
+  // dies: the join's rounds count the ranks, so the job fails at once.
+  JoinSlot* slot = ranks[0]->layout().join_slot(ranks[0]->control_base(), 0);
+  slot->begin.store(2, std::memory_order_relaxed);
+  slot->epoch.store(1, std::memory_order_release);
+  Kill(ranks[1]);
+  EXPECT_FALSE(ranks[0]->WaitAllDone(2, std::chrono::seconds(10)));
+  EXPECT_THAT(ranks[0]->Error(),
+              StatusIs(absl::StatusCode::kAborted,
+                       "local rank 1 (global rank 1) of job 'join' left"));
+  EXPECT_EQ(ranks[0]->header()->restarting.load(), 0u);
+}
+
 TEST_F(RankRestartTest, PerJobGraceWinsOverTheDaemons) {
   config_.set_rank_restart_grace_ms(0);
   std::vector<std::shared_ptr<PendingAttach>> pending;
