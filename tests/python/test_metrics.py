@@ -27,6 +27,9 @@ EXPORTED = {
     "gradd_phase_seconds": "histogram",
     "gradd_handover_wait_seconds": "histogram",
     "gradd_iteration_seconds": "histogram",
+    "gradd_rank_restarts_total": "counter",
+    "gradd_iterations_aborted_total": "counter",
+    "gradd_job_world_size": "gauge",
 }
 
 ITERATIONS = 20
@@ -60,6 +63,8 @@ def test_scrape_has_every_documented_metric_and_passes_promtool(metrics_daemon, 
         assert buckets >= 3 * ITERATIONS
         assert value(text, "gradd_reduced_bytes_total", job_id=job_id) >= 3 * 4000 * ITERATIONS
         assert value(text, "gradd_iterations_total", job_id=job_id) == ITERATIONS
+        assert value(text, "gradd_job_world_size", job_id=job_id) == 2
+        assert value(text, "gradd_rank_restarts_total") == 0
         assert value(text, "gradd_phase_seconds_count", phase="local_reduce") == buckets
         assert value(text, "gradd_iteration_seconds_count") == ITERATIONS - 1
         ratio = value(text, "gradd_backward_overlap_ratio", job_id=job_id)
