@@ -277,6 +277,7 @@ std::vector<v1::BucketTiming> BucketTimingsOf(
   // bucket -> (phase order, phase) -> figures
   std::map<int, std::map<std::pair<int, std::string>, Acc>> acc;
   for (const v1::TraceEvent& e : events) {
+    if (e.bucket() < 0) continue;  // rank restart events: no bucket's
     Acc& a = acc[e.bucket()][{PhaseRank(e.phase()), e.phase()}];
     ++a.count;
     a.total += e.duration_ns();
@@ -313,6 +314,7 @@ std::vector<int32_t> ReadyOrderOf(const std::vector<v1::TraceEvent>& events) {
   };
   std::map<uint64_t, std::map<int, Seen>> by_iteration;
   for (const v1::TraceEvent& e : events) {
+    if (e.bucket() < 0) continue;  // rank restart events: no bucket's
     buckets[e.bucket()] = true;
     Seen& s = by_iteration[e.iteration()][e.bucket()];
     if (e.phase() == "ready") {

@@ -372,6 +372,46 @@ TEST(AdminConversionTest, EngineEventsAndStallsBecomeProtos) {
   EXPECT_EQ(s.message(), "bucket 1 waits");
 }
 
+TEST(AdminConversionTest, RankRestartInTheViews) {
+  // Restart events (bucket -1) are in the trace but no bucket's timing.
+  std::vector<v1::TraceEvent> events = {
+      ToTraceEvent(TimelineEvent{1, 0, 0, "ready", 1000, 10}),
+      ToTraceEvent(TimelineEvent{1, 0, -1, "done", 1010, 0}),
+      ToTraceEvent(TimelineEvent{0, -1, 1, "restarting", 1020, 0}),
+      ToTraceEvent(TimelineEvent{2, -1, -1, "iteration_aborted", 1030, 0})};
+  std::vector<v1::BucketTiming> timings = BucketTimingsOf(events);
+  ASSERT_EQ(timings.size(), 1u);
+  EXPECT_EQ(timings[0].bucket(), 0);
+  EXPECT_THAT(ReadyOrderOf(events), ElementsAre(0));
+
+  // A restarting rank, with the grace left, and the job's figures.
+  JobSnapshot job;
+  job.job_id = "r";
+  job.state = JobSnapshot::State::kRunning;
+  job.rank_restart_grace_ms = 30000;
+  job.restarts = 2;
+  job.iterations_aborted = 1;
+  RankSnapshot live;
+  live.local_rank = 0;
+  live.state = RankSnapshot::State::kLive;
+  RankSnapshot away;
+  away.local_rank = 1;
+  away.state = RankSnapshot::State::kRestarting;
+  away.restart_deadline_unix_ns = absl::GetCurrentTimeNanos() + 20'000'000'000;
+  job.ranks = {live, away};
+  const v1::JobDetail d = JobDetailOf(job, "node");
+  EXPECT_EQ(d.summary().rank_restart_grace_ms(), 30000u);
+  EXPECT_EQ(d.summary().restarting_local_ranks(), 1u);
+  EXPECT_EQ(d.summary().live_local_ranks(), 1u);
+  EXPECT_EQ(d.summary().restarts(), 2u);
+  EXPECT_EQ(d.summary().iterations_aborted(), 1u);
+  ASSERT_EQ(d.ranks_size(), 2);
+  EXPECT_EQ(d.ranks(1).state(), v1::RANK_STATE_RESTARTING);
+  EXPECT_GT(d.ranks(1).restart_ms_left(), 15000);
+  EXPECT_LE(d.ranks(1).restart_ms_left(), 20000);
+  EXPECT_EQ(d.ranks(0).restart_ms_left(), 0);
+}
+
 TEST(AdminConversionTest, ServerKnowsTheClientsUsedMapName) {
   EXPECT_EQ(kUsedMapParameterName, std::string_view(kUsedMapParamName));
 }
