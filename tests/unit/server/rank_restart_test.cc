@@ -387,6 +387,41 @@ TEST_F(RankRestartTest, DeathWithAJoinInPlayFailsAsBefore) {
   EXPECT_EQ(ranks[0]->header()->restarting.load(), 0u);
 }
 
+TEST_F(RankRestartTest, DeathWithARebuildPendingFailsAsBefore) {
+  auto ranks = Start("rebuild", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& r : ranks) {
+    r->Publish(0, 1);
+    r->Publish(1, 1);
+  }
+  for (auto& r : ranks) ASSERT_TRUE(r->WaitAllDone(1));
+  // Rank 0 asks for the bucket rebuild after iteration 1; rank 1 dies
+  // before asking: it is gone, and the rebuild fails naming it.
+  v1::RebuildBucketsRequest req;
+  req.set_job_id("rebuild");
+  req.set_local_rank(0);
+  req.set_session_id(ranks[0]->session());
+  req.set_iteration(1);
+  req.add_ready_order(1);
+  req.add_ready_order(0);
+  absl::Notification answered;
+  absl::Status rebuild;
+  manager().HandleRebuildBuckets(
+      std::move(req), absl::Now() + absl::Seconds(20),
+      [&](absl::StatusOr<v1::RebuildBucketsResponse> r) {
+        rebuild = r.status();
+        answered.Notify();
+      });
+  Settle();
+  Kill(ranks[1]);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_THAT(rebuild, StatusIs(absl::StatusCode::kAborted, "local rank 1"));
+  auto snaps = manager().Snapshot(absl::Now() + absl::Seconds(10), false);
+  ASSERT_TRUE(snaps.ok());
+  ASSERT_EQ(snaps->size(), 1u);
+  EXPECT_EQ((*snaps)[0].ranks[1].state, RankSnapshot::State::kDisconnected);
+}
+
 TEST_F(RankRestartTest, PerJobGraceWinsOverTheDaemons) {
   config_.set_rank_restart_grace_ms(0);
   std::vector<std::shared_ptr<PendingAttach>> pending;
