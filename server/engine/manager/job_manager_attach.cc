@@ -61,6 +61,15 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
   }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
     ActiveJob& active = it->second;
+    // A restarted process can be quicker than the news of its old
+    // session's end (OnSessionClosed, posted behind this Attach): act on
+    // it now, so the rank is restarting and this Attach takes it back.
+    if (active.grace_ms > 0 &&
+        rank < static_cast<int>(active.sessions.size()) &&
+        active.sessions[rank] != 0 &&
+        !sessions_->IsLive(active.sessions[rank])) {
+      DoSessionClosed(active.sessions[rank]);
+    }
     if (rank < static_cast<int>(active.sessions.size()) &&
         active.job->restarting(rank)) {
       DoRejoinAttach(active, std::move(request), *std::move(params), *device,

@@ -45,6 +45,16 @@ class FakeSessionRegistry final : public SessionRegistryInterface {
     if (observer_ != nullptr) observer_->OnSessionClosed(id);
   }
 
+  // The socket closed, but the observer is told only by NotifyClosed (the
+  // listener noticed before the job manager heard of it).
+  void CloseQuietly(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    live_.erase(id);
+  }
+  void NotifyClosed(uint64_t id) {
+    if (observer_ != nullptr) observer_->OnSessionClosed(id);
+  }
+
   bool IsLive(uint64_t id) const override {
     absl::MutexLock lock(&mu_);
     return live_.contains(id);

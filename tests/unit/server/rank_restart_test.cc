@@ -343,6 +343,25 @@ TEST_F(RankRestartTest, MismatchedModelIsRefusedAndTheJobKeepsWaiting) {
   EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 1u);
 }
 
+TEST_F(RankRestartTest, AttachQuickerThanTheNewsOfTheOldSessionsEnd) {
+  auto ranks = Start("quick", 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ranks[0]->Publish(0, 1);
+  const uint64_t old_session = ranks[1]->session();
+  sessions_.CloseQuietly(old_session);
+  ranks[1].reset();
+  absl::Status status;
+  std::unique_ptr<TestRank> back = Reattach("quick", 1, 2, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(back->response().rejoined());
+  sessions_.NotifyClosed(old_session);  // late news: nothing more happens
+  ASSERT_TRUE(ranks[0]->WaitAllDone(1)) << ranks[0]->Error();
+  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 1u);
+  Settle();
+  EXPECT_TRUE(ranks[0]->Error().ok()) << ranks[0]->Error();
+  EXPECT_EQ(ranks[0]->header()->restarting.load(), 0u);
+}
+
 TEST_F(RankRestartTest, LiveRankAttachIsStillRefused) {
   auto ranks = Start("live", 2);
   ASSERT_EQ(ranks.size(), 2u);
