@@ -1,21 +1,39 @@
-// A synthetic data-parallel trainer on gradd (used by scripts/demo).
+// A synthetic data-parallel trainer on gradd (used by scripts/demo and the
+// integration tests).
 //
 // Registers a model of about --params float32 parameters in tensors of
 // varied sizes (so the daemon plans several buckets), then for each
 // iteration writes every gradient straight into gradd's shared bucket
 // memory in reverse registration order -- as backward would -- marking each
-// tensor ready as soon as it is written, waits for the averages and checks
-// every averaged value.
+// tensor ready as soon as it is written, and waits for the averages.
 //
-// Gradient of element j of tensor p on rank r in iteration t (L ranks):
+// --mode check (the default) checks every averaged value:
+// gradient of element j of tensor p on rank r in iteration t (L ranks):
 //   g = c(t, p, j) + (2r - (L - 1)) / 2,  c = (((j + 7t + 13p) mod 64) - 32) /
 //   2
 // The rank terms sum to zero, every partial sum is a small multiple of 1/2
 // (exact in float32), so the average is exactly c whatever the order of
 // summation: any difference is a real error, not rounding.
 //
+// --mode train keeps parameters w and takes --iterations SGD steps
+// w -= lr * average(g), with g = w / 2 + c(step, p, j) + rank term: the data
+// depends only on (rank, step), so a run is deterministic, and the restart-
+// safe loop below makes a run in which a trainer is killed and started
+// again end with the same parameters as an uninterrupted one:
+//   - before each step, the state sync (Client::StateSyncPending ->
+//     BeginStateSync -> Broadcast of the parameters and the step counter
+//     from the root): a restarted trainer resumes from the synced step;
+//   - an aborted iteration (IsIterationAborted) skips the update and
+//     retries the same step with the same batch.
+// It prints "SYNCED step=S root=R checksum=H" after each sync and
+// "FINAL ... steps=N checksum=H" at the end (H: FNV-1a of the parameters'
+// bytes), which tests compare.
+//
 //   gradd_example_trainer --socket /tmp/gradd.sock --local-rank 0
 //       --local-world-size 2 [--job demo] [--iterations 50] [--params 10000000]
+//       [--mode check|train] [--rank-restart-grace-ms MS] [--lr 0.125]
+//       [--pause-at-step S]   (train: stop in the middle of step S's
+//                              backward, print PAUSED, sleep; for tests)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -23,7 +41,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -39,12 +59,18 @@ struct Flags {
   int local_world_size = 1;
   int iterations = 50;
   int64_t params = 10'000'000;
+  std::string mode = "check";
+  std::optional<uint32_t> grace_ms;
+  float lr = 0.125f;
+  int pause_at_step = -1;
 };
 
 void Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--socket PATH] [--job ID] --local-rank R "
-               "--local-world-size L [--iterations N] [--params P]\n",
+               "--local-world-size L [--iterations N] [--params P] "
+               "[--mode check|train] [--rank-restart-grace-ms MS] [--lr LR] "
+               "[--pause-at-step S]\n",
                argv0);
 }
 
@@ -75,6 +101,17 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       ok = absl::SimpleAtoi(value, &flags->iterations);
     } else if (arg == "--params") {
       ok = absl::SimpleAtoi(value, &flags->params) && flags->params >= 1000;
+    } else if (arg == "--mode") {
+      flags->mode = value;
+      ok = value == "check" || value == "train";
+    } else if (arg == "--rank-restart-grace-ms") {
+      uint32_t ms = 0;
+      ok = absl::SimpleAtoi(value, &ms);
+      flags->grace_ms = ms;
+    } else if (arg == "--lr") {
+      ok = absl::SimpleAtof(value, &flags->lr);
+    } else if (arg == "--pause-at-step") {
+      ok = absl::SimpleAtoi(value, &flags->pause_at_step);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return false;
@@ -127,6 +164,114 @@ inline float Expected(uint64_t t, int p, size_t j) {
          0.5f;
 }
 
+// FNV-1a over the parameters' bytes: equal checksums, equal parameters.
+uint64_t Checksum(const std::vector<float>& w) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
+  for (size_t k = 0; k < w.size() * sizeof(float); ++k) {
+    h = (h ^ bytes[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
+// The restart-safe training loop (--mode train, see the top of the file).
+// Returns the process's exit code: 0, 1 (the job failed).
+int Train(const Flags& flags, gradd::Client& client) {
+  const int rank = client.global_rank();
+  const int world = client.world_size();
+  const float rank_term = static_cast<float>(2 * rank - (world - 1)) * 0.5f;
+  // Every tensor's parameters, one after the other; the same start on every
+  // rank (a restarted trainer starts there too, then receives the job's).
+  std::vector<size_t> offset(client.num_params() + 1, 0);
+  for (int p = 0; p < client.num_params(); ++p) {
+    offset[p + 1] = offset[p] + client.gradient_bytes(p) / sizeof(float);
+  }
+  std::vector<float> w(offset.back());
+  for (size_t k = 0; k < w.size(); ++k) {
+    w[k] = static_cast<float>(static_cast<int>(k % 17) - 8) * 0.25f;
+  }
+  uint64_t step = 0;  // updates applied so far: the job's state with w
+  auto fail = [rank](const char* what, const absl::Status& s) {
+    std::fprintf(stderr, "rank %d: ERROR %s: %s\n", rank, what,
+                 s.ToString().c_str());
+    return 1;
+  };
+  std::printf("rank %d/%d: training %d steps (grace %u ms, rejoined %d)\n",
+              rank, world, flags.iterations, client.rank_restart_grace_ms(),
+              client.rejoined() ? 1 : 0);
+  std::fflush(stdout);
+  while (step < static_cast<uint64_t>(flags.iterations)) {
+    // The state sync, before anything else of this step. Another restart
+    // may abort it: then it is simply due again.
+    if (client.StateSyncPending()) {
+      absl::StatusOr<int> root = client.BeginStateSync();
+      absl::Status s = root.status();
+      if (s.ok())
+        s = client.Broadcast(w.data(), w.size() * sizeof(float), *root);
+      if (s.ok()) s = client.Broadcast(&step, sizeof(step), *root);
+      if (gradd::IsIterationAborted(s)) continue;
+      if (!s.ok()) return fail("state sync", s);
+      std::printf(
+          "rank %d: SYNCED step=%llu root=%d iteration=%llu "
+          "checksum=%016llx\n",
+          rank, static_cast<unsigned long long>(step), *root,
+          static_cast<unsigned long long>(client.iteration()),
+          static_cast<unsigned long long>(Checksum(w)));
+      std::fflush(stdout);
+      if (step >= static_cast<uint64_t>(flags.iterations)) break;
+    }
+    // Backward: last layers first, each tensor handed over when written.
+    for (int p = client.num_params() - 1; p >= 0; --p) {
+      if (static_cast<int64_t>(step) == flags.pause_at_step &&
+          p == client.num_params() / 2) {
+        std::printf("rank %d: PAUSED step=%llu iteration=%llu\n", rank,
+                    static_cast<unsigned long long>(step),
+                    static_cast<unsigned long long>(client.iteration()));
+        std::fflush(stdout);
+        std::this_thread::sleep_for(std::chrono::hours(1));
+      }
+      float* g = static_cast<float*>(client.gradient(p));
+      const float* wp = w.data() + offset[p];
+      const size_t n = offset[p + 1] - offset[p];
+      for (size_t j = 0; j < n; ++j) {
+        g[j] = 0.5f * wp[j] + Expected(step, p, j) + rank_term;
+      }
+      if (auto s = client.MarkReady(p); !s.ok()) return fail("MarkReady", s);
+    }
+    const uint64_t it = client.iteration();
+    if (absl::Status s = client.WaitAll(); gradd::IsIterationAborted(s)) {
+      // No update: the same step (the same batch) runs again.
+      std::printf("rank %d: ABORTED step=%llu iteration=%llu: %s\n", rank,
+                  static_cast<unsigned long long>(step),
+                  static_cast<unsigned long long>(it),
+                  std::string(s.message()).c_str());
+      std::fflush(stdout);
+      continue;
+    } else if (!s.ok()) {
+      return fail("WaitAll", s);
+    }
+    // The optimizer step on the averages.
+    for (int p = 0; p < client.num_params(); ++p) {
+      const float* g = static_cast<const float*>(client.gradient(p));
+      float* wp = w.data() + offset[p];
+      const size_t n = offset[p + 1] - offset[p];
+      for (size_t j = 0; j < n; ++j) wp[j] -= flags.lr * g[j];
+    }
+    ++step;
+  }
+  std::printf(
+      "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu "
+      "steps=%llu checksum=%016llx w0=%.9g\n",
+      rank, world, client.rejoined() ? 1 : 0,
+      static_cast<unsigned long long>(client.iterations_aborted()),
+      static_cast<unsigned long long>(client.restarts()),
+      static_cast<unsigned long long>(step),
+      static_cast<unsigned long long>(Checksum(w)), w[0]);
+  std::fflush(stdout);
+  if (auto s = client.Detach(); !s.ok()) return fail("detach", s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,6 +293,7 @@ int main(int argc, char** argv) {
   options.job_id = flags.job;
   options.local_rank = flags.local_rank;
   options.local_world_size = flags.local_world_size;
+  options.rank_restart_grace_ms = flags.grace_ms;
   auto attached = gradd::Client::Attach(options, model);
   if (!attached.ok()) {
     std::fprintf(stderr, "rank %d: attach failed: %s\n", flags.local_rank,
@@ -164,6 +310,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(numel), numel * 4.0 / (1 << 20),
       client->num_buckets());
   std::fflush(stdout);
+  if (flags.mode == "train") return Train(flags, *client);
 
   const float rank_term = static_cast<float>(2 * rank - (world - 1)) * 0.5f;
   int64_t verified = 0;

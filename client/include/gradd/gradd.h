@@ -130,6 +130,14 @@ typedef struct gradd_options {
    * 4 MiB for a job with no parameters, else no collectives. Every local
    * rank must choose the same. */
   size_t collective_bytes;
+  /* Rank restart (see gradd_begin_state_sync): how long the daemon keeps
+   * the job waiting for a local rank whose process died before failing it.
+   * -1 (init): $GRADD_RANK_RESTART_GRACE_MS if set, else the daemon's
+   * rank_restart_grace_ms; 0: the job fails at once (GRADD_ABORTED); > 0
+   * also gives the job the default collective area when neither
+   * broadcast_bytes nor collective_bytes asks for one. Every local rank must
+   * choose the same; a restarted process names its job_id explicitly. */
+  int64_t rank_restart_grace_ms;
 } gradd_options;
 
 enum { GRADD_DEVICE_CPU = 0, GRADD_DEVICE_CUDA = 1 };
@@ -232,6 +240,53 @@ int gradd_local_world_size(const gradd_client* client);
 int gradd_rebuild_buckets(gradd_client* client, int* rebuilt);
 /* 1 once the buckets were rebuilt, else 0. */
 int gradd_buckets_rebuilt(const gradd_client* client);
+
+/* Rank restart (gradd::Client::rejoined ... BeginStateSync; the job's
+ * rank_restart_grace_ms > 0). When a rank of the job dies and its new
+ * process attaches again within the grace, the iteration (or collective) in
+ * progress is aborted on every rank: gradd_wait_all (or the collective)
+ * returns GRADD_ABORTED and gradd_last_error_is_iteration_aborted() returns
+ * 1; the averages were not computed, the next iteration has begun. Skip the
+ * optimizer step, then retry the batch after the state sync:
+ *
+ *   rc = gradd_wait_all(c);
+ *   if (rc == GRADD_ABORTED && gradd_last_error_is_iteration_aborted()) {
+ *     retry the same batch (no optimizer step)
+ *   } else if (rc != GRADD_OK) { the job failed }
+ *   ...before each iteration:
+ *   if (gradd_state_sync_pending(c)) {
+ *     int root;
+ *     if (gradd_begin_state_sync(c, &root) == GRADD_OK)
+ *       gradd_broadcast(c, model_state, bytes, root);
+ *   }
+ *
+ * Why a separate query and not a new return code: the codes stay the
+ * canonical absl::StatusCode values (as in C++ and Python), and a caller
+ * that treats every non-OK code as the job's failure stays correct without
+ * knowing about restarts (it merely gives up where it could go on).
+ *
+ * 1 if the last failed gradd call on this thread was an aborted iteration or
+ * collective round (the job goes on), 0 otherwise (any other failure is the
+ * job's). */
+int gradd_last_error_is_iteration_aborted(void);
+/* 1 when this attach re-attached a restarted rank to its running job (its
+ * first iteration is then gradd_iteration(), past 1), else 0. */
+int gradd_rejoined(const gradd_client* client);
+/* 1 when a state sync is due before the next iteration, else 0: a rank of
+ * the job rejoined since this rank last synced, or this rank rejoined and
+ * has not synced yet. Every rank sees the same at the same point. */
+int gradd_state_sync_pending(const gradd_client* client);
+/* The state sync's first step (a collective: every rank calls it): stores
+ * in *root the lowest global rank holding the job's state; then broadcast
+ * the state (parameters, step counter, ...) from *root with gradd_broadcast.
+ * GRADD_FAILED_PRECONDITION when no rank holds it; GRADD_ABORTED (iteration
+ * aborted) when another restart interrupted it: call it again. */
+int gradd_begin_state_sync(gradd_client* client, int* root);
+/* The grace the job runs with (0: none); iterations this rank saw aborted
+ * by restarts; restarted ranks re-attached to the job so far. */
+uint32_t gradd_rank_restart_grace_ms(const gradd_client* client);
+uint64_t gradd_iterations_aborted(const gradd_client* client);
+uint64_t gradd_restarts(const gradd_client* client);
 
 /* Clean goodbye; the client stays valid until gradd_free (further calls
  * fail with GRADD_FAILED_PRECONDITION). */

@@ -21,14 +21,18 @@ namespace {
 // Per thread, so that concurrent gradd_mark_ready callers each see their
 // own failure.
 thread_local std::string last_error;
+// Whether last_error is an aborted iteration (gradd::IsIterationAborted).
+thread_local bool last_error_aborted_iteration = false;
 
 int Report(const absl::Status& status) {
   if (status.ok()) return GRADD_OK;
   last_error = std::string(status.message());
+  last_error_aborted_iteration = gradd::IsIterationAborted(status);
   return static_cast<int>(status.code());
 }
 
 int NullClient(const char* fn) {
+  last_error_aborted_iteration = false;
   last_error = absl::StrCat(fn, ": client is NULL");
   return GRADD_INVALID_ARGUMENT;
 }
@@ -58,10 +62,12 @@ void gradd_options_init(gradd_options* options) {
   options->powersgd_use_error_feedback = -1;
   options->powersgd_warm_start = -1;
   options->cuda_device = -1;
+  options->rank_restart_grace_ms = -1;
 }
 
 int gradd_attach(const gradd_options* options, const gradd_param* params,
                  size_t num_params, gradd_client** out) {
+  last_error_aborted_iteration = false;
   if (out == nullptr || options == nullptr ||
       (params == nullptr && num_params > 0)) {
     last_error = "gradd_attach: options, params and out must not be NULL";
@@ -139,6 +145,18 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
   }
   if (GRADD_HAS_FIELD(options, collective_bytes)) {
     o.collective_bytes = options->collective_bytes;
+  }
+  if (GRADD_HAS_FIELD(options, rank_restart_grace_ms) &&
+      options->rank_restart_grace_ms >= 0) {
+    if (options->rank_restart_grace_ms > UINT32_MAX) {
+      last_error_aborted_iteration = false;
+      last_error = absl::StrCat("gradd_attach: rank_restart_grace_ms ",
+                                options->rank_restart_grace_ms,
+                                " is out of range (0 to 4294967295)");
+      return GRADD_INVALID_ARGUMENT;
+    }
+    o.rank_restart_grace_ms =
+        static_cast<uint32_t>(options->rank_restart_grace_ms);
   }
   auto client = gradd::Client::Attach(o, list);
   if (!client.ok()) return Report(client.status());
@@ -293,6 +311,37 @@ int gradd_rebuild_buckets(gradd_client* client, int* rebuilt) {
 
 int gradd_buckets_rebuilt(const gradd_client* client) {
   return client != nullptr && client->impl->buckets_rebuilt() ? 1 : 0;
+}
+
+int gradd_last_error_is_iteration_aborted(void) {
+  return last_error_aborted_iteration ? 1 : 0;
+}
+
+int gradd_rejoined(const gradd_client* client) {
+  return client != nullptr && client->impl->rejoined() ? 1 : 0;
+}
+
+int gradd_state_sync_pending(const gradd_client* client) {
+  return client != nullptr && client->impl->StateSyncPending() ? 1 : 0;
+}
+
+int gradd_begin_state_sync(gradd_client* client, int* root) {
+  if (client == nullptr) return NullClient("gradd_begin_state_sync");
+  absl::StatusOr<int> r = client->impl->BeginStateSync();
+  if (r.ok() && root != nullptr) *root = *r;
+  return Report(r.status());
+}
+
+uint32_t gradd_rank_restart_grace_ms(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->rank_restart_grace_ms();
+}
+
+uint64_t gradd_iterations_aborted(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->iterations_aborted();
+}
+
+uint64_t gradd_restarts(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->restarts();
 }
 
 int gradd_detach(gradd_client* client) {

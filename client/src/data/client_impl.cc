@@ -145,9 +145,26 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
   hooks.broadcast = [this](void* data, size_t bytes, int root) {
     return BroadcastImpl(data, bytes, root);
   };
+  // A rejoined rank's JoinSlot was cleared by the daemon: the JoinClient
+  // reads epoch 0 from it, as for a new job.
   join_ = std::make_unique<JoinClient>(layout_, control_.data(),
                                        options_.local_rank, bell_.get(),
                                        global_rank_, Who(), std::move(hooks));
+  restart_.Attach(header_, response.rejoined(),
+                  response.rank_restart_grace_ms(), response.sync_seq());
+  if (response.rejoined()) {
+    // Rank restart: the running job's next iteration and collective round
+    // (the daemon already moved this rank's rows there). No rebuild: the
+    // plan just received is the job's current one, and the ranks that
+    // stayed will not ask for another.
+    if (response.next_iteration() < 1) {
+      return bad("rejoined at iteration 0");
+    }
+    iteration_.store(response.next_iteration(), std::memory_order_release);
+    broadcast_seq_ = response.collective_seq();
+    rebuilt_ = true;
+    recorder_->Stop();
+  }
   return absl::OkStatus();
 }
 
@@ -201,6 +218,7 @@ absl::Status ClientImpl::MarkReadyOn(int param, void* cuda_stream) {
         "backward, can cause this)"));
   }
   recorder_->Record(param);
+  restart_.NoteMarkReady();
   const int b = params_[param].bucket;
   // acq_rel: the last marker's release store below must carry every other
   // marker's gradient writes with it (they precede their fetch_sub).
@@ -274,6 +292,17 @@ absl::Status ClientImpl::WaitAllOn(void* cuda_stream) {
   }
   recorder_->EndIteration();
   iteration_.store(it + 1, std::memory_order_release);
+  // Rank restart: the daemon marked every bucket done without averaging
+  // (common/control_block.h). The iteration is over all the same (the next
+  // one is it + 1 on every rank); the caller skips its step. The wait makes
+  // sure the re-attach's sync_seq bump is visible, so that StateSyncPending
+  // says the same here as on every other rank.
+  if (restart_.IterationAborted(it)) {
+    RETURN_IF_ERROR(
+        Wait([this, it] { return restart_.IterationAbortSettled(it); },
+             absl::StrCat("the re-attach that aborted iteration ", it)));
+    return restart_.IterationAbortedError(it, options_.job_id);
+  }
   return absl::OkStatus();
 }
 

@@ -56,6 +56,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/src/data/area_collectives.h"
+#include "client/src/data/rank_restart.h"
 #include "client/src/device/device_client.h"
 #include "client/src/join/join_client.h"
 #include "client/src/plan/plan_views.h"
@@ -211,6 +212,21 @@ class ClientImpl final : public Client {
   int local_rank() const override { return options_.local_rank; }
   int local_world_size() const override { return options_.local_world_size; }
 
+  // Rank restart (rank_restart.h; client.h "Rank restart"). A rejoined
+  // client starts at AttachResponse.next_iteration and collective_seq, and
+  // never rebuilds its buckets: the running job already has its plan (the
+  // attach answer carries it), and the other ranks will not rebuild again.
+  bool rejoined() const override { return restart_.rejoined(); }
+  uint32_t rank_restart_grace_ms() const override {
+    return restart_.grace_ms();
+  }
+  bool StateSyncPending() const override { return restart_.SyncPending(); }
+  absl::StatusOr<int> BeginStateSync() override;
+  uint64_t iterations_aborted() const override {
+    return restart_.iterations_aborted();
+  }
+  uint64_t restarts() const override { return restart_.restarts(); }
+
   void SetConnection(UniqueFd session, uint64_t session_id,
                      std::shared_ptr<grpc::Channel> channel) {
     session_ = std::move(session);
@@ -316,6 +332,8 @@ class ClientImpl final : public Client {
   int world_size_ = 0;
 
   std::unique_ptr<JoinClient> join_;
+  // Rank restart: aborted iterations / rounds, the state sync.
+  RankRestart restart_;
   // CUDA buckets: the imported device memory and the event handshake.
   std::unique_ptr<DeviceClient> device_;
 

@@ -110,7 +110,16 @@ class UsedMapClient final : public Client {
     if (skipped_.load(std::memory_order_relaxed) != it) {
       RETURN_IF_ERROR(inner_->MarkReady(0));
     }
-    RETURN_IF_ERROR(inner_->WaitAllOn(cuda_stream));
+    if (absl::Status s = inner_->WaitAllOn(cuda_stream);
+        IsIterationAborted(s)) {
+      // Rank restart: the iteration is over without averages (the map
+      // holds this rank's own marks); the next one starts from "used by
+      // nobody" and GloballyUsed keeps the last real answer.
+      std::memset(Map(), 0, names_.size() * sizeof(float));
+      return s;
+    } else if (!s.ok()) {
+      return s;
+    }
     const float* map = Map();
     for (size_t i = 0; i < names_.size(); ++i) used_[i] = map[i] > 0.0f;
     // The next iteration starts from "used by nobody".
@@ -186,6 +195,18 @@ class UsedMapClient final : public Client {
   int world_size() const override { return inner_->world_size(); }
   int local_rank() const override { return inner_->local_rank(); }
   int local_world_size() const override { return inner_->local_world_size(); }
+  bool rejoined() const override { return inner_->rejoined(); }
+  uint32_t rank_restart_grace_ms() const override {
+    return inner_->rank_restart_grace_ms();
+  }
+  bool StateSyncPending() const override { return inner_->StateSyncPending(); }
+  absl::StatusOr<int> BeginStateSync() override {
+    return inner_->BeginStateSync();
+  }
+  uint64_t iterations_aborted() const override {
+    return inner_->iterations_aborted();
+  }
+  uint64_t restarts() const override { return inner_->restarts(); }
 
  private:
   bool Known(int param) const { return param >= 0 && param < num_params(); }

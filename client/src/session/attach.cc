@@ -131,11 +131,34 @@ absl::Status CheckAttachStrings(const ClientOptions& options,
   return absl::OkStatus();
 }
 
-// The size of the rank's shared area for broadcasts and collectives.
+// The size of the rank's shared area for broadcasts and collectives. A job
+// that may see rank restarts needs one for the state sync
+// (Client::BeginStateSync): the default when nothing was asked for. Every
+// local rank asks for the same grace, so they all get the same area.
 size_t CollectiveAreaBytes(const ClientOptions& options, size_t num_params) {
   size_t collective = options.collective_bytes;
-  if (collective == 0 && num_params == 0) collective = kDefaultCollectiveBytes;
+  const bool restart = options.rank_restart_grace_ms.value_or(0) > 0;
+  if (collective == 0 &&
+      (num_params == 0 || (restart && options.broadcast_bytes == 0))) {
+    collective = kDefaultCollectiveBytes;
+  }
   return std::max(options.broadcast_bytes, collective);
+}
+
+// ClientOptions::rank_restart_grace_ms unset: $GRADD_RANK_RESTART_GRACE_MS
+// when set (else the daemon's rank_restart_grace_ms applies).
+absl::Status ApplyRestartGraceEnv(ClientOptions* options) {
+  if (options->rank_restart_grace_ms.has_value()) return absl::OkStatus();
+  const char* env = std::getenv("GRADD_RANK_RESTART_GRACE_MS");
+  if (env == nullptr || *env == '\0') return absl::OkStatus();
+  uint32_t ms = 0;
+  if (!absl::SimpleAtoi(env, &ms)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GRADD_RANK_RESTART_GRACE_MS='", env,
+                     "' is not a number of milliseconds (0 to 4294967295)"));
+  }
+  options->rank_restart_grace_ms = ms;
+  return absl::OkStatus();
 }
 
 // The attach without any decoration: connects, registers exactly `params`
@@ -155,6 +178,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     }
     options.heartbeat_timeout = std::chrono::milliseconds(ms);
   }
+  RETURN_IF_ERROR(ApplyRestartGraceEnv(&options));
   RETURN_IF_ERROR(CheckAttachStrings(options, params));
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
@@ -239,6 +263,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   request.set_num_nodes(options.num_nodes);
   request.set_coordinator(options.coordinator);
   *request.mutable_comm_hook() = CommHookToProto(options.comm_hook);
+  if (options.rank_restart_grace_ms.has_value()) {
+    request.set_rank_restart_grace_ms(*options.rank_restart_grace_ms);
+  }
   bool cuda = false;
   for (const ClientParam& p : params) {
     v1::ParamSpec* spec = request.add_params();

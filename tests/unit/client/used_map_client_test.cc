@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gradd/client.h"
@@ -55,8 +56,21 @@ class FakeClient final : public Client {
     }
     marked_.assign(marked_.size(), false);
     ++iteration_;
+    if (abort_next) {
+      abort_next = false;
+      absl::Status s = absl::AbortedError("iteration aborted (fake)");
+      s.SetPayload(kIterationAbortedPayload, absl::Cord("1"));
+      return s;
+    }
     return absl::OkStatus();
   }
+  // Rank restart: fixed answers, to see that the decorator forwards them.
+  bool rejoined() const override { return true; }
+  uint32_t rank_restart_grace_ms() const override { return 1234; }
+  bool StateSyncPending() const override { return true; }
+  absl::StatusOr<int> BeginStateSync() override { return 5; }
+  uint64_t iterations_aborted() const override { return 7; }
+  uint64_t restarts() const override { return 8; }
   bool BucketDone(int) const override { return false; }
   absl::Status Broadcast(void*, size_t, int) override {
     return absl::OkStatus();
@@ -88,6 +102,7 @@ class FakeClient final : public Client {
 
   std::vector<int> order;
   std::vector<float> map_when_marked;
+  bool abort_next = false;
   std::vector<std::vector<float>> memory_;
 
  private:
@@ -164,6 +179,43 @@ TEST(UsedMapClientTest, ErrorsNameTheCallersIndices) {
   ASSERT_TRUE(f.client->MarkReady(0).ok());
   ASSERT_TRUE(f.client->MarkReady(2).ok());
   EXPECT_TRUE(f.client->WaitAll().ok());
+}
+
+TEST(UsedMapClientTest, AbortedIterationClearsTheMapAndKeepsTheLastAnswer) {
+  Fixture f;
+  ASSERT_TRUE(f.client->MarkReady(0).ok());
+  ASSERT_TRUE(f.client->MarkUnused(1).ok());
+  ASSERT_TRUE(f.client->MarkUnused(2).ok());
+  ASSERT_TRUE(f.client->WaitAll().ok());
+  ASSERT_TRUE(f.client->GloballyUsed(0));
+  // Iteration 2 is aborted by a rank restart: no averages came back, so
+  // the answer of iteration 1 stays, and iteration 3 starts clean.
+  ASSERT_TRUE(f.client->MarkUnused(0).ok());
+  ASSERT_TRUE(f.client->MarkReady(1).ok());
+  ASSERT_TRUE(f.client->MarkReady(2).ok());
+  f.fake->abort_next = true;
+  absl::Status s = f.client->WaitAll();
+  EXPECT_TRUE(IsIterationAborted(s)) << s;
+  EXPECT_THAT(f.fake->memory_[0], ElementsAre(0.0f, 0.0f, 0.0f));
+  EXPECT_TRUE(f.client->GloballyUsed(0));
+  EXPECT_FALSE(f.client->GloballyUsed(1));
+  EXPECT_EQ(f.client->iteration(), 3u);
+  // The retried batch goes through.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.client->MarkReady(i).ok());
+  EXPECT_TRUE(f.client->WaitAll().ok());
+  EXPECT_THAT(f.fake->map_when_marked, ElementsAre(1.0f, 1.0f, 1.0f));
+}
+
+TEST(UsedMapClientTest, ForwardsRankRestart) {
+  Fixture f;
+  EXPECT_TRUE(f.client->rejoined());
+  EXPECT_EQ(f.client->rank_restart_grace_ms(), 1234u);
+  EXPECT_TRUE(f.client->StateSyncPending());
+  absl::StatusOr<int> root = f.client->BeginStateSync();
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(*root, 5);
+  EXPECT_EQ(f.client->iterations_aborted(), 7u);
+  EXPECT_EQ(f.client->restarts(), 8u);
 }
 
 }  // namespace
