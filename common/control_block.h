@@ -120,7 +120,13 @@
 //           from that root (gradd.torch: parameters, buffers and the
 //           register_state()s); a restarted rank does it before its first
 //           iteration. A root of INT32_MAX (no rank holds the state) is an
-//           error.
+//           error. The C++ client (client/src/data/rank_restart.h) sends
+//           that allreduce as 2 int64 with MIN: {root candidate,
+//           -(sync_seq it read)}, so every rank also takes the same, largest
+//           sync_seq as handled (the daemon does not look inside). A rank
+//           that sees done == i and aborted_iteration == i but no sync_seq
+//           bump yet (step 1 visible, step 3 not) waits for the bump before
+//           it reports the abort, unless its last sync already saw it.
 // The order matters: the aborted_* word is stored before the done / round
 // words it explains, so a client that sees done == i reads the verdict.
 //
