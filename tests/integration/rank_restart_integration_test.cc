@@ -34,7 +34,7 @@ using ::testing::Not;
 
 constexpr milliseconds kTimeout{60000};
 constexpr char kSteps[] = "8";
-constexpr char kParams[] = "300000";
+constexpr char kParams[] = "3000000";  // 2 buckets: one handed over at the kill
 constexpr int kPauseStep = 3;
 
 // The lines of `output` containing `tag`.
