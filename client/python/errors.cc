@@ -2,6 +2,11 @@
 // subclass per canonical absl::StatusCode, created at module init
 // (RegisterErrors), and RaiseStatus, which turns a non-OK status into the
 // subclass for its code with the message and the code's name in `code`.
+// One class is narrower than its code: gradd.IterationAbortedError (an
+// AbortedError) for the ABORTED status of an iteration or collective round
+// aborted by a rank restart (gradd::IsIterationAborted: skip the optimizer
+// step and retry the batch; the job goes on). Every other ABORTED stays
+// AbortedError (the job failed).
 #include <pybind11/pybind11.h>
 
 #include <map>
@@ -16,6 +21,7 @@ namespace {
 // code -> exception class; filled at module init, lives as long as the module.
 std::map<absl::StatusCode, py::object>* g_error_classes = nullptr;
 py::object* g_base_error = nullptr;
+py::object* g_iteration_aborted = nullptr;
 
 py::object MakeError(py::module_& m, const char* name, py::handle base,
                      py::handle mixin, const char* doc) {
@@ -33,8 +39,10 @@ py::object MakeError(py::module_& m, const char* name, py::handle base,
 
 [[noreturn]] void RaiseStatus(const absl::Status& status) {
   py::object cls = *g_base_error;
-  if (auto it = g_error_classes->find(status.code());
-      it != g_error_classes->end()) {
+  if (IsIterationAborted(status)) {
+    cls = *g_iteration_aborted;
+  } else if (auto it = g_error_classes->find(status.code());
+             it != g_error_classes->end()) {
     cls = it->second;
   }
   py::object exc = cls(std::string(status.message()));
@@ -93,6 +101,15 @@ void RegisterErrors(py::module_& m) {
     classes[d.code] = cls;
   }
   g_error_classes = &classes;
+  // A rank restart's aborted iteration: the job goes on (see the top).
+  py::object& aborted = *new py::object(MakeError(
+      m, "IterationAbortedError", classes[absl::StatusCode::kAborted], nullptr,
+      "The iteration (or collective round) was aborted because a rank of the "
+      "job restarted and re-attached (rank_restart_grace_ms > 0): no rank "
+      "applies it. Skip the optimizer step and retry the same batch; the job "
+      "goes on. A subclass of AbortedError; code 'ABORTED'."));
+  aborted.attr("code") = absl::StatusCodeToString(absl::StatusCode::kAborted);
+  g_iteration_aborted = &aborted;
 }
 
 }  // namespace gradd::python

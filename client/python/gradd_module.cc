@@ -155,7 +155,7 @@ std::unique_ptr<PyClient> Attach(
     std::optional<int> node_rank, int num_nodes, const std::string& coordinator,
     bool find_unused_parameters, bool rebuild_buckets,
     const std::string& comm_hook, int world_size, std::optional<int> rank,
-    int cuda_device) {
+    int cuda_device, std::optional<int64_t> rank_restart_grace_ms) {
   ClientOptions options;
   options.world_size = world_size;
   options.rank = rank;
@@ -178,6 +178,15 @@ std::unique_ptr<PyClient> Attach(
   options.coordinator = coordinator;
   options.find_unused_parameters = find_unused_parameters;
   options.rebuild_buckets = rebuild_buckets;
+  if (rank_restart_grace_ms.has_value()) {
+    if (*rank_restart_grace_ms < 0 || *rank_restart_grace_ms > UINT32_MAX) {
+      throw py::value_error(
+          "rank_restart_grace_ms must be in [0, 2^32) ms, got " +
+          std::to_string(*rank_restart_grace_ms));
+    }
+    options.rank_restart_grace_ms =
+        static_cast<uint32_t>(*rank_restart_grace_ms);
+  }
   std::vector<ClientParam> specs = ParseParams(params);
 
   absl::StatusOr<std::unique_ptr<Client>> client;
@@ -357,6 +366,7 @@ PYBIND11_MODULE(_C, m) {
           "order]).");
   gradd::python::DefineCollectives(client);
   gradd::python::DefineJoinAndRebuild(client);
+  gradd::python::DefineRankRestart(m, client);
   client
       .def(
           "set_comm_hook",
@@ -407,6 +417,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rebuild_buckets") = true, py::arg("comm_hook") = "",
         py::arg("world_size") = 0, py::arg("rank") = py::none(),
         py::arg("cuda_device") = -1,
+        py::arg("rank_restart_grace_ms") = py::none(),
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype[, device]) "
         "tuples (device 'cpu' or 'cuda'; CUDA parameters live on GPU "
@@ -417,5 +428,9 @@ PYBIND11_MODULE(_C, m) {
         "find_unused_parameters=True adds the per-iteration used map "
         "(mark_unused, globally_used). collective_bytes: the shared area "
         "for allreduce/allgather/reduce_scatter/barrier (0: 4 MiB when "
-        "params is empty, a collective-only job).");
+        "params is empty, a collective-only job). rank_restart_grace_ms: "
+        "how long the daemon keeps the job waiting for a rank whose process "
+        "died, for it to be started again and re-attach (None: "
+        "$GRADD_RANK_RESTART_GRACE_MS, else the daemon's setting; 0: the "
+        "job fails at once); a restarted rank then has `rejoined` True.");
 }

@@ -1,6 +1,6 @@
 // gradd._C's Client (PyClient) and what the binding's files share
 // (gradd_module.cc, the module's init; errors.cc; collective_bindings.cc;
-// join_rebuild_bindings.cc).
+// join_rebuild_bindings.cc; restart_bindings.cc).
 //
 // A PyClient owns one gradd::Client. Threads: mark_ready may run on several
 // threads at once (autograd threads); it releases the GIL. wait_all,
@@ -138,6 +138,9 @@ class PyClient {
   int Join();
   bool RebuildBuckets();
 
+  // restart_bindings.cc: Client::BeginStateSync (GIL released); the root.
+  int BeginStateSync();
+
   void Detach() {
     absl::Status s;
     {
@@ -160,6 +163,10 @@ void DefineCollectives(py::class_<PyClient>& client);
 // join_rebuild_bindings.cc: join_enter, join_active, join, in_join,
 // rebuild_buckets, has_rebuilt_buckets, ready_order on the Client class.
 void DefineJoinAndRebuild(py::class_<PyClient>& client);
+// restart_bindings.cc: rejoined, rank_restart_grace_ms, iterations_aborted,
+// restarts, state_sync_pending, begin_state_sync on the Client class, and
+// the module's _raise_status (tests of the error mapping).
+void DefineRankRestart(py::module_& m, py::class_<PyClient>& client);
 
 }  // namespace gradd::python
 

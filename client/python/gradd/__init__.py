@@ -16,6 +16,9 @@ PyTorch: ``gradd.torch.DistributedDataParallel`` is a drop-in for
 Errors from the client library or the daemon raise ``gradd.GraddError`` (a
 ``RuntimeError``) or its subclass for the status code (e.g.
 ``gradd.FailedPreconditionError``); ``err.code`` is the code's name.
+``gradd.IterationAbortedError`` (an ``AbortedError``) is the one error a
+job goes on after: a rank restarted (rank_restart_grace_ms > 0), the
+iteration was applied by nobody; skip the optimizer step and retry the batch.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from gradd._C import (  # noqa: F401  (re-exported)
     GraddError,
     InternalError,
     InvalidArgumentError,
+    IterationAbortedError,
     NotFoundError,
     OutOfRangeError,
     PermissionDeniedError,
@@ -55,6 +59,7 @@ __all__ = [
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
+    "IterationAbortedError",
     "NotFoundError",
     "OutOfRangeError",
     "PermissionDeniedError",

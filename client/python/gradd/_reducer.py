@@ -107,6 +107,7 @@ class Reducer:
         find_unused_parameters: bool,
         who: str,
         fail: Callable[[BaseException], None],
+        done: Optional[Callable[[], None]] = None,
         device: Optional[torch.device] = None,
         sparse=None,
     ):
@@ -125,6 +126,8 @@ class Reducer:
         self.static_graph = False
         self.who = who
         self._fail = fail
+        # Called at the end of every synced backward that completed.
+        self._done = done
         # Sparse parameters (gradd/_sparse.py): reduced after the dense
         # buckets of every synced backward, outside the bucket machinery.
         self.sparse = sparse
@@ -406,6 +409,17 @@ class Reducer:
         self._used_since_sync = [False] * n
         self.expect_hooks = False
         self.iterations_done += 1
+        if self._done is not None:
+            self._done()
+
+    def abort_iteration(self) -> None:
+        """The iteration was aborted by a rank restart (gradd/_restart.py):
+        forget what this backward handed over, as if it had not run, so the
+        batch can be retried with a new forward. The client library has
+        moved on to the next iteration itself."""
+        self._reset()
+        self._callback_queued = False
+        self.expect_hooks = False
 
     def _globally_used(self, first_static: bool) -> Optional[List[bool]]:
         """None: every parameter counts as used (no find_unused / static)."""

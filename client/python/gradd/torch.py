@@ -34,11 +34,13 @@ that host serves it on demand).
 Module map: _world (who am I, job id), _state_sync (rank 0's state),
 _reducer (autograd hooks, .grad rules), _rebuild (bucket re-plan), _join
 (uneven inputs), _sparse, _cuda, _comm_hooks / _trainer_hooks / _hook_group /
-_trainer_join (comm hooks), _ddp_logging (``_get_ddp_logging_data``).
+_trainer_join (comm hooks), _ddp_logging (``_get_ddp_logging_data``),
+_restart (rank restart: state sync, aborted iterations).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from typing import List, Optional, Sequence
@@ -47,15 +49,15 @@ import torch  # the real torch: this module is gradd.torch, imports are absolute
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
-from gradd import _cuda, _ddp_logging, _rebuild, _state_sync, _world
+from gradd import _cuda, _ddp_logging, _rebuild, _restart, _state_sync, _world
 from gradd import _join  # join() for uneven inputs
 from gradd import distributed as _distributed  # noqa: F401  (registers torch.distributed's backend "gradd"; off without gradd._c10d)
-from gradd._C import GraddError
+from gradd._C import GraddError, IterationAbortedError
 from gradd._reducer import Reducer
 from gradd._sparse import SparseReducer, sparse_parameter_ids
 from gradd._trainer_hooks import TrainerComm
 
-__all__ = ["DistributedDataParallel", "GraddError"]
+__all__ = ["DistributedDataParallel", "GraddError", "IterationAbortedError"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -125,6 +127,43 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     ``attach_timeout``, ``wait_timeout`` (seconds), ``rebuild_buckets``
     (default True: re-plan buckets after the first iteration as torch does;
     see gradd/_rebuild.py).
+
+    Rank restart (``rank_restart_grace_ms=``, else
+    ``$GRADD_RANK_RESTART_GRACE_MS``, else the daemon's setting; see
+    gradd/_restart.py and client/python/README.md): with a grace > 0 a
+    trainer whose process dies may be started again (same RANK /
+    LOCAL_RANK, same job id, same model) within the grace and re-attaches to
+    the running job instead of failing it. The job id must then be explicit
+    (``job_id=`` or ``$GRADD_JOB``; ValueError otherwise). The other ranks
+    pause; the iteration they were in is applied by nobody: their
+    ``loss.backward()`` raises ``gradd.IterationAbortedError`` (a subclass
+    of ``gradd.AbortedError``, a RuntimeError; the type survives autograd)
+    and ``should_commit()`` is False until the next successful backward.
+    The DDP is then ready for the same batch again::
+
+        ddp.register_state(opt.state_dict, opt.load_state_dict)
+        ddp.register_state(lambda: {"step": step}, load_step)
+        while step < steps:
+            ddp.sync_state()   # a restarted rank takes the job's step here
+            x, y = batch(step)
+            opt.zero_grad()
+            try:
+                loss_fn(ddp(x), y).backward()
+            except gradd.IterationAbortedError:
+                continue       # skip the optimizer step, retry the batch
+            opt.step()
+            step += 1
+
+    Before the next iteration (at the start of forward, before the buffer
+    broadcast and anything else collective, or at ``sync_state()``) every
+    rank takes part in the state sync: the parameters and buffers and every
+    ``register_state(state_dict_fn, load_state_dict_fn)`` (in registration
+    order) go from a rank that holds the job's state to the restarted one.
+    A restarted rank's constructor skips the construction-time broadcast
+    from rank 0. ``rejoined``, ``rejoin_iteration`` and
+    ``iterations_aborted`` say what happened. A launcher must restart the
+    dead process alone (a supervisor); torchrun's elastic agent restarts
+    the whole group, which is not a rank restart.
     """
 
     def __init__(
@@ -155,6 +194,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         attach_timeout: float = 120.0,
         wait_timeout: float = 600.0,
         rebuild_buckets: bool = True,  # gradd/_rebuild.py
+        rank_restart_grace_ms: Optional[int] = None,  # gradd/_restart.py
     ):
         super().__init__()
         Joinable.__init__(self)  # join(): gradd/_join.py
@@ -220,8 +260,12 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._params: List[torch.nn.Parameter] = [p for _, p in named]
         self._sparse_names: List[str] = [n for n, _ in sparse_named]
         self._sparse_params: List[torch.nn.Parameter] = [p for _, p in sparse_named]
+        # Rank restart: a grace > 0 needs an explicit job id (_restart.py).
+        grace = _restart.requested_grace(rank_restart_grace_ms)
+        _restart.check_job_id(grace, job_id, process_group)
         # What a re-attach after unpickling needs (see __setstate__).
         self._attach_options = dict(
+            rank_restart_grace_ms=rank_restart_grace_ms,
             socket=socket,
             job_id=job_id,
             rank=rank,
@@ -300,6 +344,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             # _set_static_graph() may turn on after construction.
             find_unused_parameters=True,
             cuda_device=self.device_ids[0] if cuda else -1,
+            rank_restart_grace_ms=opts.get("rank_restart_grace_ms"),
         )
         if self._client.world_size != self.world_size or self._client.global_rank != self.rank:
             got = (self._client.global_rank, self._client.world_size)
@@ -311,8 +356,18 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 f"{got[1]}, but {source} says rank {self.rank} of {self.world_size}"
             )
 
+        # -- rank restart (gradd/_restart.py) -------------------------------
+        explicit_id = bool(opts.get("job_id") or os.environ.get(_restart.JOB_ENV))
+        self._restart = _restart.RestartState(self._client, explicit_id)
+        if self._restart.grace_ms > 0:
+            # A rebuild is a job-wide switch a restarted rank cannot know
+            # it missed: jobs with a grace keep their first plan.
+            self._rebuild_buckets_enabled = False
+
         # -- every rank starts from rank 0's state -------------------------
-        if self.world_size > 1:
+        # (not a restarted rank: the survivors are not in this broadcast; it
+        # gets the job's state at its first forward's state sync)
+        if self.world_size > 1 and not self._restart.rejoined:
             self._broadcast_tensors(state)
 
         # -- gradient views and autograd hooks -----------------------------
@@ -335,6 +390,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             find_unused_parameters=self.find_unused_parameters,
             who=f"job '{self.job_id}', rank {self.rank}",
             fail=self._fail,
+            done=self._backward_done,
             device=self._device,
             sparse=SparseReducer(
                 list(self._sparse_names),
@@ -363,7 +419,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # default process group's ranks -- or the environment's world -- at that
     # time; every rank must then run that forward, as torch's ranks must all
     # rebuild their reducers. Comm hooks, like torch's, are not kept.
-    _NOT_PICKLED = ("_client", "_reducer", "process_group", "_failure", "_gradd_comm_hook")
+    # Registered states (register_state) are not kept either: they name
+    # live objects (an optimizer) of this process.
+    _NOT_PICKLED = (
+        "_client", "_reducer", "process_group", "_failure", "_gradd_comm_hook", "_restart",
+    )
 
     def __getstate__(self):
         if self.__dict__.get("_is_subgroup"):
@@ -400,6 +460,59 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                       "node_rank", "coordinator", "job_id")
         })
         self._attach(world)
+
+    # --------------------------------------------------------- rank restart
+    def register_state(self, state_dict_fn, load_state_dict_fn) -> None:
+        """Registers state that a restarted rank must get from the others
+        at its state sync, besides parameters and buffers: the root sends
+        ``torch.save(state_dict_fn())``, a rank that rejoined calls
+        ``load_state_dict_fn(torch.load(...))``. Any number, applied in
+        registration order; every rank must register the same ones in the
+        same order (e.g. ``optimizer.state_dict, optimizer.load_state_dict``,
+        an LR scheduler's, a step counter's)."""
+        _restart.register_state(self, state_dict_fn, load_state_dict_fn)
+
+    def sync_state(self) -> bool:
+        """Runs the rank restart state sync now if one is due (it runs at
+        the start of forward anyway). Call it at the top of the training
+        loop when the batch depends on registered state (the step): a
+        restarted rank then picks the job's batch. Returns whether it ran;
+        collective when due (every rank is at the same point)."""
+        self._raise_if_failed()
+        return _restart.sync_state(self)
+
+    def should_commit(self) -> bool:
+        """False after a backward whose iteration was aborted by a rank
+        restart (skip the optimizer step), until the next successful
+        backward; True otherwise."""
+        restart = self.__dict__.get("_restart")
+        return restart is None or not restart.last_aborted
+
+    @property
+    def rejoined(self) -> bool:
+        """True when this process re-attached to its running job after a
+        restart (rank_restart_grace_ms > 0)."""
+        restart = self.__dict__.get("_restart")
+        return bool(restart is not None and restart.rejoined)
+
+    @property
+    def rejoin_iteration(self) -> Optional[int]:
+        """The job's iteration this restarted rank rejoined at (its first;
+        the daemon's count, from 1), None when it did not rejoin."""
+        restart = self.__dict__.get("_restart")
+        return restart.rejoin_iteration if restart is not None else None
+
+    @property
+    def iterations_aborted(self) -> int:
+        """Iterations aborted by rank restarts since this rank attached."""
+        client = self.__dict__.get("_client")
+        return int(client.iterations_aborted) if client is not None else 0
+
+    @property
+    def rank_restart_grace_ms(self) -> int:
+        """The grace the job runs with (0: none)."""
+        restart = self.__dict__.get("_restart")
+        return restart.grace_ms if restart is not None else 0
 
     # ------------------------------------------------------------------ info
     @property
@@ -511,6 +624,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 f"gradd.torch.DistributedDataParallel (job '{self.job_id}', rank "
                 f"{self.rank}) was shut down; use .module to run the model locally"
             )
+        # Rank restart: the state sync, before anything else collective.
+        _restart.sync_state(self)
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if grad_sync:
             if self._reducer.backward_in_progress:
@@ -681,12 +796,20 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         )
 
     def _fail(self, error: BaseException):
-        """Records the first error: the job can't continue after it."""
+        """Records the first error: the job can't continue after it. An
+        iteration aborted by a rank restart is not a failure: the iteration
+        state is reset and the error raised (gradd/_restart.py)."""
+        if isinstance(error, IterationAbortedError):
+            _restart.on_aborted(self, error)
         if self._failure is None:
             self._failure = error
         if self._logged_error is None:
             self._logged_error = f"{type(error)}: {error}"
         raise error
+
+    def _backward_done(self) -> None:
+        """A synced backward completed (the reducer's end): commit again."""
+        _restart.on_backward_done(self)
 
     def _log_and_throw(self, err_type, err_msg: str):
         """As torch's: the error is kept for _get_ddp_logging_data()
