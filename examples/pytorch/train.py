@@ -21,8 +21,26 @@ crash too. Across machines see docs/operations.md, "Multi-node jobs".) The job i
 so all ranks of one launch meet in the daemon; GRADD_JOB overrides it.
 
 Each rank trains a small MLP regression on its own shard of a synthetic data
-set; rank 0 prints the loss, every rank prints a checksum of its parameters at
-the end, which must be the same on all ranks.
+set (each step's batch a function of the step and the rank); rank 0 prints
+the loss, every rank prints a checksum of its parameters at the end, which
+must be the same on all ranks.
+
+--restart-safe: the rank restart loop (client/python/README.md, "Rank
+restart"). With a grace (--rank-restart-grace-ms, or
+GRADD_RANK_RESTART_GRACE_MS, or the daemon's setting) and an explicit job id
+(GRADD_JOB), a rank whose process dies may be started again by its
+supervisor with the same RANK / LOCAL_RANK / GRADD_JOB: it re-attaches,
+receives the parameters, the optimizer state and the step from the others,
+and the others retry the batch of the iteration its death aborted:
+
+    for r in 0 1; do
+      ( export RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GRADD_JOB=demo \
+               GRADD_SOCKET=/tmp/gradd/gradd.sock PYTHONPATH=build/client/python
+        until /usr/bin/python3 examples/pytorch/train.py --steps 2000 --restart-safe \
+              --rank-restart-grace-ms 30000; do echo "rank $r died; restarting"; done ) &
+    done; wait
+
+(kill -9 one of the trainers: the other pauses and goes on.)
 """
 import argparse
 import os
@@ -30,7 +48,18 @@ import os
 import torch
 from torch import nn
 
+import gradd
 from gradd.torch import DistributedDataParallel as DDP
+
+
+def batch(step, rank, size, teacher):
+    """The batch of `step` on `rank`: the same whenever it is drawn (a
+    retried or restarted step sees the same data)."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    x = torch.randn(size, 64, generator=g)
+    with torch.no_grad():
+        y = teacher(x)
+    return x, y
 
 
 def main():
@@ -40,6 +69,11 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--restart-safe", action="store_true",
+                    help="the rank restart loop (needs an explicit job id: GRADD_JOB)")
+    ap.add_argument("--rank-restart-grace-ms", type=int, default=None,
+                    help="the job's rank restart grace (default: "
+                         "$GRADD_RANK_RESTART_GRACE_MS, else the daemon's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rank = int(os.environ.get("RANK", "0"))
@@ -48,27 +82,58 @@ def main():
     teacher = nn.Linear(64, 8)  # the function to learn
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                           nn.Linear(256, 8))
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)  # broadcasts rank 0's weights
+    # Broadcasts rank 0's weights (a restarted rank: gets the job's at its
+    # first sync instead).
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
+              rank_restart_grace_ms=args.rank_restart_grace_ms)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    data = torch.Generator().manual_seed(1 + rank)  # each rank its own shard
 
-    if rank == 0:
+    if rank == 0 or ddp.rejoined:
         print(f"job {ddp.job_id}: {ddp.world_size} ranks, {ddp.num_buckets} bucket(s), "
-              f"{sum(p.numel() for p in model.parameters())} parameters", flush=True)
-    for step in range(1, args.steps + 1):
-        x = torch.randn(args.batch, 64, generator=data)
-        with torch.no_grad():
-            y = teacher(x)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()  # returns with gradients averaged over all ranks
-        opt.step()
-        if rank == 0 and (step % 20 == 0 or step == 1):
-            print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
+              f"{sum(p.numel() for p in model.parameters())} parameters"
+              + (f"; rank {rank} rejoined at iteration {ddp.rejoin_iteration}"
+                 if ddp.rejoined else ""), flush=True)
+    if args.restart_safe:
+        train_restart_safe(args, ddp, opt, teacher, rank)
+    else:
+        for step in range(1, args.steps + 1):
+            x, y = batch(step, rank, args.batch, teacher)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(ddp(x), y)
+            loss.backward()  # returns with gradients averaged over all ranks
+            opt.step()
+            if rank == 0 and (step % 20 == 0 or step == 1):
+                print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
 
     checksum = sum(p.double().sum().item() for p in model.parameters())
     print(f"rank {rank}: parameter checksum {checksum:.10f}", flush=True)
     ddp.shutdown()
+
+
+def train_restart_safe(args, ddp, opt, teacher, rank):
+    """The rank restart pattern: what a restarted rank must get from the
+    others is registered (the optimizer's momentum, the step), the batch is
+    picked after the state sync, and an iteration aborted by a restart is
+    retried without the optimizer step."""
+    state = {"step": 1}
+    ddp.register_state(opt.state_dict, opt.load_state_dict)
+    ddp.register_state(lambda: dict(state), state.update)
+    while state["step"] <= args.steps:
+        ddp.sync_state()  # a restarted rank takes the job's step here
+        step = state["step"]
+        x, y = batch(step, rank, args.batch, teacher)
+        opt.zero_grad()
+        try:
+            loss = nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+        except gradd.IterationAbortedError as e:
+            # A rank restarted: nobody applies this iteration. Retry it.
+            print(f"rank {rank}: step {step} aborted ({e}); retrying", flush=True)
+            continue
+        opt.step()
+        state["step"] += 1
+        if rank == 0 and (step % 20 == 0 or step == 1):
+            print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
 
 
 if __name__ == "__main__":
