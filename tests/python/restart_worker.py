@@ -101,7 +101,8 @@ def main():
                 nn.functional.mse_loss(ddp(x), y).backward()
             except gradd.IterationAbortedError as e:
                 report["attempts"].append(
-                    {"step": step, "commit": ddp.should_commit(), "aborted": str(e)})
+                    {"step": step, "commit": ddp.should_commit(), "aborted": str(e),
+                     "next_iteration": ddp.client.iteration})
                 snap["want"] = True
                 continue
             report["attempts"].append({"step": step, "commit": ddp.should_commit()})

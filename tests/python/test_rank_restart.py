@@ -20,7 +20,7 @@ from torch import nn
 import gradd
 import gradd._C
 import gradd.torch
-from conftest import HERE
+from conftest import HERE, rank_threads
 
 WORKER = os.path.join(HERE, "restart_worker.py")
 
@@ -161,6 +161,89 @@ def test_aborted_backward_raises_through_autograd_and_retries(daemon, job_id, mo
         ddp.shutdown()
 
 
+class _SyncDue:
+    """A client proxy on which one state sync is due, rooted at rank 0
+    (what the client library reports after a restart); broadcasts go to the
+    real client. Tests gradd.torch's half of the sync (what is sent, who
+    loads) on a build without rank restart."""
+
+    def __init__(self, client):
+        self._client = client
+        self.pending = True
+
+    def state_sync_pending(self):
+        return self.pending
+
+    def begin_state_sync(self):
+        self.pending = False
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_state_sync_sends_parameters_buffers_and_registered_states(daemon, job_id):
+    """Two ranks as threads; rank 1 plays the restarted one (different
+    parameters, buffers, optimizer state and step): after the sync it holds
+    rank 0's, loaded through its load_state_dict functions in registration
+    order; rank 0 loads nothing."""
+    world = 2
+
+    def body(rank):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Linear(7, 3))
+        ddp = gradd.torch.DistributedDataParallel(
+            model, socket=daemon.socket, job_id=job_id, rank=rank, world_size=world,
+            local_rank=rank, local_world_size=world)
+        try:
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+            step = {"step": 0}
+            loaded = []
+            ddp.register_state(opt.state_dict,
+                               lambda sd: (loaded.append("opt"), opt.load_state_dict(sd)))
+            ddp.register_state(lambda: dict(step),
+                               lambda sd: (loaded.append("step"), step.update(sd)))
+            # Diverge: rank 1 is "the restarted one", with a fresh state.
+            if rank == 0:
+                x = torch.randn(8, 5, generator=torch.Generator().manual_seed(3))
+                model(x).sum().backward()
+                opt.step()
+                step["step"] = 17
+            else:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            ddp._client = _SyncDue(ddp._client)
+            ddp._restart.grace_ms = 1000  # as if the job ran with a grace
+            ddp._restart.unsynced = rank == 1
+            ran = ddp.sync_state()
+            again = ddp.sync_state()  # nothing due any more
+            return dict(
+                ran=ran, again=again, loaded=loaded, step=step["step"],
+                params=[p.detach().clone() for p in model.parameters()],
+                buffers=[b.detach().clone() for b in model.buffers()],
+                momentum=[opt.state[p]["momentum_buffer"].clone()
+                          for p in model.parameters() if p in opt.state],
+            )
+        finally:
+            ddp.shutdown()
+
+    results, errors = rank_threads(world, body, timeout=60)
+    assert errors == [None, None], errors
+    r0, r1 = results
+    assert r0["ran"] and r1["ran"] and not r0["again"] and not r1["again"]
+    assert r0["loaded"] == [] and r1["loaded"] == ["opt", "step"]
+    assert r1["step"] == 17
+    for a, b in zip(r0["params"] + r0["buffers"], r1["params"] + r1["buffers"]):
+        assert torch.equal(a, b)
+    assert len(r0["momentum"]) == len(r1["momentum"]) == 6  # every parameter
+    for a, b in zip(r0["momentum"], r1["momentum"]):
+        assert torch.equal(a, b)
+    # BatchNorm's running stats moved on rank 0 (a forward in train mode):
+    # the buffers really came from it.
+    assert not torch.equal(r0["buffers"][0], torch.zeros(7))
+
+
 # ----------------------------------------------------------- end to end
 def _rank_restart_supported(socket_path, job_id):
     c = gradd.attach([("w", (4,), "float32")], socket=socket_path, job_id=job_id,
@@ -298,6 +381,8 @@ def test_sigkilled_rank_restarts_and_the_job_goes_on(daemon, job_id, tmp_path,
         assert len(aborted) == 1, s["attempts"]
         assert aborted[0]["step"] == die_at and aborted[0]["commit"] is False
         assert "retry the batch" in aborted[0]["aborted"]
+        # The survivors' next iteration is the one the restarted rank joined at.
+        assert aborted[0]["next_iteration"] == back["rejoin_iteration"]
         assert [a["step"] for a in s["attempts"]] == \
             list(range(die_at + 1)) + list(range(die_at, steps))
         assert [a["commit"] for a in s["attempts"]].count(False) == 1
