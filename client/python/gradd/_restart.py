@@ -106,8 +106,9 @@ class RestartState:
     """One DDP's rank restart state (``ddp._restart``)."""
 
     def __init__(self, client, explicit_job_id: bool):
-        self.grace_ms = int(client.rank_restart_grace_ms)
-        self.rejoined = bool(client.rejoined)
+        # (getattr: stand-in clients of tests need not know rank restart)
+        self.grace_ms = int(getattr(client, "rank_restart_grace_ms", 0))
+        self.rejoined = bool(getattr(client, "rejoined", False))
         # The iteration this rank rejoined at (its first), else None.
         self.rejoin_iteration: Optional[int] = int(client.iteration) if self.rejoined else None
         # A rejoined rank loads the registered states at its first sync.
