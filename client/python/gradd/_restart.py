@@ -114,6 +114,8 @@ class RestartState:
         # A rejoined rank loads the registered states at its first sync.
         self.unsynced = self.rejoined
         self.last_aborted = False
+        # The client iteration of the last completed state sync.
+        self.synced_iteration: Optional[int] = None
         self.states: List[Tuple[Callable[[], object], Callable[[object], object]]] = []
         if self.grace_ms > 0 and not explicit_job_id:
             warnings.warn(
@@ -161,13 +163,21 @@ def sync_state(ddp) -> bool:
     if client is None or restart is None or restart.grace_ms == 0 or ddp.world_size < 2:
         return False
     ran = False
-    while client.state_sync_pending():
+    # At most one completed sync per iteration: the client library keeps
+    # reporting a sync pending on a rejoined rank until its first bucket
+    # after the sync (so that it keeps offering no state if the sync's
+    # broadcasts are cut short), and a second call in the same iteration
+    # (sync_state() at the top of the loop, then forward) must not start a
+    # sync the others do not run. A restart after the sync aborts the
+    # iteration, and the next one syncs again.
+    while restart.synced_iteration != client.iteration and client.state_sync_pending():
         try:
             _sync_once(ddp, client, restart)
         except IterationAbortedError:
             # Another restart aborted the sync's round: it is due again
             # (sync_seq moved on); a partly loaded state is loaded again.
             continue
+        restart.synced_iteration = client.iteration
         ran = True
     return ran
 
