@@ -98,12 +98,17 @@
 // mapped by the daemon). When it attaches again (Attach with the same job
 // id, local rank and model; AttachResponse.rejoined), at a point where no
 // bucket or round is with the reducer, the daemon:
-//   1. aborts the gradient iteration in progress, if any (some bucket done
-//      or some live rank ready for it, not all done): header.aborted_rank,
-//      then header.aborted_iteration.store(i, release), then every bucket
-//      not done gets done_seq = i without being reduced;
-//   2. aborts the collective round in progress, if any, likewise
-//      (aborted_round, then bcast_done_seq = k);
+//   1. aborts the gradient iteration in progress (some bucket done for
+//      it), or else the next one (i = every done_seq + 1): aborted_rank,
+//      then aborted_iteration.store(i, release), then every bucket not done
+//      gets done_seq = i without being reduced. Aborting the next
+//      iteration when none is in progress makes the rejoin one agreement
+//      point for every rank: a survivor that checked for a state sync just
+//      before it and went on into iteration i finds i aborted and syncs
+//      before retrying, like a survivor that checks just after it;
+//   2. aborts the collective round in progress, or else the next one,
+//      likewise (aborted_round, then bcast_done_seq = k), so a survivor's
+//      round and the rejoined rank's state sync never meet in one round;
 //   3. writes the rank's ready row = the last iteration (done), its
 //      collective row = bcast_done_seq, clears its JoinSlot, bumps
 //      header.restarts, then header.sync_seq (release), WakeClients.

@@ -34,6 +34,10 @@
 //       [--mode check|train] [--rank-restart-grace-ms MS] [--lr 0.125]
 //       [--pause-at-step S]   (train: stop in the middle of step S's
 //                              backward, print PAUSED, sleep; for tests)
+//       [--step-sleep-ms MS]  (train: MS of "compute" in the middle of each
+//                              step's backward; soak tests)
+//       [--print-steps]       (train: "STEP s t_ns=T" after each applied
+//                              step, T on CLOCK_MONOTONIC; recovery bench)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -63,6 +67,8 @@ struct Flags {
   std::optional<uint32_t> grace_ms;
   float lr = 0.125f;
   int pause_at_step = -1;
+  int step_sleep_ms = 0;
+  bool print_steps = false;
 };
 
 void Usage(const char* argv0) {
@@ -70,7 +76,7 @@ void Usage(const char* argv0) {
                "usage: %s [--socket PATH] [--job ID] --local-rank R "
                "--local-world-size L [--iterations N] [--params P] "
                "[--mode check|train] [--rank-restart-grace-ms MS] [--lr LR] "
-               "[--pause-at-step S]\n",
+               "[--pause-at-step S] [--step-sleep-ms MS] [--print-steps]\n",
                argv0);
 }
 
@@ -78,6 +84,10 @@ void Usage(const char* argv0) {
 bool ParseFlags(int argc, char** argv, Flags* flags) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--print-steps") {  // the one flag without a value
+      flags->print_steps = true;
+      continue;
+    }
     std::string value;
     if (auto eq = arg.find('='); eq != std::string::npos) {
       value = arg.substr(eq + 1);
@@ -112,6 +122,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       ok = absl::SimpleAtof(value, &flags->lr);
     } else if (arg == "--pause-at-step") {
       ok = absl::SimpleAtoi(value, &flags->pause_at_step);
+    } else if (arg == "--step-sleep-ms") {
+      ok = absl::SimpleAtoi(value, &flags->step_sleep_ms) &&
+           flags->step_sleep_ms >= 0;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return false;
@@ -230,6 +243,10 @@ int Train(const Flags& flags, gradd::Client& client) {
         std::fflush(stdout);
         std::this_thread::sleep_for(std::chrono::hours(1));
       }
+      if (flags.step_sleep_ms > 0 && p == client.num_params() / 2) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(flags.step_sleep_ms));
+      }
       float* g = static_cast<float*>(client.gradient(p));
       const float* wp = w.data() + offset[p];
       const size_t n = offset[p + 1] - offset[p];
@@ -258,6 +275,15 @@ int Train(const Flags& flags, gradd::Client& client) {
       for (size_t j = 0; j < n; ++j) wp[j] -= flags.lr * g[j];
     }
     ++step;
+    if (flags.print_steps) {
+      std::printf("rank %d: STEP %llu t_ns=%llu\n", rank,
+                  static_cast<unsigned long long>(step),
+                  static_cast<unsigned long long>(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count()));
+      std::fflush(stdout);
+    }
   }
   std::printf(
       "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu "

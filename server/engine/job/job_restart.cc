@@ -121,13 +121,17 @@ void Job::RejoinNow(int rank, RejoinDone done) {
   }
   void* base = control_.data();
   std::atomic<uint64_t>* done_seq = layout_.done_seq(base);
-  const int world = spec_.local_world_size;
   const size_t n = plan_.buckets.size();
-  auto live = [&](int r) { return rank_state_[r].load() == kLive; };
 
-  // 1. The gradient iteration in progress: some bucket done for it, or some
-  // live rank ready for it. Nobody applies it: every bucket not done gets
-  // done_seq = i without being reduced, the verdict stored first.
+  // 1. The gradient iteration in progress (some bucket done for it), or
+  // else the next one, is aborted: nobody applies it. Every bucket not done
+  // gets done_seq = i without being reduced, the verdict stored first.
+  // Aborting the next iteration when none is in progress gives every rank
+  // the same agreement point: a survivor that checked for a state sync
+  // before this rejoin and went on into iteration i finds it aborted and
+  // syncs before retrying, exactly like one that checks after it (and a
+  // rank that syncs first finds i done and aborted at once, then goes on
+  // with i + 1, as the rejoined rank does).
   uint64_t lo = std::numeric_limits<uint64_t>::max();
   uint64_t hi = 0;
   for (size_t b = 0; b < n; ++b) {
@@ -136,21 +140,7 @@ void Job::RejoinNow(int rank, RejoinDone done) {
     hi = std::max(hi, d);
   }
   if (n == 0) lo = 0;
-  uint64_t aborted_iteration = 0;
-  if (hi > lo) {
-    aborted_iteration = hi;
-  } else {
-    for (int r = 0; r < world && aborted_iteration == 0; ++r) {
-      if (!live(r)) continue;
-      for (size_t b = 0; b < n; ++b) {
-        if (layout_.ready_row(base, r)[b].load(std::memory_order_acquire) ==
-            lo + 1) {
-          aborted_iteration = lo + 1;
-          break;
-        }
-      }
-    }
-  }
+  const uint64_t aborted_iteration = n == 0 ? 0 : (hi > lo ? hi : lo + 1);
   if (aborted_iteration != 0) {
     header_->aborted_rank.store(rank, std::memory_order_relaxed);
     header_->aborted_iteration.store(aborted_iteration,
@@ -167,21 +157,14 @@ void Job::RejoinNow(int rank, RejoinDone done) {
   }
   const uint64_t last = std::max(hi, aborted_iteration);
 
-  // 2. The collective round in progress (some live rank entered it).
-  const uint64_t bd = header_->bcast_done_seq.load(std::memory_order_acquire);
-  uint64_t aborted_round = 0;
-  for (int r = 0; r < world; ++r) {
-    if (live(r) && layout_.bcast(base, r)->ready_seq.load(
-                       std::memory_order_acquire) == bd + 1) {
-      aborted_round = bd + 1;
-      break;
-    }
-  }
-  if (aborted_round != 0) {
-    header_->aborted_rank.store(rank, std::memory_order_relaxed);
-    header_->aborted_round.store(aborted_round, std::memory_order_release);
-    header_->bcast_done_seq.store(aborted_round, std::memory_order_release);
-  }
+  // 2. The collective round in progress, or else the next one, likewise
+  // (the same agreement point for rounds: a survivor's buffer broadcast
+  // and the rejoined rank's state sync can never meet in one round).
+  const uint64_t aborted_round =
+      header_->bcast_done_seq.load(std::memory_order_acquire) + 1;
+  header_->aborted_rank.store(rank, std::memory_order_relaxed);
+  header_->aborted_round.store(aborted_round, std::memory_order_release);
+  header_->bcast_done_seq.store(aborted_round, std::memory_order_release);
   const uint64_t collective_seq =
       header_->bcast_done_seq.load(std::memory_order_acquire);
 

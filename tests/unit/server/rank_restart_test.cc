@@ -146,7 +146,9 @@ TEST_F(RankRestartTest, DeathMidIterationWaitsThenRejoinAbortsIt) {
   const v1::AttachResponse& resp = back->response();
   EXPECT_TRUE(resp.rejoined());
   EXPECT_EQ(resp.next_iteration(), 3u);
-  EXPECT_EQ(resp.collective_seq(), 0u);
+  // No round was in progress: the next one (1) is aborted, so a survivor's
+  // next round and the rejoiner's state sync cannot meet in one round.
+  EXPECT_EQ(resp.collective_seq(), 1u);
   EXPECT_EQ(resp.sync_seq(), 1u);
   EXPECT_EQ(resp.rank_restart_grace_ms(), 10000u);
   EXPECT_EQ(resp.buckets_size(), 2);
@@ -223,7 +225,11 @@ TEST_F(RankRestartTest, DeathAfterHandingOverEverythingAbortsTheNextOne) {
   EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 2u);
 }
 
-TEST_F(RankRestartTest, IdleDeathAbortsNothing) {
+// Nothing in progress when the rank comes back: the next iteration is
+// aborted all the same (every bucket done for it at once), the one point
+// every rank agrees on whether it checked for the state sync before the
+// rejoin or after it.
+TEST_F(RankRestartTest, IdleDeathAbortsTheNextIteration) {
   auto ranks = Start("idle", 2);
   ASSERT_EQ(ranks.size(), 2u);
   for (auto& r : ranks) {
@@ -236,15 +242,28 @@ TEST_F(RankRestartTest, IdleDeathAbortsNothing) {
   absl::Status status;
   std::unique_ptr<TestRank> back = Reattach("idle", 1, 2, &status);
   ASSERT_TRUE(status.ok()) << status;
-  EXPECT_EQ(back->response().next_iteration(), 2u);
-  EXPECT_EQ(back->header()->aborted_iteration.load(), 0u);
+  EXPECT_EQ(back->response().next_iteration(), 3u);
+  EXPECT_EQ(back->header()->aborted_iteration.load(), 2u);
+  EXPECT_EQ(back->header()->aborted_round.load(), 1u);
   EXPECT_EQ(back->header()->sync_seq.load(), 1u);
+  // The survivor's iteration 2 (handed over after the rejoin) is done and
+  // aborted at once, without the rejoiner.
   ranks[0]->Publish(0, 2);
   ranks[0]->Publish(1, 2);
-  back->Publish(0, 2);
-  back->Publish(1, 2);
   EXPECT_TRUE(ranks[0]->WaitAllDone(2)) << ranks[0]->Error();
-  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 0u);
+  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 2u);
+  EXPECT_TRUE(ranks[0]->Error().ok()) << ranks[0]->Error();
+  // Iteration 3 runs with both and is not aborted.
+  Fill(*ranks[0], 0, 1.0f);
+  Fill(*back, 0, 3.0f);
+  for (int b = 0; b < 2; ++b) {
+    ranks[0]->Publish(b, 3);
+    back->Publish(b, 3);
+  }
+  ASSERT_TRUE(ranks[0]->WaitAllDone(3)) << ranks[0]->Error();
+  ASSERT_TRUE(back->WaitAllDone(3)) << back->Error();
+  EXPECT_EQ(First(*back, 0), 2.0f);
+  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 2u);
 }
 
 TEST_F(RankRestartTest, CollectiveRoundInProgressIsAborted) {
@@ -264,10 +283,11 @@ TEST_F(RankRestartTest, CollectiveRoundInProgressIsAborted) {
   std::unique_ptr<TestRank> back = Reattach("coll", 1, 2, &status);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(back->response().collective_seq(), 2u);
-  EXPECT_EQ(back->response().next_iteration(), 1u);
+  // No gradient iteration was in progress: the next one (1) is aborted.
+  EXPECT_EQ(back->response().next_iteration(), 2u);
   ASSERT_TRUE(ranks[0]->WaitBroadcast(2)) << ranks[0]->Error();
   EXPECT_EQ(ranks[0]->header()->aborted_round.load(), 2u);
-  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 0u);
+  EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 1u);
   EXPECT_EQ(back->layout()
                 .bcast(back->control_base(), 1)
                 ->ready_seq.load(std::memory_order_acquire),
