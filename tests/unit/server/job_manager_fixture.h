@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
@@ -16,6 +17,16 @@
 #include "tests/unit/server/test_rank.h"
 
 namespace gradd {
+
+// A status with `code` whose message contains `substr`.
+MATCHER_P2(StatusIs, code, substr, "") {
+  if (arg.code() == code &&
+      std::string(arg.message()).find(substr) != std::string::npos) {
+    return true;
+  }
+  *result_listener << "status is " << arg;
+  return false;
+}
 
 class JobManagerFixture : public ::testing::Test {
  protected:

@@ -26,15 +26,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-MATCHER_P2(StatusIs, code, substr, "") {
-  if (arg.code() == code &&
-      std::string(arg.message()).find(substr) != std::string::npos) {
-    return true;
-  }
-  *result_listener << "status is " << arg;
-  return false;
-}
-
 const std::vector<TestParam> kSmallModel = {
     {"fc1.weight", {16, 8}, v1::FLOAT32},
     {"fc1.bias", {16}, v1::FLOAT32},

@@ -24,15 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-MATCHER_P2(StatusIs, code, substr, "") {
-  if (arg.code() == code &&
-      std::string(arg.message()).find(substr) != std::string::npos) {
-    return true;
-  }
-  *result_listener << "status is " << arg;
-  return false;
-}
-
 // Two buckets of 1000 floats each.
 const std::vector<TestParam> kModel = {{"a", {1000}, v1::FLOAT32},
                                        {"b", {1000}, v1::FLOAT32}};
