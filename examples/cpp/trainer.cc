@@ -25,7 +25,7 @@
 //     from the root): a restarted trainer resumes from the synced step;
 //   - an aborted iteration (IsIterationAborted) skips the update and
 //     retries the same step with the same batch.
-// It prints "SYNCED step=S root=R checksum=H" after each sync and
+// It prints "SYNCED step=S root=R checksum=H t_ns=T" after each sync and
 // "FINAL ... steps=N checksum=H" at the end (H: FNV-1a of the parameters'
 // bytes), which tests compare.
 //
@@ -177,6 +177,15 @@ inline float Expected(uint64_t t, int p, size_t j) {
          0.5f;
 }
 
+// CLOCK_MONOTONIC in nanoseconds (steady_clock on Linux), as printed in
+// the STEP / SYNCED / ABORTED lines.
+unsigned long long NowNs() {
+  return static_cast<unsigned long long>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
 // FNV-1a over the parameters' bytes: equal checksums, equal parameters.
 uint64_t Checksum(const std::vector<float>& w) {
   uint64_t h = 1469598103934665603ull;
@@ -209,9 +218,10 @@ int Train(const Flags& flags, gradd::Client& client) {
                  s.ToString().c_str());
     return 1;
   };
-  std::printf("rank %d/%d: training %d steps (grace %u ms, rejoined %d)\n",
-              rank, world, flags.iterations, client.rank_restart_grace_ms(),
-              client.rejoined() ? 1 : 0);
+  std::printf(
+      "rank %d/%d: training %d steps (grace %u ms, rejoined %d) t_ns=%llu\n",
+      rank, world, flags.iterations, client.rank_restart_grace_ms(),
+      client.rejoined() ? 1 : 0, NowNs());
   std::fflush(stdout);
   while (step < static_cast<uint64_t>(flags.iterations)) {
     // The state sync, before anything else of this step. Another restart
@@ -226,10 +236,14 @@ int Train(const Flags& flags, gradd::Client& client) {
       if (!s.ok()) return fail("state sync", s);
       std::printf(
           "rank %d: SYNCED step=%llu root=%d iteration=%llu "
-          "checksum=%016llx\n",
+          "checksum=%016llx t_ns=%llu\n",
           rank, static_cast<unsigned long long>(step), *root,
           static_cast<unsigned long long>(client.iteration()),
-          static_cast<unsigned long long>(Checksum(w)));
+          // The checksum reads every parameter byte (~30 ms for 25 MiB):
+          // the recovery bench (--print-steps) leaves it out.
+          flags.print_steps ? 0ull
+                            : static_cast<unsigned long long>(Checksum(w)),
+          NowNs());
       std::fflush(stdout);
       if (step >= static_cast<uint64_t>(flags.iterations)) break;
     }
@@ -258,9 +272,9 @@ int Train(const Flags& flags, gradd::Client& client) {
     const uint64_t it = client.iteration();
     if (absl::Status s = client.WaitAll(); gradd::IsIterationAborted(s)) {
       // No update: the same step (the same batch) runs again.
-      std::printf("rank %d: ABORTED step=%llu iteration=%llu: %s\n", rank,
-                  static_cast<unsigned long long>(step),
-                  static_cast<unsigned long long>(it),
+      std::printf("rank %d: ABORTED step=%llu iteration=%llu t_ns=%llu: %s\n",
+                  rank, static_cast<unsigned long long>(step),
+                  static_cast<unsigned long long>(it), NowNs(),
                   std::string(s.message()).c_str());
       std::fflush(stdout);
       continue;
@@ -277,11 +291,7 @@ int Train(const Flags& flags, gradd::Client& client) {
     ++step;
     if (flags.print_steps) {
       std::printf("rank %d: STEP %llu t_ns=%llu\n", rank,
-                  static_cast<unsigned long long>(step),
-                  static_cast<unsigned long long>(
-                      std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count()));
+                  static_cast<unsigned long long>(step), NowNs());
       std::fflush(stdout);
     }
   }
