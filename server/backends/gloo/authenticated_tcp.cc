@@ -98,6 +98,27 @@ class NoopHandler final : public tcp::Handler {
 
 class AuthenticatedPair;
 
+// The bytes one side of a connection's handshake exchanges: what it has
+// read of the peer's current message, what it still has to send of its own,
+// and whether the socket is registered for writable events meanwhile
+// (AuthenticatedPair::Flush). One per connection waiting on the listening
+// side, one for the pair's own connecting side.
+struct HandshakeIo {
+  explicit HandshakeIo(bool registered_for_out = false)
+      : wants_out(registered_for_out) {}
+  // The next message to send; the next one to read starts empty.
+  void Next(std::string message) {
+    in.clear();
+    out = std::move(message);
+    out_pos = 0;
+  }
+
+  std::string in;
+  std::string out;
+  size_t out_pos = 0;
+  bool wants_out;  // registered for EPOLLOUT
+};
+
 // One accepted connection proving itself to a listening pair. Slots are
 // reused, never freed while the pair lives: an event the loop fetched for a
 // connection dropped in the same batch lands on a live object (and finds
@@ -113,10 +134,7 @@ struct PendingConnection final : tcp::Handler {
   std::string from;
   std::optional<PairHandshakeServer> handshake;
   Step step = Step::kHello;
-  std::string in;
-  std::string out;
-  size_t out_pos = 0;
-  bool wants_out = false;  // registered for EPOLLOUT
+  HandshakeIo io;
 };
 
 // A pair's handshake state. It lives in the context, not in the pair, so
@@ -136,10 +154,8 @@ struct PairAuthState {
   // Connecting side.
   std::optional<PairHandshakeClient> client;
   ClientStep client_step = ClientStep::kReply;
-  std::string in;
-  std::string out;
-  size_t out_pos = 0;
-  bool client_wants_out = true;  // Gloo registered EPOLLIN | EPOLLOUT
+  // Gloo registered the connecting socket for EPOLLIN | EPOLLOUT.
+  HandshakeIo client_io{/*registered_for_out=*/true};
   // The pair's socket belongs to a peer that proved membership.
   bool authenticated = false;
 };
@@ -216,6 +232,11 @@ class AuthenticatedPair final : public tcp::Pair {
 
   // epoll registration; false (and the descriptor left alone) on failure.
   bool Register(int fd, int events, tcp::Handler* h);
+  // Sends what is left of io->out on `fd` (registered for `h`). kDone:
+  // all of it is sent and the socket's writable events are off again;
+  // kAgain: the rest waits for EPOLLOUT (registered); otherwise the
+  // error (*err).
+  Io Flush(HandshakeIo* io, int fd, tcp::Handler* h, int* err);
   void Unregister(int fd, tcp::Handler* h);
   // Returns once Gloo's I/O thread finished the batch of events it is in.
   void WaitForLoopTick();
@@ -283,6 +304,23 @@ bool AuthenticatedPair::Register(int fd, int events, tcp::Handler* h) {
                  e.what());
     return false;
   }
+}
+
+Io AuthenticatedPair::Flush(HandshakeIo* io, int fd, tcp::Handler* h,
+                            int* err) {
+  if (io->out_pos < io->out.size()) {
+    const Io sent = SendSome(fd, io->out, &io->out_pos, err);
+    if (sent == Io::kAgain) {
+      if (!io->wants_out && Register(fd, EPOLLIN | EPOLLOUT, h)) {
+        io->wants_out = true;
+      }
+      return Io::kAgain;
+    }
+    if (sent != Io::kDone) return sent;
+  }
+  // Everything sent: stop the (level-triggered) writable events.
+  if (io->wants_out && Register(fd, EPOLLIN, h)) io->wants_out = false;
+  return Io::kDone;
 }
 
 void AuthenticatedPair::Unregister(int fd, tcp::Handler* h) {
@@ -395,10 +433,7 @@ void AuthenticatedPair::AcceptConnections() {
     p->accepted = s.next_accepted++;
     p->from = AddressText(addr, len);
     p->step = PendingConnection::Step::kHello;
-    p->in.clear();
-    p->out.clear();
-    p->out_pos = 0;
-    p->wants_out = false;
+    p->io = HandshakeIo();
     p->handshake.reset();
     absl::StatusOr<PairHandshakeServer> handshake = PairHandshakeServer::Create(
         auth().options().key, context_->rank, rank_);
@@ -430,20 +465,12 @@ void AuthenticatedPair::Progress(PendingConnection* p) {
   using Step = PendingConnection::Step;
   for (;;) {
     int err = 0;
-    if (p->out_pos < p->out.size()) {
-      const Io io = SendSome(p->fd, p->out, &p->out_pos, &err);
-      if (io == Io::kAgain) {
-        if (!p->wants_out && Register(p->fd, EPOLLIN | EPOLLOUT, p)) {
-          p->wants_out = true;
-        }
-        return;
-      }
-      if (io != Io::kDone) {
+    if (const Io sent = Flush(&p->io, p->fd, p, &err); sent != Io::kDone) {
+      if (sent != Io::kAgain) {
         Refuse(p,
                absl::StrCat("sending the handshake failed: ", strerror(err)));
-        return;
       }
-      if (p->wants_out && Register(p->fd, EPOLLIN, p)) p->wants_out = false;
+      return;
     }
     if (p->step == Step::kAck) {
       HandOver(p);
@@ -451,8 +478,8 @@ void AuthenticatedPair::Progress(PendingConnection* p) {
     }
     const size_t need =
         p->step == Step::kHello ? kPairHelloBytes : kPairFinishBytes;
-    const Io io = RecvUpTo(p->fd, &p->in, need, &err);
-    if (p->step == Step::kHello && !CouldBePairHello(p->in)) {
+    const Io io = RecvUpTo(p->fd, &p->io.in, need, &err);
+    if (p->step == Step::kHello && !CouldBePairHello(p->io.in)) {
       Refuse(p, "the connection did not open with a gradd pair handshake");
       return;
     }
@@ -466,15 +493,13 @@ void AuthenticatedPair::Progress(PendingConnection* p) {
       return;
     }
     absl::StatusOr<std::string> next = p->step == Step::kHello
-                                           ? p->handshake->OnHello(p->in)
-                                           : p->handshake->OnFinish(p->in);
+                                           ? p->handshake->OnHello(p->io.in)
+                                           : p->handshake->OnFinish(p->io.in);
     if (!next.ok()) {
       Refuse(p, next.status().message());
       return;
     }
-    p->in.clear();
-    p->out = *std::move(next);
-    p->out_pos = 0;
+    p->io.Next(*std::move(next));
     p->step = p->step == Step::kHello ? Step::kFinish : Step::kAck;
   }
 }
@@ -561,33 +586,21 @@ void AuthenticatedPair::ClientEvents(int events) {
     }
     s.client.emplace(*std::move(client));
     s.client_step = PairAuthState::ClientStep::kReply;
-    s.out = s.client->hello();
-    s.out_pos = 0;
-    s.in.clear();
+    s.client_io.Next(s.client->hello());
     SetNoDelay(fd_);
   }
   for (;;) {
-    if (s.out_pos < s.out.size()) {
-      const Io io = SendSome(fd_, s.out, &s.out_pos, &err);
-      if (io == Io::kAgain) {
-        if (!s.client_wants_out && Register(fd_, EPOLLIN | EPOLLOUT, this)) {
-          s.client_wants_out = true;
-        }
-        return;
-      }
-      if (io != Io::kDone) {
+    if (const Io sent = Flush(&s.client_io, fd_, this, &err);
+        sent != Io::kDone) {
+      if (sent != Io::kAgain) {
         ClientFail(
             absl::StrCat("sending the handshake failed: ", strerror(err)));
-        return;
       }
-    }
-    // Everything sent: stop the (level-triggered) writable events.
-    if (s.client_wants_out && Register(fd_, EPOLLIN, this)) {
-      s.client_wants_out = false;
+      return;
     }
     const bool reply = s.client_step == PairAuthState::ClientStep::kReply;
-    const Io io =
-        RecvUpTo(fd_, &s.in, reply ? kPairReplyBytes : kPairAckBytes, &err);
+    const Io io = RecvUpTo(fd_, &s.client_io.in,
+                           reply ? kPairReplyBytes : kPairAckBytes, &err);
     if (io == Io::kAgain) return;
     if (io == Io::kClosed) {
       ClientFail(reply ? "it closed the connection without proving membership"
@@ -601,18 +614,16 @@ void AuthenticatedPair::ClientEvents(int events) {
       return;
     }
     if (reply) {
-      absl::StatusOr<std::string> finish = s.client->OnReply(s.in);
+      absl::StatusOr<std::string> finish = s.client->OnReply(s.client_io.in);
       if (!finish.ok()) {
         ClientFail(finish.status().message());
         return;
       }
-      s.in.clear();
-      s.out = *std::move(finish);
-      s.out_pos = 0;
+      s.client_io.Next(*std::move(finish));
       s.client_step = PairAuthState::ClientStep::kAck;
       continue;
     }
-    if (absl::Status ack = s.client->OnAck(s.in); !ack.ok()) {
+    if (absl::Status ack = s.client->OnAck(s.client_io.in); !ack.ok()) {
       ClientFail(ack.message());
       return;
     }
