@@ -8,7 +8,7 @@ iteration is retried with the same batch and a restarted trainer resumes
 from the synced step, so every trainer's final checksum must equal the one
 of a run without kills.
 
-Duration and kills: GRADD_SOAK_SECONDS (default 30) and GRADD_SOAK_KILLS
+Duration and kills: GRADD_SOAK_SECONDS (default 15) and GRADD_SOAK_KILLS
 (default 3) in the test suite; `scripts/soak` runs the issue's 10 kills over
 5 minutes.
 
@@ -90,7 +90,7 @@ def _checksums(outs):
 
 def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, tmp_path):
     _trainer_or_skip()
-    seconds = float(os.environ.get("GRADD_SOAK_SECONDS", "30"))
+    seconds = float(os.environ.get("GRADD_SOAK_SECONDS", "15"))
     kills = int(os.environ.get("GRADD_SOAK_KILLS", "3"))
     # Enough steps to outlast the kills at STEP_SLEEP_MS per step, plus a
     # margin for the pauses.
