@@ -14,9 +14,11 @@ Duration and kills: GRADD_SOAK_SECONDS (default 15) and GRADD_SOAK_KILLS
 
 Leaks: the daemon's open fds, threads and resident memory are read after a
 first job (the baseline: pools and caches warm) and again after the soak's
-job ended; fds and threads must be back to the baseline, memory within
-64 MiB of it.
+job ended; fds and threads must be back to (at most) the baseline within
+30 s, except gRPC's executors, which grow on demand up to 2 x cores and
+keep their threads (bounded, not a leak); memory within 64 MiB of it.
 """
+import collections
 import os
 import random
 import re
@@ -33,6 +35,8 @@ WORLD = 3
 PARAMS = 200_000
 STEP_SLEEP_MS = 20
 GRACE_MS = 20_000
+# Thread names (15 characters) of gRPC's executors.
+GRPC_EXECUTORS = ("default-executo", "resolver-execut")
 
 
 def _trainer_or_skip():
@@ -47,6 +51,17 @@ def _proc_stats(pid):
     with open(f"/proc/{pid}/status") as f:
         rss_kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
     return fds, threads, rss_kb
+
+
+def _thread_names(pid):
+    names = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names[f.read().strip()] += 1
+        except OSError:  # ended between the listing and the read
+            pass
+    return names
 
 
 def _spawn(daemon, job, rank, steps, sleep_ms, log_dir, tag):
@@ -105,6 +120,7 @@ def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, t
         assert len(set(reference)) == 1, reference
         time.sleep(1.0)  # the job's memory goes back (heap trimming)
         base = _proc_stats(d.proc.pid)
+        base_names = _thread_names(d.proc.pid)
 
         rng = random.Random(int(os.environ.get("GRADD_SOAK_SEED", "23")))
         job = "soak"
@@ -144,10 +160,33 @@ def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, t
         synced = sum(len(re.findall(r"SYNCED", _read(path))) for r in range(WORLD) for path in logs[r])
         assert synced >= kills, report
 
-        time.sleep(1.5)
-        fds, threads, rss_kb = _proc_stats(d.proc.pid)
-        assert fds == base[0], f"fds {base[0]} -> {fds}"
-        assert threads == base[1], f"threads {base[1]} -> {threads}"
+        # gRPC's executors ("default-executor", "resolver-executor") start
+        # threads on demand up to 2 x cores and keep them for the process's
+        # life (grpc_core::Executor): bounded, not a leak. Its other pools
+        # (event engine, timers) give extra threads back after an idle
+        # while. A leak is a thread of any other name, or an fd, that is
+        # not back to the baseline within 30 s.
+        cap = 2 * (os.cpu_count() or 1)
+
+        def leaked(names):
+            more = names - base_names
+            return {
+                n: c for n, c in more.items()
+                if not (n in GRPC_EXECUTORS and names[n] <= cap)
+            }
+
+        deadline = time.monotonic() + 30
+        while True:
+            fds, threads, rss_kb = _proc_stats(d.proc.pid)
+            names = _thread_names(d.proc.pid)
+            if (fds <= base[0] and not leaked(names)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert fds <= base[0], f"fds {base[0]} -> {fds}"
+        assert not leaked(names), (
+            f"threads {base[1]} -> {threads}: more {dict(names - base_names)}, "
+            f"fewer {dict(base_names - names)}"
+        )
         assert rss_kb - base[2] < 64 * 1024, f"RSS {base[2]} kB -> {rss_kb} kB"
         assert d.proc.poll() is None, d.log()
     finally:
