@@ -197,7 +197,7 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   reducer_->DescribeDevice(rank, &resp);
   resp.set_rank_restart_grace_ms(
       static_cast<uint32_t>(spec_.rank_restart_grace.count()));
-  // A new job; a rejoin overwrites these (Job::RejoinInfo).
+  // A new job; a rejoin overwrites these (Job::Rejoin).
   resp.set_next_iteration(1);
   resp.set_collective_seq(0);
   resp.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));

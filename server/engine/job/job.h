@@ -230,23 +230,15 @@ class Job {
   bool RankRestarting(int rank, absl::string_view reason);
   bool restarting(int rank) const;
   int restarting_ranks() const;
-  // What a re-attached rank is told (AttachResponse fields 62-64) and what
-  // its return aborted (0: nothing).
-  struct RejoinInfo {
-    uint64_t next_iteration = 1;
-    uint64_t collective_seq = 0;
-    uint64_t sync_seq = 0;
-    uint64_t aborted_iteration = 0;
-    uint64_t aborted_round = 0;
-    // ResponseFor(rank) with the fields above, made on the engine thread
-    // (the plan is the engine's); the caller adds the attach id.
-    v1::AttachResponse response;
-  };
-  using RejoinDone = absl::AnyInvocable<void(absl::StatusOr<RejoinInfo>) &&>;
+  // What a re-attached rank is told: ResponseFor(rank) with rejoined,
+  // next_iteration, collective_seq and sync_seq set, made on the engine
+  // thread (the plan is the engine's); the caller adds the attach id.
+  using RejoinDone =
+      absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
   // Restarting local rank r attached again (checked by the caller): the
   // engine thread, at its next point where no bucket or round is with the
   // reducer, does what control_block.h "Rank restart" says and runs
-  // done(info) there; done(error) instead if the job has failed, stops
+  // done(response) there; done(error) instead if the job has failed, stops
   // first, or r is not restarting. Any thread.
   void Rejoin(int rank, RejoinDone done);
   // Restarted ranks re-attached, iterations aborted by them (any thread).

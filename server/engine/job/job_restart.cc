@@ -223,18 +223,12 @@ void Job::RejoinNow(int rank, RejoinDone done) {
               : std::string(),
           "; it goes on at iteration ", last + 1, " after state sync ", sync));
 
-  RejoinInfo info;
-  info.next_iteration = last + 1;
-  info.collective_seq = collective_seq;
-  info.sync_seq = sync;
-  info.aborted_iteration = aborted_iteration;
-  info.aborted_round = aborted_round;
-  info.response = ResponseFor(rank);
-  info.response.set_rejoined(true);
-  info.response.set_next_iteration(info.next_iteration);
-  info.response.set_collective_seq(info.collective_seq);
-  info.response.set_sync_seq(info.sync_seq);
-  std::move(done)(std::move(info));
+  v1::AttachResponse response = ResponseFor(rank);
+  response.set_rejoined(true);
+  response.set_next_iteration(last + 1);
+  response.set_collective_seq(collective_seq);
+  response.set_sync_seq(sync);
+  std::move(done)(std::move(response));
 }
 
 }  // namespace gradd

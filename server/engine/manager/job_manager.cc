@@ -416,20 +416,20 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
     return;
   }
   if (auto job = jobs_.find(job_id);
-      job != jobs_.end() && job->second.grace_ms > 0 && !shutting_down_ &&
+      job != jobs_.end() && job->second.grace_ms() > 0 && !shutting_down_ &&
       !job->second.rebuild->in_progress() &&
       job->second.job->RankRestarting(rank, "session closed without Detach")) {
     ActiveJob& active = job->second;
     bound_.erase(session_id);
     active.sessions[rank] = 0;
     active.restart_deadline[rank] =
-        absl::Now() + absl::Milliseconds(active.grace_ms);
+        absl::Now() + absl::Milliseconds(active.grace_ms());
     if (events_ != nullptr) events_->OnDetach(/*clean=*/false);
     spdlog::warn(
         "job '{}': local rank {} is restarting (session closed without "
         "Detach); the job waits up to rank_restart_grace_ms={} for it to "
         "attach again",
-        job_id, rank, active.grace_ms);
+        job_id, rank, active.grace_ms());
     return;
   }
   spdlog::warn("job '{}': local rank {} closed its session without detaching",

@@ -181,7 +181,9 @@ class JobManager final : public NodeHandlerInterface,
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
     // Rank restart: the job's grace (0: none) and, by local rank, when a
     // restarting rank's grace runs out (InfiniteFuture: not restarting).
-    uint32_t grace_ms = 0;
+    uint32_t grace_ms() const {
+      return static_cast<uint32_t>(job->spec().rank_restart_grace.count());
+    }
     std::vector<absl::Time> restart_deadline;
     // Declared after `job`: destroyed (and its thread joined) first.
     std::unique_ptr<RebuildCoordinator> rebuild;

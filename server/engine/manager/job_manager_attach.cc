@@ -64,7 +64,7 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
     // A restarted process can be quicker than the news of its old
     // session's end (OnSessionClosed, posted behind this Attach): act on
     // it now, so the rank is restarting and this Attach takes it back.
-    if (active.grace_ms > 0 &&
+    if (active.grace_ms() > 0 &&
         rank < static_cast<int>(active.sessions.size()) &&
         active.sessions[rank] != 0 &&
         !sessions_->IsLive(active.sessions[rank])) {

@@ -252,8 +252,6 @@ void JobManager::Activate(
   active.rebuild =
       MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
   active.sessions.resize(ready.world);
-  active.grace_ms =
-      static_cast<uint32_t>(active.job->spec().rank_restart_grace.count());
   active.restart_deadline.assign(ready.world, absl::InfiniteFuture());
   for (int r = 0; r < ready.world; ++r) {
     active.sessions[r] = ready.ranks[r]->request.session_id();

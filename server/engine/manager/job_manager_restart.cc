@@ -25,11 +25,11 @@ void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
       CompareRejoinAttach(id, rank, job.local_world_size(), job.spec().params,
                           job.spec().broadcast_bytes, request, params);
   if (same.ok() && request.has_rank_restart_grace_ms() &&
-      request.rank_restart_grace_ms() != active.grace_ms) {
+      request.rank_restart_grace_ms() != active.grace_ms()) {
     same = absl::InvalidArgumentError(
         absl::StrCat(who, " re-attached asking for rank_restart_grace_ms ",
                      request.rank_restart_grace_ms(), " but the job runs with ",
-                     active.grace_ms));
+                     active.grace_ms()));
   }
   if (same.ok() && rank < static_cast<int>(job.spec().rank_devices.size()) &&
       job.spec().rank_devices[rank] != device) {
@@ -50,7 +50,7 @@ void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
   // its next safe point).
   active.restart_deadline[rank] = absl::InfiniteFuture();
   job.Rejoin(rank, [this, id, rank, sid, done = std::move(done)](
-                       absl::StatusOr<Job::RejoinInfo> info) mutable {
+                       absl::StatusOr<v1::AttachResponse> info) mutable {
     Post([this, id, rank, sid, info = std::move(info),
           done = std::move(done)]() mutable {
       auto it = jobs_.find(id);
@@ -85,7 +85,7 @@ void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
                          "' disconnected while rejoining: ", sent.message())));
         return;
       }
-      v1::AttachResponse resp = std::move(info->response);
+      v1::AttachResponse resp = *std::move(info);
       resp.set_attach_id(attach_id);
       std::move(done)(std::move(resp));
     });
@@ -107,7 +107,7 @@ void JobManager::ExpireRestarts(absl::Time now) {
     const std::string message =
         absl::StrCat("local rank ", rank, " of job '", id,
                      "' did not re-attach within rank_restart_grace_ms=",
-                     it->second.grace_ms, " after its process went away");
+                     it->second.grace_ms(), " after its process went away");
     spdlog::error("{}", message);
     it->second.job->Fail(absl::StatusCode::kAborted, message);
     // The job waits for nobody now: every rank still away is gone (the

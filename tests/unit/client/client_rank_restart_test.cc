@@ -3,13 +3,12 @@
 // restart"): when a sync is due, what a rank offers and what it takes from
 // the allreduce's result, the aborted iteration / round and its status, and
 // when a rank that saw an abort must still wait for the daemon.
-#include "client/src/data/rank_restart.h"
-
 #include <climits>
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
+#include "client/src/data/rank_restart.h"
 #include "gmock/gmock.h"
 #include "gradd/client.h"
 #include "gtest/gtest.h"
