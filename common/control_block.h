@@ -135,6 +135,25 @@
 // The order matters: the aborted_* word is stored before the done / round
 // words it explains, so a client that sees done == i reads the verdict.
 //
+// Re-formation (version 6; multi-node jobs with min_nodes or a rank restart
+// grace: server/engine/formation/reformation.h). When the job's network
+// breaks (a node died, or a node re-forms on purpose: a rank of it
+// rejoined, a node arrives), every node's daemon drains its reducer, the
+// nodes agree through the rendezvous store on the new membership, the
+// highest iteration any of them completed and the new sync_seq, and open a
+// fresh inter-node group. Then each daemon, once, exactly as steps 1-2 of
+// "Rank restart" above: aborts the iteration in progress, or else the next
+// one, and the collective round in progress, or else the next one
+// (aborted_rank = -1: no local rank caused it); stores epoch, world_size,
+// state_behind; then sync_seq = the agreed value (the same on every node:
+// the largest any node had, plus one), WakeClients. Clients do what they
+// do after a rank restart: report the abort, take part in the state sync
+// (a rank whose node is state_behind offers INT32_MAX as root candidate,
+// like a rank that rejoined), retry the batch. Global ranks never change:
+// a lost node's ranks are gone, a returning node gets its old ones, a new
+// node the ones after the highest; world_size is the live count.
+// Ranks of a node admitted into a running job attach with rejoined = true.
+//
 // Failure: the daemon writes header.error (NUL-terminated), then
 // header.status.store(absl::StatusCode, release), then WakeClients. Status
 // never goes back to 0 for the life of the block.
@@ -160,7 +179,8 @@ inline constexpr uint32_t kControlMagic = 0x47524444;  // "GRDD"
 // 3: split into a read-only job block and per-rank blocks, per-rank bells.
 // 4: collectives through the broadcast slot (kind, dtype, op).
 // 5: rank restart (aborted iteration / round, state sync sequence).
-inline constexpr uint32_t kControlVersion = 5;
+// 6: node loss and arrival (epoch, live world size, state_behind).
+inline constexpr uint32_t kControlVersion = 6;
 inline constexpr size_t kControlErrorBytes = 1024;
 inline constexpr size_t kCacheLine = 64;
 
@@ -207,6 +227,17 @@ struct alignas(kCacheLine) ControlHeader {
   std::atomic<int32_t> aborted_rank;
   // Local ranks away (session closed, within the grace) now.
   std::atomic<uint32_t> restarting;
+
+  // Node loss and arrival (version 6, "Re-formation" above). Daemon ->
+  // clients. Re-formations of the job's inter-node group so far.
+  alignas(kCacheLine) std::atomic<uint64_t> epoch;
+  // Global ranks taking part now (the job's world size until a node is
+  // lost or added; a restarting rank still counts).
+  std::atomic<uint32_t> world_size;
+  // Non-zero after a re-formation that found this node one iteration
+  // behind the others (its last iteration failed on the network while it
+  // completed elsewhere): its ranks offer no state in the next state sync.
+  std::atomic<uint32_t> state_behind;
 };
 
 // CLOCK_MONOTONIC in nanoseconds: one clock for every process on the host.

@@ -153,6 +153,14 @@ struct JobSpec {
   // closed without Detach (0: it does not wait, the rank is gone). The
   // JobManager enforces it; here it decides whether the fds are kept.
   std::chrono::milliseconds rank_restart_grace{0};
+  // Node loss and arrival (control_block.h "Re-formation"; job_elastic.cc):
+  // the smallest node count the job goes on with (0: not elastic across
+  // nodes; a multi-node job with a rank restart grace is elastic too), the
+  // divisor rule after a re-formation, and the job's elastic namespace in
+  // the store (formation/reformation.h).
+  int min_nodes = 0;
+  bool divide_by_initial_world_size = false;
+  std::string elastic_prefix;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -246,6 +254,53 @@ class Job {
   uint64_t iterations_aborted() const {
     return iterations_aborted_.load(std::memory_order_relaxed);
   }
+
+  // Elastic multi-node jobs (job_elastic.cc; control_block.h
+  // "Re-formation"). A job is elastic across nodes when num_nodes > 1 and
+  // min_nodes > 0 or it has a rank restart grace.
+  //
+  //   running --network error / BreakNetwork / multi-node Rejoin-->
+  //   draining (nothing new to the reducer; what is with it completes,
+  //             failures are not the job's) --nothing with the reducer-->
+  //   reforming (handler runs; ranks wait, heartbeats go on)
+  //             --Reformed(ok)--> running on the new reducer, after the
+  //               one abort of the iteration and round in progress (or
+  //               the next) and the sync_seq / epoch / world_size update;
+  //               pending Rejoins answered
+  //             --Reformed(error)--> failed (the error names the lost
+  //               nodes / the reason)
+  struct NetworkBreak {
+    std::string reason;
+    uint64_t completed_iteration = 0;  // every bucket done for it
+    uint64_t sync_seq = 0;
+    uint64_t epoch = 0;  // the epoch being left
+  };
+  using ReformHandler = absl::AnyInvocable<void(NetworkBreak)>;
+  // Before Start. Called on the engine thread once per break, when the
+  // reducer is drained; the receiver re-forms (off that thread) and
+  // answers with Reformed.
+  void SetReformHandler(ReformHandler handler);
+  // Any thread: break the job's inter-node group at the next point where
+  // nothing is with the reducer (e.g. a node asks to be admitted). No-op
+  // for a job that is not elastic across nodes.
+  void BreakNetwork(std::string reason);
+  struct ReformedNetwork {
+    std::unique_ptr<BucketReducerInterface> reducer;
+    uint64_t epoch = 0;
+    int node_rank = 0;
+    int num_nodes = 1;
+    int world_size = 1;  // live global world size
+    std::vector<std::string> node_ids;
+    std::string store_prefix;
+    uint64_t sync_seq = 0;
+    bool behind = false;
+    std::vector<std::string> lost;
+    std::vector<std::string> admitted;
+  };
+  // Any thread: the outcome of the re-formation the handler started.
+  void Reformed(absl::StatusOr<ReformedNetwork> result);
+  // Re-formations so far (any thread).
+  uint64_t epoch() const;
 
   // Stamps the control block's heartbeat (clients watch it). Any thread.
   void Heartbeat();

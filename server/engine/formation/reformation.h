@@ -1,0 +1,181 @@
+// Re-forming a running multi-node job's inter-node group (node loss and
+// arrival, and a rank restart on one node of a multi-node job): the nodes
+// that are still there, plus nodes that ask to be admitted, agree through
+// the rendezvous store on who goes on, then open a fresh Gloo context.
+//
+// A job is elastic when it has min_nodes >= 1 or a rank restart grace. Its
+// nodes keep, besides the job's formation round ("round<k>", node_
+// formation.h), an elastic namespace "elastic<k>" (same k) in the job's
+// store namespace:
+//
+//   elastic<k>/running          set once formed: the round's prefix; an
+//                               arriving node finds the job through it
+//   elastic<k>/arrivals         counter; Add(1) hands out arrival n
+//   elastic<k>/arrival/<n>      the n-th arriving node's ElasticMember
+//   elastic<k>/epoch            the last epoch closed (written by its
+//                               closer, before "members")
+//   elastic<k>/epoch<e>/...     epoch e's agreement (below)
+//
+// Epoch e (e = 1, 2, ...; epoch 0 is the initial formation) is entered by
+// every node that broke out of epoch e - 1 (its collectives failed, or it
+// broke them on purpose, GlooBackend::Close) and by every arrival
+// admitted into it:
+//   joined                 counter; Add(1) hands out this node's slot
+//   slot/<i>               the node id of the i-th entrant
+//   member/<node_id>       its ElasticMember: node id, local world size,
+//                          last completed iteration, sync_seq, fingerprint,
+//                          global rank offset it asks for (-1: new)
+//   closed                 counter; the entrant whose Add(1) returns 1 is
+//                          the closer. It closes when every node of epoch
+//                          e - 1 (and every arrival announced before it
+//                          entered) has a slot, or once `settle` has passed
+//                          since it entered: Add(joined, kClosedBias) fixes
+//                          the entrant count n atomically; entrants with a
+//                          slot > n are too late for e (they go to e + 1).
+//   members                written by the closer: the n entrants in the
+//                          order of the new node ranks (the survivors in
+//                          their old node-rank order, then arrivals by
+//                          node id), each with its global rank offset
+//                          (kept; a returning node id gets its old ones
+//                          when free, a new node the ones after the
+//                          highest), the agreed sync_seq (the largest any
+//                          entrant had, plus one) and max_completed (the
+//                          largest last completed iteration). Fewer than
+//                          min_nodes entrants: "members" says the job
+//                          failed, naming the lost nodes, and every node
+//                          fails it.
+//   gloo/...               the new GlooBackend (GlooBackend::Create with
+//                          store_prefix "elastic<k>/epoch<e>/gloo")
+// Keys of older epochs are deleted by the closer of epoch e + 1 (best
+// effort); the coordinator's job TTL removes the rest.
+//
+// Thread-safety: plain functions; they block the calling thread (the
+// JobManager's formation thread), bounded by the options' timeouts.
+#ifndef GRADD_SERVER_ENGINE_FORMATION_REFORMATION_H_
+#define GRADD_SERVER_ENGINE_FORMATION_REFORMATION_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/bucket_planner.h"
+#include "server/backends/collective_backend.h"
+#include "server/rendezvous/job_formation.h"
+#include "server/rendezvous/store_interface.h"
+
+namespace gradd {
+
+struct ReformOptions {
+  std::string job_id;
+  std::string node_id;
+  // The job's elastic namespace ("elastic<k>", ElasticPrefix) and the epoch
+  // this node enters (the one it ran + 1; an arrival: its admission's).
+  std::string elastic_prefix;
+  uint64_t epoch = 1;
+  // The members of the epoch this node leaves, by node rank (empty for an
+  // arrival). Their global rank offsets are kept.
+  std::vector<JobNode> previous;
+  int local_world_size = 1;
+  // The job's initial node count: arrivals are admitted up to it.
+  int max_nodes = 1;
+  int min_nodes = 1;
+  // What this node reports: its last completed gradient iteration and its
+  // sync_seq (ControlHeader). An arrival reports 0 / 0.
+  uint64_t completed_iteration = 0;
+  uint64_t sync_seq = 0;
+  // The model fingerprint (checked against the other entrants').
+  std::vector<ParamInfo> params;
+  // The job's plan on a running node (the new node rank 0 republishes it
+  // for arrivals); unset for an arrival.
+  std::optional<BucketPlan> plan;
+  // -1: any offset (a new node); else the global rank offset this node
+  // held before (a returning node id).
+  int requested_offset = -1;
+  // Where the others reach this node's Gloo transport, and the backend's
+  // bounds (gloo_backend.h).
+  std::string advertise_host = "127.0.0.1";
+  absl::Duration settle = absl::Seconds(3);
+  absl::Duration timeout = absl::Seconds(60);
+  absl::Duration collective_timeout = absl::Seconds(30);
+  // Why this node re-forms, for the log and the other nodes' messages.
+  std::string reason;
+};
+
+struct Reformed {
+  uint64_t epoch = 0;
+  // The new membership (node_rank = index; global rank offsets kept) and
+  // this node's place in it. layout.world_size is the live world size.
+  JobLayout layout;
+  // The largest last completed iteration of the entrants, and whether this
+  // node's is smaller (ControlHeader::state_behind).
+  uint64_t max_completed = 0;
+  bool behind = false;
+  // The sync_seq every node stores (the same everywhere).
+  uint64_t sync_seq = 0;
+  // Node ids of the previous epoch that did not enter, and of the entrants
+  // that were not in it.
+  std::vector<std::string> lost;
+  std::vector<std::string> admitted;
+  // The fresh inter-node group ("<elastic_prefix>/epoch<e>/gloo").
+  std::unique_ptr<CollectiveBackendInterface> backend;
+  // The prefix hooks and collective rounds of this epoch agree under
+  // ("<elastic_prefix>/epoch<e>").
+  std::string store_prefix;
+  // The highest arrival number the closer had seen announced and settled
+  // (admitted, or refused because the job had max_nodes): the running
+  // nodes' watcher waits for the next one.
+  int64_t arrivals_seen = 0;
+  // For an arrival: the job's plan as the running nodes use it (their
+  // node rank 0 republishes it under "<store_prefix>/plan").
+  std::optional<BucketPlan> plan;
+};
+
+// "elastic<k>" for the job's formation round "round<k>".
+std::string ElasticPrefix(const std::string& round_prefix);
+
+// Once formed (every node; node rank 0's write wins, the others are the
+// same): marks the job running under `elastic_prefix` so arrivals find it.
+absl::Status MarkRunning(RendezvousStoreInterface& store,
+                         const std::string& job_id,
+                         const std::string& elastic_prefix,
+                         const std::string& round_prefix);
+
+// An arriving node (its daemon's formation found a running elastic job):
+// the running job's elastic prefix, or NOT_FOUND when the job is not
+// running elastically under any round (the caller forms normally).
+absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
+                                        const std::string& job_id,
+                                        absl::Duration timeout);
+
+// An arriving node announces itself; returns its arrival number. The
+// running nodes see it through WaitForArrival and break their epoch at
+// their next boundary; the arrival then calls ReformNodeJob with epoch 0
+// ("the next one": last closed epoch + 1, and the one after that if it
+// came too late for it, until `timeout`) and an empty `previous`. A
+// running node whose epoch closed without an arrival it had seen
+// announced breaks again (Reformed::arrivals_seen).
+absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
+                                        const ReformOptions& options);
+// The running nodes' watcher: waits up to `timeout` for arrival number
+// `next` (1, 2, ...) to be announced; OK when it was, DEADLINE_EXCEEDED
+// when not yet, another error when the store is gone.
+absl::Status WaitForArrival(RendezvousStoreInterface& store,
+                            const std::string& job_id,
+                            const std::string& elastic_prefix, int64_t next,
+                            absl::Duration timeout);
+
+// The agreement of epoch `options.epoch` and the new backend (see above).
+// Errors: FAILED_PRECONDITION (fewer than min_nodes entered: names the lost
+// nodes and the reason; a fingerprint mismatch), DEADLINE_EXCEEDED (no
+// "members" within `timeout`), UNAVAILABLE (the store is gone), and
+// GlooBackend::Create's.
+[[nodiscard]] absl::StatusOr<Reformed> ReformNodeJob(
+    RendezvousStoreInterface& store, const ReformOptions& options);
+
+}  // namespace gradd
+
+#endif  // GRADD_SERVER_ENGINE_FORMATION_REFORMATION_H_
