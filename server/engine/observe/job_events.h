@@ -145,6 +145,27 @@ struct RankRestartEvent {
   std::string reason;
 };
 
+// A re-formation of a multi-node job's inter-node group (control_block.h,
+// "Re-formation"). Engine clock.
+struct NetworkReformEvent {
+  // Broken: the epoch being left; reformed: the new one.
+  uint64_t epoch = 0;
+  // Why: the network error ("node 'b' (node rank 2) is gone: ..."), "local
+  // rank 1 rejoined", "node 'd' asks to be admitted".
+  std::string reason;
+  // When the engine saw the break (broke_ns) and resumed on the new group
+  // (at_ns; == broke_ns for the broken event).
+  int64_t broke_ns = 0;
+  int64_t at_ns = 0;
+  // Reformed: the membership change, the new size, what was aborted.
+  std::vector<std::string> lost;
+  std::vector<std::string> admitted;
+  int num_nodes = 0;
+  int world_size = 0;
+  uint64_t aborted_iteration = 0;
+  uint64_t aborted_round = 0;
+};
+
 class JobEventSinkInterface {
  public:
   virtual ~JobEventSinkInterface() = default;
@@ -159,6 +180,11 @@ class JobEventSinkInterface {
   // it had to).
   virtual void OnRankRestarting(const RankRestartEvent& event) {}
   virtual void OnRankRejoined(const RankRestartEvent& event) {}
+  // Node loss and arrival: the job's inter-node group broke (the engine
+  // thread, once drained) and was re-formed (the engine thread, after the
+  // abort). A re-formation that fails ends in OnFailed.
+  virtual void OnNetworkBroken(const NetworkReformEvent& event) {}
+  virtual void OnNetworkReformed(const NetworkReformEvent& event) {}
 };
 
 // What the job manager knows of a job when it becomes active.
@@ -218,6 +244,12 @@ class JobEventFanOut final : public JobEventSinkInterface {
   }
   void OnRankRejoined(const RankRestartEvent& event) override {
     for (JobEventSinkInterface* s : sinks_) s->OnRankRejoined(event);
+  }
+  void OnNetworkBroken(const NetworkReformEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnNetworkBroken(event);
+  }
+  void OnNetworkReformed(const NetworkReformEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnNetworkReformed(event);
   }
 
  private:
