@@ -25,7 +25,9 @@
 //   member/<node_id>       its ElasticMember: node id, local world size,
 //                          last completed iteration, sync_seq, fingerprint,
 //                          global rank offset it asks for (-1: new)
-//   closed                 counter; the entrant whose Add(1) returns 1 is
+//   closed                 counter; the entrant of the previous epoch
+//                          (an arrival never closes: it does not know who
+//                          to wait for) whose Add(1) returns 1 is
 //                          the closer. It closes when every node of epoch
 //                          e - 1 (and every arrival announced before it
 //                          entered) has a slot, or once `settle` has passed
@@ -46,8 +48,25 @@
 //                          fails it.
 //   gloo/...               the new GlooBackend (GlooBackend::Create with
 //                          store_prefix "elastic<k>/epoch<e>/gloo")
+//   plan                   the job's plan, republished by new node rank 0
+//
+// A node too late for epoch e (its Add(joined) returned more than the
+// closer's bias, or "epoch" already says e is closed) announces itself as
+// an arrival (keeping its old offsets if they are free) and enters the
+// next epoch; the running nodes break for it as for any arrival.
+//
 // Keys of older epochs are deleted by the closer of epoch e + 1 (best
-// effort); the coordinator's job TTL removes the rest.
+// effort; "joined" stays as a tombstone so that a very late node cannot
+// reopen the epoch); the coordinator's job TTL removes the rest.
+//
+// The store counts formation rounds by a key's first segment (kv_store.h):
+// every key here is in the one round "elastic<k>", which starts with
+// MarkRunning, so epochs and arrivals never count against
+// max_rounds_per_job_per_minute; "running", "arrivals" and "epoch" keep the
+// round alive. Release("round<k>") (RendezvousClient::ReleaseRoundWhenDone)
+// deletes only "round<k>/..." keys, so nothing of "elastic<k>" goes while
+// the job runs; after the job, its elastic round stays until the job TTL
+// (or a Release("elastic<k>", ...) by whoever ends the job).
 //
 // Thread-safety: plain functions; they block the calling thread (the
 // JobManager's formation thread), bounded by the options' timeouts.
@@ -103,6 +122,11 @@ struct ReformOptions {
   absl::Duration collective_timeout = absl::Seconds(30);
   // Why this node re-forms, for the log and the other nodes' messages.
   std::string reason;
+  // An arrival: the number AnnounceArrival returned (0: unknown). With it,
+  // an arrival whose announcement an epoch settled without it (it was too
+  // slow) announces itself again, so that the running nodes break for it.
+  // ReformNodeJob keeps its own copy up to date when it re-announces.
+  int64_t arrival = 0;
 };
 
 struct Reformed {

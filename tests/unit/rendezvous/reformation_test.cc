@@ -1,0 +1,444 @@
+// ReformNodeJob and its helpers: nodes as threads over one in-process
+// KvStore (the coordinator's store), Gloo on loopback.
+#include "server/engine/formation/reformation.h"
+
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/formation/node_formation.h"
+#include "server/rendezvous/kv_store.h"
+
+namespace gradd {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kJob[] = "job";
+constexpr char kElastic[] = "elastic1";
+constexpr absl::Duration kSettle = absl::Milliseconds(300);
+
+std::vector<ParamInfo> Model() {
+  return {ParamInfo{"fc1.weight", {64, 32}, DType::kFloat32},
+          ParamInfo{"fc1.bias", {64}, DType::kFloat32},
+          ParamInfo{"fc2.weight", {10, 64}, DType::kFloat32}};
+}
+
+// Small caps, so the plan has several buckets an arrival must get right.
+BucketPlan Plan() {
+  PlannerOptions caps;
+  caps.first_bucket_cap_bytes = 256;
+  caps.bucket_cap_bytes = 4096;
+  absl::StatusOr<BucketPlan> plan = PlanBuckets(Model(), caps);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+// The initial formation: a (2 local ranks), b and c (1 each).
+std::vector<JobNode> ThreeNodes() {
+  return {JobNode{"a", 0, 2, 0}, JobNode{"b", 1, 1, 2}, JobNode{"c", 2, 1, 3}};
+}
+
+int LocalSize(const std::vector<JobNode>& nodes, const std::string& id) {
+  for (const JobNode& n : nodes) {
+    if (n.node_id == id) return n.local_world_size;
+  }
+  return 1;
+}
+
+// A running node leaving `previous` for `epoch`.
+ReformOptions Survivor(const std::string& id, std::vector<JobNode> previous,
+                       uint64_t epoch = 1) {
+  ReformOptions o;
+  o.job_id = kJob;
+  o.node_id = id;
+  o.elastic_prefix = kElastic;
+  o.epoch = epoch;
+  o.local_world_size = LocalSize(previous, id);
+  o.previous = std::move(previous);
+  o.max_nodes = 4;
+  o.min_nodes = 1;
+  o.params = Model();
+  o.plan = Plan();
+  o.settle = kSettle;
+  o.timeout = absl::Seconds(20);
+  o.collective_timeout = absl::Seconds(10);
+  o.reason = absl::StrCat("node '", id, "' saw its peers fail");
+  return o;
+}
+
+// An arriving node (epoch 0: the next one).
+ReformOptions Arrival(const std::string& id, int requested_offset = -1) {
+  ReformOptions o = Survivor(id, {}, 0);
+  o.local_world_size = 1;
+  o.plan.reset();
+  o.requested_offset = requested_offset;
+  o.reason = "arrival";
+  return o;
+}
+
+// The coordinator's store, remembering every key written (to check what
+// the closers delete).
+class RecordingStore : public RendezvousStoreInterface {
+ public:
+  absl::Status Set(absl::string_view job, absl::string_view key,
+                   absl::string_view value) override {
+    Record(key);
+    return kv_.Set(job, key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view job, absl::string_view key,
+                                  absl::Duration timeout) override {
+    return kv_.Get(job, key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view job, absl::string_view key,
+                              int64_t delta) override {
+    Record(key);
+    return kv_.Add(job, key, delta);
+  }
+  absl::Status Wait(absl::string_view job, absl::Span<const std::string> keys,
+                    absl::Duration timeout) override {
+    return kv_.Wait(job, keys, timeout);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view job,
+                              absl::string_view key) override {
+    return kv_.Delete(job, key);
+  }
+  std::string Describe() const override { return kv_.Describe(); }
+
+  size_t NumKeys(absl::string_view job) const { return kv_.NumKeys(job); }
+  void DeleteJob(absl::string_view job) { kv_.DeleteJob(job); }
+  std::vector<std::string> Written() const {
+    absl::MutexLock lock(&mu_);
+    return {written_.begin(), written_.end()};
+  }
+
+ private:
+  void Record(absl::string_view key) {
+    absl::MutexLock lock(&mu_);
+    written_.insert(std::string(key));
+  }
+
+  KvStore kv_;
+  mutable absl::Mutex mu_;
+  std::set<std::string> written_ ABSL_GUARDED_BY(mu_);
+};
+
+class ReformationTest : public ::testing::Test {
+ protected:
+  // Runs ReformNodeJob for every option set at once, one thread per node;
+  // with `allreduce`, each formed node then sums {node rank + 1, 10, 100}
+  // over the new backend.
+  std::vector<absl::StatusOr<Reformed>> ReformAll(
+      const std::vector<ReformOptions>& nodes, bool allreduce = false) {
+    std::vector<absl::StatusOr<Reformed>> results(nodes.size());
+    sums_.assign(nodes.size(), {});
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = ReformNodeJob(store_, nodes[i]);
+        if (!allreduce || !results[i].ok()) return;
+        std::vector<float> v = {
+            static_cast<float>(results[i]->layout.node_rank + 1), 10, 100};
+        absl::Status s = results[i]->backend->AllreduceSum(v.data(), v.size(),
+                                                           DType::kFloat32);
+        EXPECT_TRUE(s.ok()) << s;
+        sums_[i] = v;
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  static std::vector<int> Offsets(const JobLayout& layout) {
+    std::vector<int> out;
+    for (const JobNode& n : layout.nodes) out.push_back(n.global_rank_offset);
+    return out;
+  }
+
+  RecordingStore store_;
+  std::vector<std::vector<float>> sums_;
+};
+
+TEST_F(ReformationTest, ElasticPrefixFollowsTheRound) {
+  EXPECT_EQ(ElasticPrefix("round7"), "elastic7");
+}
+
+TEST_F(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
+  const absl::Time start = absl::Now();
+  auto results = ReformAll({Survivor("a", ThreeNodes())},
+                           /*allreduce=*/false);
+  // One node alone: c and b are lost, a goes on (min_nodes 1).
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_GE(absl::Now() - start, kSettle);
+  EXPECT_THAT(results[0]->lost, ElementsAre("b", "c"));
+
+  // Two of three (in a fresh epoch of a fresh job namespace).
+  store_.DeleteJob(kJob);
+  const absl::Time start2 = absl::Now();
+  results =
+      ReformAll({Survivor("b", ThreeNodes()), Survivor("a", ThreeNodes())});
+  const absl::Duration took = absl::Now() - start2;
+  EXPECT_GE(took, kSettle);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->epoch, 1u);
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b"));
+    EXPECT_THAT(Offsets(r->layout), ElementsAre(0, 2));
+    EXPECT_EQ(r->layout.world_size, 3);  // 2 + 1 live, not 4
+    EXPECT_EQ(r->layout.num_nodes, 2);
+    EXPECT_THAT(r->lost, ElementsAre("c"));
+    EXPECT_THAT(r->admitted, IsEmpty());
+    EXPECT_EQ(r->store_prefix, "elastic1/epoch1");
+    ASSERT_NE(r->backend, nullptr);
+    EXPECT_EQ(r->backend->num_nodes(), 2);
+  }
+  EXPECT_EQ(results[0]->layout.node_rank, 1);  // b
+  EXPECT_EQ(results[0]->layout.global_rank_offset, 2);
+  EXPECT_EQ(results[1]->layout.node_rank, 0);  // a
+}
+
+TEST_F(ReformationTest, AllPresentReformsWithoutWaitingForTheSettle) {
+  std::vector<ReformOptions> nodes;
+  for (const char* id : {"c", "a", "b"}) {
+    nodes.push_back(Survivor(id, ThreeNodes()));
+    nodes.back().settle = absl::Seconds(10);
+  }
+  const absl::Time start = absl::Now();
+  auto results = ReformAll(nodes, /*allreduce=*/true);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_THAT(Offsets(results[i]->layout), ElementsAre(0, 2, 3));
+    EXPECT_EQ(results[i]->layout.world_size, 4);
+    EXPECT_THAT(results[i]->lost, IsEmpty());
+    EXPECT_THAT(sums_[i], ElementsAre(1 + 2 + 3, 30, 300));
+  }
+}
+
+TEST_F(ReformationTest, BelowMinNodesFailsEveryEntrantNamingTheLost) {
+  std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
+                                      Survivor("b", ThreeNodes())};
+  for (ReformOptions& o : nodes) o.min_nodes = 3;
+  auto results = ReformAll(nodes);
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(r.status().message(),
+                AllOf(HasSubstr("job 'job'"), HasSubstr("min_nodes = 3"),
+                      HasSubstr("lost: c"), HasSubstr("saw its peers fail")));
+  }
+  EXPECT_THAT(results[0].status().message(), HasSubstr("on node 'a'"));
+  EXPECT_THAT(results[1].status().message(), HasSubstr("on node 'b'"));
+}
+
+TEST_F(ReformationTest, ArrivalsGetNewOrOldOffsetsAndThePlan) {
+  // Epoch 1: c is lost.
+  auto first =
+      ReformAll({Survivor("a", ThreeNodes()), Survivor("b", ThreeNodes())});
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+
+  // c comes back (asking for its old offset 3), d is new.
+  ReformOptions c = Arrival("c", /*requested_offset=*/3);
+  ReformOptions d = Arrival("d");
+  ASSERT_TRUE(AnnounceArrival(store_, c).ok());
+  ASSERT_TRUE(AnnounceArrival(store_, d).ok());
+  // The running nodes' watcher sees them.
+  ASSERT_TRUE(WaitForArrival(store_, kJob, kElastic,
+                             first[0]->arrivals_seen + 1, absl::Seconds(1))
+                  .ok());
+  std::vector<ReformOptions> nodes = {d, Survivor("b", running, 2),
+                                      Survivor("a", running, 2), c};
+  for (ReformOptions& o : nodes) o.settle = absl::Seconds(10);
+  const absl::Time start = absl::Now();
+  auto results = ReformAll(nodes, /*allreduce=*/true);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // all expected came
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const Reformed& r = *results[i];
+    EXPECT_EQ(r.epoch, 2u);
+    EXPECT_THAT(r.layout.NodeIds(), ElementsAre("a", "b", "c", "d"));
+    EXPECT_THAT(Offsets(r.layout), ElementsAre(0, 2, 3, 4));
+    EXPECT_EQ(r.layout.world_size, 5);
+    EXPECT_THAT(r.admitted, ElementsAre("c", "d"));
+    EXPECT_THAT(r.lost, IsEmpty());
+    EXPECT_EQ(r.arrivals_seen, 2);
+    ASSERT_TRUE(r.plan.has_value());
+    EXPECT_EQ(r.plan->buckets.size(), Plan().buckets.size());
+    EXPECT_EQ(r.plan->total_bytes, Plan().total_bytes);
+    EXPECT_THAT(sums_[i], ElementsAre(1 + 2 + 3 + 4, 40, 400));
+  }
+  EXPECT_GT(Plan().buckets.size(), 1u);
+  EXPECT_EQ(results[0]->layout.node_rank, 3);           // d
+  EXPECT_EQ(results[3]->layout.global_rank_offset, 3);  // c, as before
+}
+
+TEST_F(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  ReformOptions c = Arrival("c");
+  ReformOptions d = Arrival("d");
+  ASSERT_TRUE(AnnounceArrival(store_, c).ok());
+  ASSERT_TRUE(AnnounceArrival(store_, d).ok());
+  std::vector<ReformOptions> nodes = {Survivor("a", two), Survivor("b", two), c,
+                                      d};
+  for (ReformOptions& o : nodes) o.max_nodes = 3;
+  auto results = ReformAll(nodes);
+  for (int i : {0, 1, 2}) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_EQ(results[i]->arrivals_seen, 2);
+  }
+  ASSERT_FALSE(results[3].ok());
+  EXPECT_EQ(results[3].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(results[3].status().message(),
+              AllOf(HasSubstr("on node 'd'"), HasSubstr("max_nodes = 3")));
+}
+
+TEST_F(ReformationTest, LateArrivalGoesToTheNextEpoch) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  auto first = ReformAll({Survivor("a", two), Survivor("b", two)});
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_TRUE(first[1].ok()) << first[1].status();
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+
+  // c asks for epoch 1, which is closed: it announces itself and waits in
+  // epoch 2; the running nodes' watcher sees it and they break.
+  absl::StatusOr<Reformed> late;
+  std::thread arrival([&] {
+    ReformOptions c = Arrival("c");
+    c.epoch = 1;
+    late = ReformNodeJob(store_, c);
+  });
+  std::vector<absl::StatusOr<Reformed>> survivors(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      ASSERT_TRUE(WaitForArrival(store_, kJob, kElastic,
+                                 first[i]->arrivals_seen + 1, absl::Seconds(10))
+                      .ok());
+      survivors[i] =
+          ReformNodeJob(store_, Survivor(i == 0 ? "a" : "b", running, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  arrival.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->epoch, 2u);
+  EXPECT_THAT(late->layout.NodeIds(), ElementsAre("a", "b", "c"));
+  EXPECT_EQ(late->layout.global_rank_offset, 2);
+  for (const auto& r : survivors) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->admitted, ElementsAre("c"));
+  }
+}
+
+TEST_F(ReformationTest, ArrivalWithAnotherModelGetsAClearError) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  ReformOptions x = Arrival("x");
+  x.params[1].shape = {65};
+  ASSERT_TRUE(AnnounceArrival(store_, x).ok());
+  auto results = ReformAll({Survivor("a", two), Survivor("b", two), x});
+  for (int i : {0, 1}) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "b"));
+    EXPECT_THAT(results[i]->admitted, IsEmpty());
+  }
+  ASSERT_FALSE(results[2].ok());
+  EXPECT_EQ(results[2].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(results[2].status().message(),
+              AllOf(HasSubstr("job 'job'"), HasSubstr("node 'x'"),
+                    HasSubstr("model differs"), HasSubstr("fc1.bias")));
+}
+
+TEST_F(ReformationTest, SyncSeqIsTheLargestPlusOneAndBehindIsFlagged) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  ReformOptions a = Survivor("a", two);
+  a.completed_iteration = 10;
+  a.sync_seq = 5;
+  ReformOptions b = Survivor("b", two);
+  b.completed_iteration = 12;
+  b.sync_seq = 7;
+  auto results = ReformAll({a, b});
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->sync_seq, 8u);
+    EXPECT_EQ(r->max_completed, 12u);
+  }
+  EXPECT_TRUE(results[0]->behind);
+  EXPECT_FALSE(results[1]->behind);
+}
+
+TEST_F(ReformationTest, BackendsOfTheSurvivorsAllreduce) {
+  auto results =
+      ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())},
+                /*allreduce=*/true);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "c"));
+    EXPECT_THAT(Offsets(results[i]->layout), ElementsAre(0, 3));
+    EXPECT_THAT(sums_[i], ElementsAre(1 + 2, 20, 200));
+  }
+}
+
+TEST_F(ReformationTest, WaitForArrivalTimesOutThenSeesTheAnnouncement) {
+  absl::Status s =
+      WaitForArrival(store_, kJob, kElastic, 1, absl::Milliseconds(100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  absl::StatusOr<int64_t> n = AnnounceArrival(store_, Arrival("d"));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  EXPECT_TRUE(
+      WaitForArrival(store_, kJob, kElastic, 1, absl::Milliseconds(100)).ok());
+  s = WaitForArrival(store_, kJob, kElastic, 2, absl::Milliseconds(100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+TEST_F(ReformationTest, FindRunningFindsTheMarkedRound) {
+  EXPECT_EQ(FindRunning(store_, kJob, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store_.Set(kJob, "round1/closed", "formed").ok());
+  ASSERT_TRUE(store_.Set(kJob, "round2/closed", "formed").ok());
+  ASSERT_TRUE(MarkRunning(store_, kJob, "elastic2", "round2").ok());
+  absl::StatusOr<std::string> found =
+      FindRunning(store_, kJob, absl::Seconds(1));
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, "elastic2");
+}
+
+TEST_F(ReformationTest, OlderEpochsKeysAreDeleted) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  auto first = ReformAll({Survivor("a", two), Survivor("b", two)});
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  const size_t after_one = store_.NumKeys(kJob);
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+  auto second =
+      ReformAll({Survivor("a", running, 2), Survivor("b", running, 2)});
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  // Epoch 1's keys went (but its "joined" tombstone), epoch 2's came.
+  EXPECT_FALSE(
+      store_.Get(kJob, "elastic1/epoch1/members", absl::Milliseconds(1)).ok());
+  EXPECT_TRUE(
+      store_.Get(kJob, "elastic1/epoch1/joined", absl::Milliseconds(1)).ok());
+  EXPECT_LE(store_.NumKeys(kJob), after_one + 2);
+  for (const std::string& key : store_.Written()) {
+    if (absl::StartsWith(key, "elastic1/epoch1/") &&
+        key != "elastic1/epoch1/joined") {
+      EXPECT_FALSE(store_.Get(kJob, key, absl::Milliseconds(1)).ok()) << key;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradd
