@@ -702,12 +702,23 @@ absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
                                         const ReformOptions& options) {
   const std::string where = absl::StrCat("announcing node '", options.node_id,
                                          "' to job '", options.job_id, "'");
+  // First under a key the coordinator checks against rendezvous.expected_
+  // node_ids ("<prefix>/member/<id>", FormationNodeIdOf), so that a node it
+  // would refuse is refused before the running nodes break for it.
+  const std::string serialized = MemberOf(options).SerializeAsString();
+  if (absl::Status s =
+          store.Set(options.job_id,
+                    absl::StrCat(options.elastic_prefix, "/arrival/member/",
+                                 options.node_id),
+                    serialized);
+      !s.ok()) {
+    return Prefixed(s, where);
+  }
   absl::StatusOr<int64_t> n =
       store.Add(options.job_id, ArrivalsKey(options.elastic_prefix), 1);
   if (!n.ok()) return Prefixed(n.status(), where);
-  if (absl::Status s =
-          store.Set(options.job_id, ArrivalKey(options.elastic_prefix, *n),
-                    MemberOf(options).SerializeAsString());
+  if (absl::Status s = store.Set(
+          options.job_id, ArrivalKey(options.elastic_prefix, *n), serialized);
       !s.ok()) {
     return Prefixed(s, where);
   }

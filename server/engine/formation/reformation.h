@@ -12,6 +12,12 @@
 //                               arriving node finds the job through it
 //   elastic<k>/arrivals         counter; Add(1) hands out arrival n
 //   elastic<k>/arrival/<n>      the n-th arriving node's ElasticMember
+//   elastic<k>/arrival/member/<node_id>
+//                               the same, written first: the coordinator
+//                               checks "/member/<id>" keys against
+//                               rendezvous.expected_node_ids, so a node it
+//                               refuses never makes the job break (one
+//                               small key per arriving node id, kept)
 //   elastic<k>/epoch            the last epoch closed (written by its
 //                               closer, before "members")
 //   elastic<k>/epoch<e>/...     epoch e's agreement (below)

@@ -344,6 +344,53 @@ TEST_F(ReformationTest, LateArrivalGoesToTheNextEpoch) {
   }
 }
 
+TEST_F(ReformationTest, LateSurvivorComesBackAsArrivalWithItsOffsets) {
+  // Epoch 1 closes after the settle without b.
+  auto first =
+      ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())});
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_THAT(first[0]->lost, ElementsAre("b"));
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+
+  // b enters epoch 1 late; a and c see it announced and break again.
+  absl::StatusOr<Reformed> late;
+  std::thread b(
+      [&] { late = ReformNodeJob(store_, Survivor("b", ThreeNodes())); });
+  std::vector<absl::StatusOr<Reformed>> survivors(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      ASSERT_TRUE(WaitForArrival(store_, kJob, kElastic,
+                                 first[i]->arrivals_seen + 1, absl::Seconds(10))
+                      .ok());
+      survivors[i] =
+          ReformNodeJob(store_, Survivor(i == 0 ? "a" : "c", running, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  b.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->epoch, 2u);
+  EXPECT_THAT(late->layout.NodeIds(), ElementsAre("a", "c", "b"));
+  EXPECT_THAT(Offsets(late->layout), ElementsAre(0, 3, 2));
+  EXPECT_EQ(late->layout.world_size, 4);
+  for (const auto& r : survivors) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->admitted, ElementsAre("b"));
+  }
+}
+
+TEST_F(ReformationTest, ArrivalWithoutRunningNodesTimesOut) {
+  ReformOptions d = Arrival("d");
+  d.timeout = absl::Milliseconds(300);
+  absl::StatusOr<Reformed> r = ReformNodeJob(store_, d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr("job 'job'"), HasSubstr("node 'd'"),
+                    HasSubstr("no node closed the epoch")));
+}
+
 TEST_F(ReformationTest, ArrivalWithAnotherModelGetsAClearError) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions x = Arrival("x");
