@@ -16,6 +16,8 @@
 #include "gtest/gtest.h"
 #include "server/engine/formation/node_formation.h"
 #include "server/rendezvous/kv_store.h"
+#include "server/rendezvous/rendezvous_client.h"
+#include "server/rendezvous/rendezvous_service.h"
 
 namespace gradd {
 namespace {
@@ -485,6 +487,64 @@ TEST_F(ReformationTest, OlderEpochsKeysAreDeleted) {
       EXPECT_FALSE(store_.Get(kJob, key, absl::Milliseconds(1)).ok()) << key;
     }
   }
+}
+
+// The same over the coordinator's gRPC service, each node with its own
+// client, as the daemons run it: the quick probes and blocking waits behave
+// the same there, and a node outside rendezvous.expected_node_ids cannot
+// announce itself.
+TEST(ReformationOverServiceTest, ArrivalJoinsAndUnlistedNodeIsRefused) {
+  RendezvousServer::Options server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  server_options.expected_node_ids = {"a", "b", "c"};
+  auto server = RendezvousServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto connect = [&] {
+    RendezvousClient::Options options;
+    options.address = (*server)->address();
+    auto client = RendezvousClient::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  };
+  std::unique_ptr<RendezvousClient> stranger = connect();
+  absl::StatusOr<int64_t> refused = AnnounceArrival(*stranger, Arrival("x"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+      << refused.status();
+
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  std::vector<ReformOptions> nodes = {Survivor("a", two), Survivor("b", two),
+                                      Arrival("c")};
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (size_t i = 0; i < nodes.size(); ++i) clients.push_back(connect());
+  absl::StatusOr<int64_t> n = AnnounceArrival(*clients[2], nodes[2]);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);  // the stranger took no number
+  nodes[2].arrival = *n;
+  std::vector<absl::StatusOr<Reformed>> results(nodes.size());
+  std::vector<std::vector<float>> sums(nodes.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = ReformNodeJob(*clients[i], nodes[i]);
+      if (!results[i].ok()) return;
+      sums[i] = {1, 2};
+      EXPECT_TRUE(
+          results[i]
+              ->backend->AllreduceSum(sums[i].data(), 2, DType::kFloat32)
+              .ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_THAT(results[i]->admitted, ElementsAre("c"));
+    EXPECT_EQ(results[i]->arrivals_seen, 1);
+    EXPECT_THAT(sums[i], ElementsAre(3, 6));
+  }
+  ASSERT_TRUE(results[2]->plan.has_value());
+  // Backends go before the clients they report through.
+  results.clear();
 }
 
 }  // namespace
