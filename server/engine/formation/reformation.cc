@@ -280,18 +280,21 @@ void AssignOffsets(const ReformOptions& o,
     });
   };
   std::vector<int> offsets(order.size(), -1);
-  // Survivors first, then returning nodes, so neither loses its offsets to
-  // a node placed earlier.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < order.size(); ++i) {
-      const v1::ElasticMember& m = *order[i];
-      auto it = kept.find(m.node_id());
-      const int want = it != kept.end() ? it->second : m.requested_offset();
-      if (offsets[i] >= 0 || (pass == 0) != (it != kept.end())) continue;
-      if (is_free(want, m.local_world_size())) {
-        offsets[i] = want;
-        taken.emplace_back(want, want + m.local_world_size());
-      }
+  auto place = [&](size_t i, int begin) {
+    const int size = order[i]->local_world_size();
+    if (!is_free(begin, size)) return;
+    offsets[i] = begin;
+    taken.emplace_back(begin, begin + size);
+  };
+  // Survivors first, then returning nodes, so that neither loses its
+  // offsets to a node placed before it.
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto it = kept.find(order[i]->node_id());
+    if (it != kept.end()) place(i, it->second);
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!kept.contains(order[i]->node_id())) {
+      place(i, order[i]->requested_offset());
     }
   }
   int highest = 0;
@@ -348,6 +351,26 @@ void AdmitArrivals(const ReformOptions& o,
   }
 }
 
+// Why the job fails: who is left, who is lost and the entrants' reasons.
+std::string TooFewNodes(
+    const ReformOptions& o, const std::vector<const v1::ElasticMember*>& order,
+    const google::protobuf::RepeatedPtrField<std::string>& lost) {
+  std::vector<std::string> ids, reasons;
+  for (const v1::ElasticMember* m : order) {
+    ids.push_back(m->node_id());
+    if (!m->reason().empty() && std::find(reasons.begin(), reasons.end(),
+                                          m->reason()) == reasons.end()) {
+      reasons.push_back(m->reason());
+    }
+  }
+  return absl::StrCat(
+      "only ", order.size(), " node(s) (", absl::StrJoin(ids, ", "),
+      ") re-formed job '", o.job_id, "' in epoch ", o.epoch,
+      ", fewer than min_nodes = ", o.min_nodes,
+      "; lost: ", lost.empty() ? "none" : absl::StrJoin(lost, ", "), " (",
+      reasons.empty() ? "no reason given" : absl::StrJoin(reasons, "; "), ")");
+}
+
 // The verdict on `entrants` (a pure function of what the closer read).
 v1::ElasticMembers Decide(const ReformOptions& o,
                           const std::vector<v1::ElasticMember>& entrants,
@@ -378,23 +401,8 @@ v1::ElasticMembers Decide(const ReformOptions& o,
   verdict.set_sync_seq(verdict.sync_seq() + 1);
 
   if (static_cast<int>(order.size()) < o.min_nodes) {
-    std::vector<std::string> ids, reasons;
-    for (const v1::ElasticMember* m : order) {
-      ids.push_back(m->node_id());
-      if (!m->reason().empty() && std::find(reasons.begin(), reasons.end(),
-                                            m->reason()) == reasons.end()) {
-        reasons.push_back(m->reason());
-      }
-    }
     verdict.set_failed(true);
-    verdict.set_error(absl::StrCat(
-        "only ", order.size(), " node(s) (", absl::StrJoin(ids, ", "),
-        ") re-formed job '", o.job_id, "' in epoch ", o.epoch,
-        ", fewer than min_nodes = ", o.min_nodes, "; lost: ",
-        verdict.lost().empty() ? "none" : absl::StrJoin(verdict.lost(), ", "),
-        " (",
-        reasons.empty() ? "no reason given" : absl::StrJoin(reasons, "; "),
-        ")"));
+    verdict.set_error(TooFewNodes(o, order, verdict.lost()));
   }
   return verdict;
 }
