@@ -79,6 +79,11 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   RETURN_IF_ERROR(SealReadOnlyForOthers(job->control_fd_.get()));
   job->layout_.Initialize(job->control_.data());
   job->header_ = job->layout_.header(job->control_.data());
+  // Version 6 ("Re-formation"): the live world size until one happens.
+  job->header_->world_size.store(static_cast<uint32_t>(s.global_world_size()),
+                                 std::memory_order_relaxed);
+  job->header_->epoch.store(0, std::memory_order_relaxed);
+  job->header_->state_behind.store(0, std::memory_order_relaxed);
   ASSIGN_OR_RETURN(job->doorbell_,
                    DaemonDoorbell::Create(job->layout_, job->control_.data(),
                                           std::move(bell_fds)));
@@ -124,7 +129,13 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook),
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
-      iterations_(layout_.num_buckets()) {
+      iterations_(layout_.num_buckets()),
+      elastic_(spec_.num_nodes > 1 &&
+               (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)) {
+  live_.node_rank = spec_.node_rank;
+  live_.num_nodes = spec_.num_nodes;
+  live_.world_size = spec_.global_world_size();
+  live_.node_ids = spec_.node_ids;
   for (int r = 0; r < spec_.local_world_size; ++r) {
     rank_state_[r] = kLive;
     restart_since_ns_[r] = 0;
@@ -139,6 +150,14 @@ Job::~Job() {
       "job '", spec_.job_id, "' stopped during a bucket rebuild")));
   AbortRejoins(absl::CancelledError(absl::StrCat(
       "job '", spec_.job_id, "' stopped before the rank could rejoin")));
+  FailPendingRejoins(absl::CancelledError(absl::StrCat(
+      "job '", spec_.job_id, "' stopped before the rank could rejoin")));
+  {
+    // A re-formation that finished after the job stopped: its reducer
+    // never ran anything.
+    absl::MutexLock lock(&network_mu_);
+    reformed_.reset();
+  }
   // Joins the reducer's threads (if any) while the memory its completions
   // write to is still mapped.
   reducer_.reset();
@@ -184,9 +203,16 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_broadcast_offset(broadcast_offset());
   resp.set_broadcast_bytes(spec_.broadcast_bytes);
   resp.set_global_rank(spec_.global_rank_offset + rank);
-  resp.set_world_size(spec_.global_world_size());
-  resp.set_node_rank(spec_.node_rank);
-  resp.set_num_nodes(spec_.num_nodes);
+  {
+    // Global ranks never change; the rest is the live layout (a
+    // re-formation moves it).
+    absl::MutexLock lock(&live_mu_);
+    resp.set_world_size(live_.world_size);
+    resp.set_node_rank(live_.node_rank);
+    resp.set_num_nodes(live_.num_nodes);
+  }
+  resp.set_min_nodes(static_cast<uint32_t>(spec_.min_nodes));
+  resp.set_epoch(header_->epoch.load(std::memory_order_acquire));
   resp.set_bucket_slots(layout_.num_buckets());
   resp.set_bucket_region_bytes(bucket_region_bytes_);
   // What the rank maps: the allocation as made (rounded up to the device's
@@ -194,7 +220,12 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   if (!device_memory_.empty()) {
     resp.set_device_memory_bytes(device_memory_[rank]->size());
   }
-  reducer_->DescribeDevice(rank, &resp);
+  {
+    absl::MutexLock lock(&reducer_mu_);
+    // Null while the job re-forms: the new reducer describes the devices
+    // the same way (the events are the ranks', not the group's).
+    if (reducer_ != nullptr) reducer_->DescribeDevice(rank, &resp);
+  }
   resp.set_rank_restart_grace_ms(
       static_cast<uint32_t>(spec_.rank_restart_grace.count()));
   // A new job; a rejoin overwrites these (Job::Rejoin).
@@ -282,8 +313,14 @@ void Job::Loop() {
         continue;
       }
     }
-    bool progress = !failed_ && Scan();
-    if (!failed_ && stalls_.enabled()) CheckStalls();
+    // Elastic multi-node jobs: while the inter-node group drains or
+    // re-forms, nothing new starts (job_elastic.cc).
+    const bool held = elastic_ && !failed_ && StepNetwork();
+    if (failed_ && !elastic_rejoins_.empty()) {
+      FailPendingRejoins(ReadError(header_));
+    }
+    bool progress = !failed_ && !held && Scan();
+    if (!failed_ && !held && stalls_.enabled()) CheckStalls();
     if (progress) continue;
     doorbell_->Wait(failed_ ? std::chrono::nanoseconds(0) : spec_.spin,
                     kMaxSleep);
@@ -359,7 +396,7 @@ bool Job::Scan() {
     if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
-    StartBucket(b, need, &bucket_buffers_[b], /*divisor=*/0);
+    StartBucket(b, need, &bucket_buffers_[b], bucket_divisor_);
   }
   if (failed_) return false;
   progress |= ScanBroadcast();
@@ -394,17 +431,21 @@ void Job::StartBucket(size_t b, uint64_t iteration,
     used_map = reinterpret_cast<const float*>(
         static_cast<const char*>((*buffers)[0]) + used_map_offset_);
   }
+  in_flight_.fetch_add(1);
   reducer_->Start(work, [this, b, iteration, used_map](absl::Status s) {
     if (s.ok() && used_map != nullptr) RecordUsedMap(iteration, used_map);
     Complete(static_cast<int>(b), iteration, std::move(s));
+    ReducerWorkDone();
   });
 }
 
 void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
   if (!status.ok()) {
-    FailJob(status.code(),
-            absl::StrCat("job '", spec_.job_id, "' bucket ", bucket,
-                         " iteration ", iteration, ": ", status.message()));
+    const std::string what =
+        absl::StrCat("job '", spec_.job_id, "' bucket ", bucket, " iteration ",
+                     iteration, ": ", status.message());
+    // Elastic: the break is the re-formation's, not the job's end.
+    if (!NoteNetworkError(status, what)) FailJob(status.code(), what);
     return;
   }
   EmitBucket(bucket, iteration);
@@ -567,7 +608,9 @@ absl::Status Job::InstallCommHook() {
   // fresh hook for the new buckets, as torch's per-bucket hook state starts
   // over with its rebuilt buckets.
   CommHookContext context;
-  context.world_size = spec_.global_world_size();
+  context.world_size = spec_.divide_by_initial_world_size
+                           ? spec_.global_world_size()
+                           : live_world_size();
   context.params = &spec_.params;
   context.plan = &plan_;
   context.pool = spec_.hook_pool;
@@ -683,14 +726,17 @@ bool Job::ScanBroadcast() {
     }
     work.rank_areas = &join_areas_;
   }
+  in_flight_.fetch_add(1);
   reducer_->StartBroadcast(work, [this, need](absl::Status s) {
     if (!s.ok()) {
-      FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "' broadcast ",
-                                     need, ": ", s.message()));
-      return;
+      const std::string what = absl::StrCat(
+          "job '", spec_.job_id, "' broadcast ", need, ": ", s.message());
+      if (!NoteNetworkError(s, what)) FailJob(s.code(), what);
+    } else {
+      header_->bcast_done_seq.store(need, std::memory_order_release);
+      WakeClients(layout_, control_.data());
     }
-    header_->bcast_done_seq.store(need, std::memory_order_release);
-    WakeClients(layout_, control_.data());
+    ReducerWorkDone();
   });
   return true;
 }

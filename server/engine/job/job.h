@@ -334,7 +334,8 @@ class Job {
   // For tests and stats: iteration last completed for bucket b.
   uint64_t done_seq(int bucket) const;
   // Cumulative per-phase times of the job's reducer. Any thread.
-  ReducerStats reducer_stats() const { return reducer_->stats(); }
+  // Those of the reducers a re-formation retired included.
+  ReducerStats reducer_stats() const;
   // The job's recent bucket events (timeline.h) and its buckets stalled
   // now (stall_inspector.h). Any thread.
   std::vector<TimelineEvent> timeline() const { return timeline_.Snapshot(); }
@@ -437,12 +438,52 @@ class Job {
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();
 
+  // Steps 1-2 of control_block.h "Rank restart", shared by a local rejoin
+  // and a re-formation (engine thread, nothing with the reducer): aborts
+  // the iteration in progress or else the next one, and the collective
+  // round in progress or else the next one; `aborted_rank` is the local
+  // rank that caused it (-1: a re-formation).
+  struct Abort {
+    uint64_t iteration = 0;  // 0: the plan has no buckets
+    uint64_t round = 0;
+    uint64_t last = 0;            // the rank's next iteration is last + 1
+    uint64_t collective_seq = 0;  // bcast_done_seq after the abort
+  };
+  Abort AbortInProgress(int aborted_rank);
+  // Step 3 for a restarting rank: its rows, join slot and state; restarts++.
+  // False (done answered) when r went away meanwhile.
+  bool ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done);
+
+  // job_elastic.cc, engine thread. Advances the network state machine
+  // (job.h "Elastic multi-node jobs"); true while the engine must not
+  // start anything (draining or reforming).
+  bool StepNetwork();
+  void EnterDraining(std::string reason);
+  void ApplyReformed(absl::StatusOr<ReformedNetwork> result);
+  // Every reducer hand-over counts itself in in_flight_ until its
+  // completion; a completion with an error in an elastic job notes the
+  // break instead of failing the job (`what` names the work). False: not
+  // elastic, the caller fails the job.
+  bool NoteNetworkError(const absl::Status& status, absl::string_view what);
+  void ReducerWorkDone();
+  // The reducer other threads read through (stats, DescribeDevice); the
+  // engine thread swaps it under reducer_mu_.
+  void ReplaceReducer(std::unique_ptr<BucketReducerInterface> reducer);
+  // The live global world size (the spec's until a re-formation).
+  int live_world_size() const;
+  void FailPendingRejoins(const absl::Status& status);
+
   const JobSpec spec_;
   const ControlLayout layout_;
   // Bucket region of every rank's memory: MaxPlanBytes(params).
   const size_t bucket_region_bytes_;
   // Reset first in ~Job: its completions write into the mappings below.
+  // Replaced (engine thread, under reducer_mu_) by a re-formation; null
+  // while the job re-forms. Other threads read it under reducer_mu_.
   std::unique_ptr<BucketReducerInterface> reducer_;
+  mutable absl::Mutex reducer_mu_;
+  // The totals of the reducers a re-formation retired.
+  ReducerStats retired_stats_ ABSL_GUARDED_BY(reducer_mu_);
   size_t rank_bytes_ = 0;
 
   // The job block (sealed read-only for everyone but this mapping), every
@@ -547,6 +588,44 @@ class Job {
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).
   absl::Mutex error_mu_;
+
+  // Elastic multi-node jobs (job_elastic.cc).
+  const bool elastic_;
+  enum class NetState { kRunning, kDraining, kReforming };
+  NetState net_state_ = NetState::kRunning;  // engine thread
+  // Reducer hand-overs whose completion has not run yet (any thread).
+  std::atomic<int> in_flight_{0};
+  // Set (with network_error_) by a completion that failed, by BreakNetwork
+  // and by Reformed; the engine looks at network_mu_ only when it is set.
+  std::atomic<bool> network_pending_{false};
+  std::atomic<bool> draining_{false};  // mirrors net_state_ != kRunning
+  absl::Mutex network_mu_;
+  std::optional<std::string> network_error_ ABSL_GUARDED_BY(network_mu_);
+  std::optional<std::string> break_request_ ABSL_GUARDED_BY(network_mu_);
+  std::optional<absl::StatusOr<ReformedNetwork>> reformed_
+      ABSL_GUARDED_BY(network_mu_);
+  ReformHandler reform_handler_;  // set before Start
+  // Engine thread: why the current break happened, when, and the rejoins
+  // it answers once re-formed.
+  std::string break_reason_;
+  int64_t broke_ns_ = 0;
+  std::vector<std::pair<int, RejoinDone>> elastic_rejoins_;
+  // BucketWork::divisor for plain buckets: 0 (the reducer's: the live world
+  // size), or the initial world size (divide_by_initial_world_size) once a
+  // re-formation changed the world. Engine thread.
+  double bucket_divisor_ = 0;
+  // Where this node sits now (ResponseFor, Snapshot read it; the engine
+  // thread writes it on a re-formation).
+  struct LiveLayout {
+    int node_rank = 0;
+    int num_nodes = 1;
+    int world_size = 1;
+    std::vector<std::string> node_ids;
+    std::vector<std::string> lost;  // every node lost so far
+    std::string last_reason;        // of the last re-formation
+  };
+  mutable absl::Mutex live_mu_;
+  LiveLayout live_ ABSL_GUARDED_BY(live_mu_);
 
   // Bucket rebuild: 0, or the iteration after which the ranks rebuild.
   std::atomic<uint64_t> rebuild_after_{0};

@@ -78,6 +78,8 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
   work.bytes = round.bytes;
   work.rank_areas = &bcast_areas_;
   work.first_rank = spec_.global_rank_offset;
+  // Global ranks never change (a lost node's are gone, not renumbered):
+  // the areas are laid out over the initial world.
   work.world_size = spec_.global_world_size();
   switch (static_cast<CollectiveKind>(round.kind)) {
     case CollectiveKind::kAllreduce:
@@ -128,15 +130,18 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
                      spec_.broadcast_bytes));
   }
   bcast_started_ = need;
+  in_flight_.fetch_add(1);
   reducer_->StartBroadcast(work, [this, need](absl::Status s) {
     if (!s.ok()) {
-      FailJob(s.code(),
-              absl::StrCat("job '", spec_.job_id, "' collective round ", need,
-                           ": ", s.message()));
-      return;
+      const std::string what =
+          absl::StrCat("job '", spec_.job_id, "' collective round ", need, ": ",
+                       s.message());
+      if (!NoteNetworkError(s, what)) FailJob(s.code(), what);
+    } else {
+      header_->bcast_done_seq.store(need, std::memory_order_release);
+      WakeClients(layout_, control_.data());
     }
-    header_->bcast_done_seq.store(need, std::memory_order_release);
-    WakeClients(layout_, control_.data());
+    ReducerWorkDone();
   });
   return true;
 }

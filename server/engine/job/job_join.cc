@@ -119,6 +119,7 @@ bool Job::StepJoin() {
   JoinRoundWork work;
   work.iteration = join_.iteration();
   work.values = *std::move(round);
+  in_flight_.fetch_add(1);
   reducer_->StartJoinRound(std::move(work),
                            [this](absl::Status s, std::vector<double> values) {
                              {
@@ -127,6 +128,7 @@ bool Job::StepJoin() {
                                round_status_ = std::move(s);
                                round_values_ = std::move(values);
                              }
+                             ReducerWorkDone();
                              doorbell_->Ring();
                            });
   return true;
@@ -162,12 +164,14 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
       work.bytes = outcome.sync_bytes;
       work.rank_areas = &phantom_areas_;
       const uint64_t iteration = outcome.iteration;
+      in_flight_.fetch_add(1);
       reducer_->StartBroadcast(work, [this, iteration](absl::Status s) {
         if (!s.ok()) {
           FailJob(s.code(), absl::StrCat("job '", spec_.job_id,
                                          "' join sync of iteration ", iteration,
                                          ": ", s.message()));
         }
+        ReducerWorkDone();
       });
     }
     return;

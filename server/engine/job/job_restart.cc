@@ -47,8 +47,7 @@ bool Job::RankRestarting(int rank, absl::string_view reason) {
   e.local_rank = rank;
   e.since_ns = now;
   e.at_ns = now;
-  e.world_size =
-      spec_.global_world_size() - (spec_.local_world_size - live_ranks());
+  e.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
   e.reason = std::string(reason);
   events_.OnRankRestarting(e);
   doorbell_->Ring();  // the engine re-checks who is stuck
@@ -91,6 +90,32 @@ void Job::AbortRejoins(const absl::Status& status) {
 }
 
 bool Job::TryRejoin() {
+  if (elastic_) {
+    // Multi-node (job.h "Elastic multi-node jobs"): the rank's return is
+    // one re-formation of the job's inter-node group. The draining waits
+    // for the quiet point; the rejoin is answered after Reformed.
+    std::vector<std::pair<int, RejoinDone>> batch;
+    {
+      absl::MutexLock lock(&rejoin_mu_);
+      batch.swap(rejoins_);
+      rejoin_pending_.store(false, std::memory_order_release);
+    }
+    std::string reason;
+    for (auto& [rank, d] : batch) {
+      if (rank_state_[rank].load() != kRestarting) {
+        std::move(d)(absl::FailedPreconditionError(absl::StrCat(
+            RankName(rank), " is not restarting; it cannot rejoin")));
+        continue;
+      }
+      if (reason.empty())
+        reason = absl::StrCat("local rank ", rank, " rejoined");
+      elastic_rejoins_.emplace_back(rank, std::move(d));
+    }
+    if (!reason.empty() && net_state_ == NetState::kRunning) {
+      EnterDraining(std::move(reason));
+    }
+    return !batch.empty();
+  }
   void* base = control_.data();
   std::atomic<uint64_t>* done = layout_.done_seq(base);
   // Nothing may be with the reducer: its completion would publish a done
@@ -113,15 +138,11 @@ bool Job::TryRejoin() {
   return !batch.empty();
 }
 
-void Job::RejoinNow(int rank, RejoinDone done) {
-  if (rank_state_[rank].load() != kRestarting) {
-    std::move(done)(absl::FailedPreconditionError(
-        absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin")));
-    return;
-  }
+Job::Abort Job::AbortInProgress(int aborted_rank) {
   void* base = control_.data();
   std::atomic<uint64_t>* done_seq = layout_.done_seq(base);
   const size_t n = plan_.buckets.size();
+  Abort a;
 
   // 1. The gradient iteration in progress (some bucket done for it), or
   // else the next one, is aborted: nobody applies it. Every bucket not done
@@ -140,14 +161,13 @@ void Job::RejoinNow(int rank, RejoinDone done) {
     hi = std::max(hi, d);
   }
   if (n == 0) lo = 0;
-  const uint64_t aborted_iteration = n == 0 ? 0 : (hi > lo ? hi : lo + 1);
-  if (aborted_iteration != 0) {
-    header_->aborted_rank.store(rank, std::memory_order_relaxed);
-    header_->aborted_iteration.store(aborted_iteration,
-                                     std::memory_order_release);
+  a.iteration = n == 0 ? 0 : (hi > lo ? hi : lo + 1);
+  if (a.iteration != 0) {
+    header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
+    header_->aborted_iteration.store(a.iteration, std::memory_order_release);
     for (size_t b = 0; b < n; ++b) {
-      if (done_seq[b].load(std::memory_order_acquire) < aborted_iteration) {
-        done_seq[b].store(aborted_iteration, std::memory_order_release);
+      if (done_seq[b].load(std::memory_order_acquire) < a.iteration) {
+        done_seq[b].store(a.iteration, std::memory_order_release);
       }
       // The aborted buckets' waits are over (stall inspector, events).
       first_ready_iter_[b] = 0;
@@ -155,27 +175,30 @@ void Job::RejoinNow(int rank, RejoinDone done) {
     std::fill(rank_ready_ns_.begin(), rank_ready_ns_.end(), 0);
     iterations_aborted_.fetch_add(1, std::memory_order_relaxed);
   }
-  const uint64_t last = std::max(hi, aborted_iteration);
+  a.last = std::max(hi, a.iteration);
 
   // 2. The collective round in progress, or else the next one, likewise
   // (the same agreement point for rounds: a survivor's buffer broadcast
   // and the rejoined rank's state sync can never meet in one round).
-  const uint64_t aborted_round =
-      header_->bcast_done_seq.load(std::memory_order_acquire) + 1;
-  header_->aborted_rank.store(rank, std::memory_order_relaxed);
-  header_->aborted_round.store(aborted_round, std::memory_order_release);
-  header_->bcast_done_seq.store(aborted_round, std::memory_order_release);
-  const uint64_t collective_seq =
-      header_->bcast_done_seq.load(std::memory_order_acquire);
+  a.round = header_->bcast_done_seq.load(std::memory_order_acquire) + 1;
+  header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
+  header_->aborted_round.store(a.round, std::memory_order_release);
+  header_->bcast_done_seq.store(a.round, std::memory_order_release);
+  a.collective_seq = header_->bcast_done_seq.load(std::memory_order_acquire);
+  return a;
+}
 
+bool Job::ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done) {
+  void* base = control_.data();
   // 3. The rank's rows say "done with everything so far"; its join state
   // starts over. Written by the daemon against the rule that rank r writes
   // only its own: the new process reads them only once its Attach answers.
-  for (size_t b = 0; b < n; ++b) {
-    layout_.ready_row(base, rank)[b].store(last, std::memory_order_release);
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    layout_.ready_row(base, rank)[b].store(abort.last,
+                                           std::memory_order_release);
   }
   layout_.bcast(base, rank)
-      ->ready_seq.store(collective_seq, std::memory_order_release);
+      ->ready_seq.store(abort.collective_seq, std::memory_order_release);
   JoinSlot* slot = layout_.join_slot(base, rank);
   slot->epoch.store(0, std::memory_order_relaxed);
   slot->begin.store(0, std::memory_order_relaxed);
@@ -190,43 +213,54 @@ void Job::RejoinNow(int rank, RejoinDone done) {
   if (!rank_state_[rank].compare_exchange_strong(expected, kLive)) {
     // Gone meanwhile (grace over): what was aborted stays aborted.
     WakeClients(layout_, base);
-    std::move(done)(absl::AbortedError(absl::StrCat(
+    std::move (*done)(absl::AbortedError(absl::StrCat(
         RankName(rank), " went away before its return was complete")));
-    return;
+    return false;
   }
   header_->restarting.fetch_sub(1, std::memory_order_acq_rel);
   header_->restarts.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+void Job::RejoinNow(int rank, RejoinDone done) {
+  if (rank_state_[rank].load() != kRestarting) {
+    std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin")));
+    return;
+  }
+  const Abort abort = AbortInProgress(rank);
+  if (!ResetRejoinedRank(rank, abort, &done)) return;
   const uint64_t sync =
       header_->sync_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
-  WakeClients(layout_, base);
+  WakeClients(layout_, control_.data());
 
   const int64_t now = EngineNowNs();
   RankRestartEvent e;
   e.local_rank = rank;
   e.since_ns = restart_since_ns_[rank].exchange(0, std::memory_order_relaxed);
   e.at_ns = now;
-  e.aborted_iteration = aborted_iteration;
-  e.aborted_round = aborted_round;
-  e.world_size =
-      spec_.global_world_size() - (spec_.local_world_size - live_ranks());
+  e.aborted_iteration = abort.iteration;
+  e.aborted_round = abort.round;
+  e.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
   events_.OnRankRejoined(e);
   spdlog::info(
       "{}",
       absl::StrCat(
           RankName(rank), " rejoined after ",
           e.since_ns != 0 ? (now - e.since_ns) / 1'000'000 : 0, " ms away; ",
-          aborted_iteration != 0
-              ? absl::StrCat("aborted iteration ", aborted_iteration)
+          abort.iteration != 0
+              ? absl::StrCat("aborted iteration ", abort.iteration)
               : std::string("no iteration aborted"),
-          aborted_round != 0
-              ? absl::StrCat(", aborted collective round ", aborted_round)
+          abort.round != 0
+              ? absl::StrCat(", aborted collective round ", abort.round)
               : std::string(),
-          "; it goes on at iteration ", last + 1, " after state sync ", sync));
+          "; it goes on at iteration ", abort.last + 1, " after state sync ",
+          sync));
 
   v1::AttachResponse response = ResponseFor(rank);
   response.set_rejoined(true);
-  response.set_next_iteration(last + 1);
-  response.set_collective_seq(collective_seq);
+  response.set_next_iteration(abort.last + 1);
+  response.set_collective_seq(abort.collective_seq);
   response.set_sync_seq(sync);
   std::move(done)(std::move(response));
 }

@@ -70,9 +70,19 @@ JobSnapshot Job::Snapshot(bool detail) const {
   JobSnapshot s;
   s.job_id = spec_.job_id;
   s.local_world_size = spec_.local_world_size;
-  s.node_rank = spec_.node_rank;
-  s.num_nodes = spec_.num_nodes;
-  s.world_size = spec_.global_world_size();
+  {
+    absl::MutexLock lock(&live_mu_);
+    s.node_rank = live_.node_rank;
+    s.num_nodes = live_.num_nodes;
+    s.world_size = live_.world_size;
+    s.node_ids = live_.node_ids;
+    s.lost_node_ids = live_.lost;
+    s.last_reform_reason = live_.last_reason;
+  }
+  s.initial_num_nodes = spec_.num_nodes;
+  s.initial_world_size = spec_.global_world_size();
+  s.min_nodes = spec_.min_nodes;
+  s.epoch = epoch();
   s.rank_memory_bytes = rank_bytes_;
   s.broadcast_bytes = spec_.broadcast_bytes;
   s.planner = spec_.planner;
@@ -140,7 +150,7 @@ JobSnapshot Job::Snapshot(bool detail) const {
       }
     }
   }
-  s.stats = reducer_->stats();
+  s.stats = reducer_stats();
   s.rank_restart_grace_ms =
       static_cast<uint32_t>(spec_.rank_restart_grace.count());
   s.restarts = restarts();

@@ -90,6 +90,18 @@ struct JobSnapshot {
   uint64_t restarts = 0;
   uint64_t iterations_aborted = 0;
 
+  // Node loss and arrival (control_block.h "Re-formation"): num_nodes,
+  // world_size, node_rank and node_ids above are the live ones; the job's
+  // min_nodes (0: not elastic on it), the size it formed with,
+  // re-formations so far, every node lost so far and the last
+  // re-formation's reason.
+  int min_nodes = 0;
+  int initial_num_nodes = 1;
+  int initial_world_size = 0;
+  uint64_t epoch = 0;
+  std::vector<std::string> lost_node_ids;
+  std::string last_reform_reason;
+
   // Bucket rebuild (engine/job/rebuild.h).
   bool rebuilt = false;
   uint64_t rebuild_iteration = 0;

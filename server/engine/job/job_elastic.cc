@@ -1,0 +1,372 @@
+// The engine side of node loss and arrival (job.h "Elastic multi-node
+// jobs"; common/control_block.h "Re-formation"): a job elastic across nodes
+// survives a break of its inter-node group. The engine drains the reducer
+// (failures of what was with it are the break's, not the job's), hands the
+// break to the re-formation handler with the old reducer destroyed (its
+// backend closed, so peers blocked on this node notice at once), and on
+// Reformed installs the new reducer, aborts the iteration and collective
+// round in progress (or the next ones) once, publishes the new epoch,
+// world size and sync_seq, and answers the rejoins that caused or met the
+// break.
+//
+// Threads: BreakNetwork, Reformed, the completions' NoteNetworkError and
+// ReducerWorkDone run on any thread and only leave word (network_mu_,
+// atomics) and ring the engine's doorbell; everything else here runs on
+// the engine thread.
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/doorbell.h"
+#include "server/engine/job/job.h"
+#include "server/logging.h"
+
+namespace gradd {
+namespace {
+
+bool SamePlan(const BucketPlan& a, const BucketPlan& b) {
+  if (a.buckets.size() != b.buckets.size()) return false;
+  for (size_t i = 0; i < a.buckets.size(); ++i) {
+    if (a.buckets[i].params != b.buckets[i].params) return false;
+  }
+  return true;
+}
+
+void Add(ReducerStats* to, const ReducerStats& s) {
+  to->buckets += s.buckets;
+  to->local_reduce_ns += s.local_reduce_ns;
+  to->network_ns += s.network_ns;
+  to->write_back_ns += s.write_back_ns;
+}
+
+}  // namespace
+
+void Job::SetReformHandler(ReformHandler handler) {
+  reform_handler_ = std::move(handler);
+}
+
+void Job::BreakNetwork(std::string reason) {
+  if (!elastic_) return;
+  {
+    absl::MutexLock lock(&network_mu_);
+    if (!break_request_.has_value()) break_request_ = std::move(reason);
+    network_pending_.store(true, std::memory_order_release);
+  }
+  doorbell_->Ring();
+}
+
+void Job::Reformed(absl::StatusOr<ReformedNetwork> result) {
+  {
+    absl::MutexLock lock(&network_mu_);
+    reformed_ = std::move(result);
+    network_pending_.store(true, std::memory_order_release);
+  }
+  doorbell_->Ring();
+}
+
+uint64_t Job::epoch() const {
+  return header_->epoch.load(std::memory_order_acquire);
+}
+
+ReducerStats Job::reducer_stats() const {
+  absl::MutexLock lock(&reducer_mu_);
+  ReducerStats s = retired_stats_;
+  if (reducer_ != nullptr) Add(&s, reducer_->stats());
+  return s;
+}
+
+int Job::live_world_size() const {
+  absl::MutexLock lock(&live_mu_);
+  return live_.world_size;
+}
+
+void Job::ReplaceReducer(std::unique_ptr<BucketReducerInterface> reducer) {
+  std::unique_ptr<BucketReducerInterface> old;
+  {
+    absl::MutexLock lock(&reducer_mu_);
+    if (reducer_ != nullptr) Add(&retired_stats_, reducer_->stats());
+    old = std::move(reducer_);
+    reducer_ = std::move(reducer);
+  }
+  // Outside the lock: joins the old reducer's threads and closes its
+  // backend (bounded by its collective timeout).
+  old.reset();
+}
+
+bool Job::NoteNetworkError(const absl::Status& status, absl::string_view what) {
+  if (!elastic_) return false;
+  {
+    absl::MutexLock lock(&network_mu_);
+    // The first error is the break's reason; the rest of the drain echoes
+    // it (the hierarchical reducer fails everything after it).
+    if (!network_error_.has_value()) network_error_ = std::string(what);
+    network_pending_.store(true, std::memory_order_release);
+  }
+  doorbell_->Ring();
+  return true;
+}
+
+void Job::ReducerWorkDone() {
+  // seq_cst with EnterDraining's store and the engine's load: either the
+  // engine sees the count at 0 or this completion sees it draining.
+  if (in_flight_.fetch_sub(1) == 1 && draining_.load()) doorbell_->Ring();
+}
+
+void Job::FailPendingRejoins(const absl::Status& status) {
+  std::vector<std::pair<int, RejoinDone>> batch;
+  batch.swap(elastic_rejoins_);
+  for (auto& [rank, done] : batch) std::move(done)(status);
+}
+
+void Job::EnterDraining(std::string reason) {
+  // A join epoch counts and divides by the ranks of every node and a plan
+  // switch agrees across the old group: neither survives a new one.
+  const bool join = JoinInPlay();
+  if (join || rebuild_after_.load(std::memory_order_acquire) != 0 ||
+      switch_pending_.load(std::memory_order_acquire)) {
+    FailJob(absl::StatusCode::kAborted,
+            absl::StrCat("job '", spec_.job_id,
+                         "': the inter-node group broke (", reason, ") while ",
+                         join ? "a join (uneven inputs) is in play"
+                              : "a bucket rebuild is pending",
+                         "; elastic re-formation does not run during a join "
+                         "or a bucket rebuild"));
+    failed_ = true;
+    return;
+  }
+  net_state_ = NetState::kDraining;
+  draining_.store(true);
+  break_reason_ = std::move(reason);
+  broke_ns_ = EngineNowNs();
+  spdlog::warn("job '{}': inter-node group broke (epoch {}): {}; draining",
+               spec_.job_id, epoch(), break_reason_);
+}
+
+bool Job::StepNetwork() {
+  std::optional<std::string> error;
+  std::optional<std::string> request;
+  std::optional<absl::StatusOr<ReformedNetwork>> reformed;
+  if (network_pending_.exchange(false, std::memory_order_acq_rel)) {
+    absl::MutexLock lock(&network_mu_);
+    error.swap(network_error_);
+    reformed.swap(reformed_);
+    // A request made while the handler re-forms is for the next break:
+    // the membership being agreed may not have seen it.
+    if (net_state_ != NetState::kReforming) request.swap(break_request_);
+  }
+  if (reformed.has_value()) {
+    if (net_state_ == NetState::kReforming) {
+      ApplyReformed(*std::move(reformed));
+      if (failed_) return true;
+    } else {
+      spdlog::warn(
+          "job '{}': a re-formation result arrived while none was "
+          "under way; ignored",
+          spec_.job_id);
+    }
+  }
+  if (net_state_ == NetState::kRunning) {
+    if (error.has_value()) {
+      EnterDraining(*std::move(error));
+    } else if (request.has_value()) {
+      EnterDraining(*std::move(request));
+    }
+    if (failed_) return true;
+  }
+  if (net_state_ != NetState::kDraining || in_flight_.load() != 0) {
+    return net_state_ != NetState::kRunning;
+  }
+
+  // Drained: nothing is with the reducer, and nothing will be.
+  std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
+  uint64_t completed =
+      plan_.buckets.empty() ? 0 : std::numeric_limits<uint64_t>::max();
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    completed = std::min(completed, done[b].load(std::memory_order_acquire));
+  }
+  NetworkBreak broken;
+  broken.reason = break_reason_;
+  broken.completed_iteration = completed;
+  broken.sync_seq = header_->sync_seq.load(std::memory_order_acquire);
+  broken.epoch = epoch();
+  NetworkReformEvent e;
+  e.epoch = broken.epoch;
+  e.reason = break_reason_;
+  e.broke_ns = broke_ns_;
+  e.at_ns = broke_ns_;
+  events_.OnNetworkBroken(e);
+  // The old group is done with: closing its backend tells the peers still
+  // blocked on this node at once (a break this node started has not
+  // reached them yet).
+  ReplaceReducer(nullptr);
+  net_state_ = NetState::kReforming;
+  if (!reform_handler_) {
+    FailJob(
+        absl::StatusCode::kAborted,
+        absl::StrCat("job '", spec_.job_id, "': the inter-node group broke (",
+                     break_reason_, ") and nothing re-forms it"));
+    failed_ = true;
+    return true;
+  }
+  spdlog::info(
+      "job '{}': drained after the break (iteration {} complete); "
+      "re-forming",
+      spec_.job_id, completed);
+  reform_handler_(std::move(broken));
+  return true;
+}
+
+void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
+  auto fail = [&](absl::string_view why) {
+    const std::string message =
+        absl::StrCat("job '", spec_.job_id, "': re-formation after the break (",
+                     break_reason_, ") failed: ", why);
+    FailJob(absl::StatusCode::kAborted, message);
+    failed_ = true;
+    const absl::Status status = absl::AbortedError(message);
+    FailPendingRejoins(status);
+    AbortRejoins(status);
+  };
+  if (!result.ok()) {
+    fail(result.status().message());
+    return;
+  }
+  ReformedNetwork& r = *result;
+  if (r.reducer == nullptr) {
+    fail("no reducer for the new group");
+    return;
+  }
+  ReplaceReducer(std::move(r.reducer));
+  {
+    absl::MutexLock lock(&live_mu_);
+    live_.node_rank = r.node_rank;
+    live_.num_nodes = r.num_nodes;
+    live_.world_size = r.world_size;
+    live_.node_ids = r.node_ids;
+    for (const std::string& id : r.lost) {
+      if (std::find(live_.lost.begin(), live_.lost.end(), id) ==
+          live_.lost.end()) {
+        live_.lost.push_back(id);
+      }
+    }
+    live_.last_reason = break_reason_;
+  }
+  // The new reducer divides by the live world size; a job that divides by
+  // the initial one says so per bucket.
+  bucket_divisor_ = spec_.divide_by_initial_world_size
+                        ? static_cast<double>(spec_.global_world_size())
+                        : 0;
+  // The new reducer starts from the plan the job formed with.
+  if (!SamePlan(plan_, spec_.plan)) {
+    std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
+    uint64_t next = 0;
+    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+      next = std::max(next, done[b].load(std::memory_order_acquire));
+    }
+    reducer_->Replan(next + 1, static_cast<int>(plan_.buckets.size()));
+  }
+  if (hook_resolved_) {
+    // The job's hook, chosen before the break, carries over: every node of
+    // the new group must run the same one.
+    absl::Status s = reducer_->AgreeCommHook(DescribeCommHook(hook_spec_));
+    if (s.ok()) s = InstallCommHook();
+    if (!s.ok()) {
+      fail(s.message());
+      return;
+    }
+  }
+
+  // The one abort of the re-formation (control_block.h "Re-formation"),
+  // then the new group's words, sync_seq last.
+  const Abort abort = AbortInProgress(/*aborted_rank=*/-1);
+  header_->epoch.store(r.epoch, std::memory_order_relaxed);
+  header_->world_size.store(static_cast<uint32_t>(r.world_size),
+                            std::memory_order_relaxed);
+  header_->state_behind.store(r.behind ? 1 : 0, std::memory_order_relaxed);
+  header_->sync_seq.store(r.sync_seq, std::memory_order_release);
+  WakeClients(layout_, control_.data());
+
+  const int64_t now = EngineNowNs();
+  NetworkReformEvent e;
+  e.epoch = r.epoch;
+  e.reason = break_reason_;
+  e.broke_ns = broke_ns_;
+  e.at_ns = now;
+  e.lost = r.lost;
+  e.admitted = r.admitted;
+  e.num_nodes = r.num_nodes;
+  e.world_size = r.world_size;
+  e.aborted_iteration = abort.iteration;
+  e.aborted_round = abort.round;
+  events_.OnNetworkReformed(e);
+  spdlog::info(
+      "{}",
+      absl::StrCat(
+          "job '", spec_.job_id, "' re-formed (epoch ", r.epoch, ") after ",
+          (now - broke_ns_) / 1'000'000, " ms: ", break_reason_, "; node rank ",
+          r.node_rank, " of ", r.num_nodes, ", world size ", r.world_size,
+          r.lost.empty() ? std::string()
+                         : absl::StrCat(", lost ", absl::StrJoin(r.lost, ", ")),
+          r.admitted.empty()
+              ? std::string()
+              : absl::StrCat(", admitted ", absl::StrJoin(r.admitted, ", ")),
+          abort.iteration != 0
+              ? absl::StrCat("; aborted iteration ", abort.iteration)
+              : std::string(),
+          "; aborted collective round ", abort.round, "; state sync ",
+          r.sync_seq, r.behind ? " (this node is behind)" : ""));
+
+  net_state_ = NetState::kRunning;
+  draining_.store(false);
+  {
+    absl::MutexLock lock(&network_mu_);
+    if (break_request_.has_value()) {
+      network_pending_.store(true, std::memory_order_release);
+    }
+  }
+
+  // The ranks whose return caused or met this break: the re-formation's
+  // abort and agreed sync_seq are theirs too.
+  {
+    absl::MutexLock lock(&rejoin_mu_);
+    for (auto& entry : rejoins_) elastic_rejoins_.push_back(std::move(entry));
+    rejoins_.clear();
+    rejoin_pending_.store(false, std::memory_order_release);
+  }
+  std::vector<std::pair<int, RejoinDone>> batch;
+  batch.swap(elastic_rejoins_);
+  for (auto& [rank, done] : batch) {
+    if (rank_state_[rank].load() != kRestarting) {
+      std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+          RankName(rank), " is not restarting; it cannot rejoin")));
+      continue;
+    }
+    if (!ResetRejoinedRank(rank, abort, &done)) continue;
+    WakeClients(layout_, control_.data());
+    RankRestartEvent re;
+    re.local_rank = rank;
+    re.since_ns =
+        restart_since_ns_[rank].exchange(0, std::memory_order_relaxed);
+    re.at_ns = now;
+    re.aborted_iteration = abort.iteration;
+    re.aborted_round = abort.round;
+    re.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
+    events_.OnRankRejoined(re);
+    spdlog::info(
+        "{} rejoined with the re-formation; it goes on at iteration "
+        "{} after state sync {}",
+        RankName(rank), abort.last + 1, r.sync_seq);
+    v1::AttachResponse response = ResponseFor(rank);
+    response.set_rejoined(true);
+    response.set_next_iteration(abort.last + 1);
+    response.set_collective_seq(abort.collective_seq);
+    response.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
+    std::move(done)(std::move(response));
+  }
+}
+
+}  // namespace gradd
