@@ -247,7 +247,11 @@ class Job {
   // engine thread, at its next point where no bucket or round is with the
   // reducer, does what control_block.h "Rank restart" says and runs
   // done(response) there; done(error) instead if the job has failed, stops
-  // first, or r is not restarting. Any thread.
+  // first, or r is not restarting. Any thread. In a job elastic across
+  // nodes the return re-forms the inter-node group instead ("Elastic
+  // multi-node jobs" below; reason "local rank r rejoined"): done runs
+  // after Reformed, with the re-formation's single abort and its agreed
+  // sync_seq (no separate bump).
   void Rejoin(int rank, RejoinDone done);
   // Restarted ranks re-attached, iterations aborted by them (any thread).
   uint64_t restarts() const;

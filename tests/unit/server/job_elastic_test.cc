@@ -134,8 +134,14 @@ class RecordingSink final : public JobEventSinkInterface {
     absl::MutexLock lock(&mu_);
     return broken_;
   }
+  // Waits (bounded) for the reformed event: it follows the sync_seq the
+  // test waits on.
   std::vector<NetworkReformEvent> reformed() {
     absl::MutexLock lock(&mu_);
+    auto any = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !reformed_.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&any), kWait);
     return reformed_;
   }
 
@@ -553,6 +559,44 @@ TEST_F(JobElasticTest, BreakWithAJoinInPlayFailsTheJob) {
               HasSubstr("elastic re-formation does not run"));
   Settle();
   EXPECT_EQ(breaks(), 0u);
+}
+
+// A collective round that fails on the network breaks the group like a
+// bucket: the re-formation aborts that round (and the next iteration, none
+// being in progress), and the next round goes to the new reducer.
+TEST_F(JobElasticTest, RoundInFlightAtTheBreakIsAborted) {
+  MakeJob({.min_nodes = 1});
+  auto round = [&](uint64_t seq) {
+    for (int r = 0; r < 2; ++r) {
+      BroadcastSlot* slot = layout_->bcast(control_.data(), r);
+      slot->root.store(0);
+      slot->bytes.store(16);
+      slot->kind.store(static_cast<int32_t>(CollectiveKind::kBroadcast));
+      slot->ready_seq.store(seq, std::memory_order_release);
+      RingDaemon(header_, layout_->rank_header(control_.data(), r), bells_[r]);
+    }
+  };
+  round(1);
+  ASSERT_TRUE(net_->WaitStarted(1));
+  net_->Finish(0, absl::UnavailableError("node 'b' (node rank 1) is gone"));
+  ASSERT_TRUE(WaitBreaks(1));
+  EXPECT_EQ(break_at(0).completed_iteration, 0u);
+  EXPECT_EQ(header_->bcast_done_seq.load(), 0u);
+  std::shared_ptr<FakeNet> net2;
+  job_->Reformed(Result(&net2));
+  ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
+  EXPECT_EQ(header_->aborted_round.load(), 1u);
+  EXPECT_EQ(header_->bcast_done_seq.load(), 1u);
+  EXPECT_EQ(header_->aborted_iteration.load(), 1u);
+  EXPECT_EQ(Done(0), 1u);
+  ASSERT_EQ(sink_->reformed().size(), 1u);
+  EXPECT_EQ(sink_->reformed()[0].aborted_round, 1u);
+  round(2);
+  ASSERT_TRUE(net2->WaitStarted(1));
+  EXPECT_EQ(net2->at(0).second, 2u);
+  net2->Finish(0, absl::OkStatus());
+  ASSERT_TRUE(WaitFor([&] { return header_->bcast_done_seq.load() == 2; }));
+  EXPECT_TRUE(job_->status().ok());
 }
 
 // No handler: a break cannot be re-formed and the job fails.
