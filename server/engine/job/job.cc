@@ -343,6 +343,16 @@ bool Job::Scan() {
       header_->aborted_iteration.load(std::memory_order_acquire);
 
   if (JoinInPlay()) {
+    if (membership_changed_) {
+      FailJob(absl::StatusCode::kFailedPrecondition,
+              absl::StrCat("job '", spec_.job_id,
+                           "': join (uneven inputs) is not supported after a "
+                           "node was lost or admitted (epoch ",
+                           epoch(), ", world size ", live_world_size(),
+                           " of the initial ", spec_.global_world_size(), ")"));
+      failed_ = true;
+      return false;
+    }
     progress |= StepJoin();
     if (failed_) return false;
     if (join_.active()) {

@@ -618,6 +618,11 @@ class Job {
   // size), or the initial world size (divide_by_initial_world_size) once a
   // re-formation changed the world. Engine thread.
   double bucket_divisor_ = 0;
+  // The job runs on other nodes than it formed with (a node lost or
+  // admitted and not back): join rounds and the collectives laid out by
+  // global rank (allgather, reduce_scatter, avg) assume the initial rank
+  // set and fail clearly instead. Engine thread.
+  bool membership_changed_ = false;
   // Where this node sits now (ResponseFor, Snapshot read it; the engine
   // thread writes it on a re-formation).
   struct LiveLayout {

@@ -120,6 +120,20 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
                   absl::StrCat(need, ": unknown kind ", round.kind));
   }
   work.kind = static_cast<CollectiveKind>(round.kind);
+  // Laid out (or divided) over the initial global ranks: wrong once a node
+  // was lost or admitted (job_elastic.cc).
+  if (membership_changed_ && (work.kind == CollectiveKind::kAllgather ||
+                              work.kind == CollectiveKind::kReduceScatter ||
+                              (work.kind == CollectiveKind::kAllreduce &&
+                               work.op == CollectiveOp::kAvg))) {
+    return fail(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat(need, " (", describe(round),
+                             ") is not supported after a node was lost or "
+                             "admitted (epoch ",
+                             epoch(),
+                             "); sum, min, max, broadcast and "
+                             "barrier are"));
+  }
   if (AreaBytesNeeded(work.kind, round.bytes, work.world_size) >
       spec_.broadcast_bytes) {
     return fail(

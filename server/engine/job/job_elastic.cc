@@ -255,6 +255,14 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     }
     live_.last_reason = break_reason_;
   }
+  {
+    std::vector<std::string> now = r.node_ids;
+    std::vector<std::string> initial = spec_.node_ids;
+    std::sort(now.begin(), now.end());
+    std::sort(initial.begin(), initial.end());
+    membership_changed_ =
+        now != initial || r.world_size != spec_.global_world_size();
+  }
   // The new reducer divides by the live world size; a job that divides by
   // the initial one says so per bucket.
   bucket_divisor_ = spec_.divide_by_initial_world_size

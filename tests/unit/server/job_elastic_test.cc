@@ -599,6 +599,26 @@ TEST_F(JobElasticTest, RoundInFlightAtTheBreakIsAborted) {
   EXPECT_TRUE(job_->status().ok());
 }
 
+// After a node was lost, a join (its rounds count the initial ranks)
+// fails clearly instead of disagreeing with the other nodes.
+TEST_F(JobElasticTest, JoinAfterANodeWasLostFailsClearly) {
+  MakeJob({.min_nodes = 1});
+  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  ASSERT_TRUE(WaitBreaks(1));
+  std::shared_ptr<FakeNet> net2;
+  job_->Reformed(Result(&net2));
+  ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
+  JoinSlot* slot = layout_->join_slot(control_.data(), 0);
+  slot->begin.store(2);
+  slot->epoch.store(1, std::memory_order_release);
+  RingDaemon(header_, me_, bells_[0]);
+  ASSERT_TRUE(WaitError());
+  EXPECT_EQ(job_->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(job_->status().message(),
+              HasSubstr("join (uneven inputs) is not supported after a node "
+                        "was lost or admitted"));
+}
+
 // No handler: a break cannot be re-formed and the job fails.
 TEST_F(JobElasticTest, BreakWithoutAHandlerFailsTheJob) {
   MakeJob({.min_nodes = 1, .handler = false});
