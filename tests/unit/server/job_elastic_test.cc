@@ -44,6 +44,7 @@ struct FakeNet {
   absl::Mutex mu;
   std::vector<Work> started ABSL_GUARDED_BY(mu);
   bool destroyed ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::string> agreed ABSL_GUARDED_BY(mu);  // AgreeCommHook
 
   bool WaitStarted(size_t n) {
     absl::MutexLock lock(&mu);
@@ -76,6 +77,10 @@ struct FakeNet {
     if (done) std::move(done)(std::move(s));
     if (round_done) std::move(round_done)(std::move(s), {});
   }
+  std::vector<std::string> agreed_hooks() {
+    absl::MutexLock lock(&mu);
+    return agreed;
+  }
   bool is_destroyed() {
     absl::MutexLock lock(&mu);
     return destroyed;
@@ -106,6 +111,11 @@ class FakeNetReducer final : public BucketReducerInterface {
     w.iteration = work.seq;
     w.done = std::move(done);
     net_->started.push_back(std::move(w));
+  }
+  absl::Status AgreeCommHook(const std::string& description) override {
+    absl::MutexLock lock(&net_->mu);
+    net_->agreed.push_back(description);
+    return absl::OkStatus();
   }
   void StartJoinRound(JoinRoundWork work, RoundCompletion done) override {
     absl::MutexLock lock(&net_->mu);
@@ -430,6 +440,10 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   RunIteration(*net2, 3, &next2);
   EXPECT_EQ(net2->at(0), std::make_pair(0, uint64_t{3}));
   EXPECT_EQ(net2->divisor(0), 0);
+  // The hook the job settled on before the break is agreed again on the
+  // new group, before its first bucket.
+  EXPECT_EQ(net_->agreed_hooks().size(), 1u);
+  EXPECT_EQ(net2->agreed_hooks(), net_->agreed_hooks());
   EXPECT_EQ(net_->count(), 4u);
   EXPECT_TRUE(job_->status().ok());
 }
