@@ -44,6 +44,9 @@ constexpr uint32_t kDefaultMaxLocalWorldSize = 256;
 constexpr uint32_t kDefaultSpinUs = 50;
 constexpr uint32_t kDefaultJoinTimeoutMs = 60000;
 constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
+// Elastic jobs: how long a re-formation waits for a node that has not come
+// back (config.proto's reform_settle_ms).
+constexpr uint32_t kDefaultReformSettleMs = 3000;
 // Well below the fd limit the daemon raises itself to (see main.cc), so idle
 // connections can never use up the descriptors the jobs need.
 constexpr uint32_t kDefaultMaxSessions = 1024;
@@ -368,6 +371,9 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     rv->set_collective_timeout_ms(kDefaultCollectiveTimeoutMs);
   }
   if (rv->port() == 0) rv->set_port(kDefaultRendezvousPort);
+  if (rv->reform_settle_ms() == 0) {
+    rv->set_reform_settle_ms(kDefaultReformSettleMs);
+  }
   v1::RendezvousLimits* l = rv->mutable_limits();
   if (l->max_key_bytes() == 0) l->set_max_key_bytes(kDefaultMaxKeyBytes);
   if (l->max_value_bytes() == 0) l->set_max_value_bytes(kDefaultMaxValueBytes);
@@ -456,6 +462,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         kMaxRankRestartGraceMs,
         " (one hour): a job would hold its ranks and memory that long for a "
         "trainer that may never come back"));
+  }
+  if (c.min_nodes() > kMaxMinNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_nodes = ", c.min_nodes(), " is above ", kMaxMinNodes,
+                     " (0 = a multi-node job needs all of its nodes)"));
+  }
+  if (c.rendezvous().reform_settle_ms() > kMaxReformSettleMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.reform_settle_ms = ", c.rendezvous().reform_settle_ms(),
+        " is above ", kMaxReformSettleMs,
+        " (ten minutes): every node of an elastic job would wait that long "
+        "for a lost node at each re-formation"));
   }
   if (c.timeline_events() > kMaxTimelineEvents) {
     return absl::InvalidArgumentError(

@@ -22,6 +22,10 @@ namespace gradd {
 // The longest rank_restart_grace_ms the daemon (config) or a job
 // (AttachRequest) may ask for: one hour.
 inline constexpr uint32_t kMaxRankRestartGraceMs = 3'600'000;
+// Bounds of the elastic settings (DaemonConfig.min_nodes: the attach's
+// node count bound; RendezvousConfig.reform_settle_ms).
+inline constexpr uint32_t kMaxMinNodes = 65536;
+inline constexpr uint32_t kMaxReformSettleMs = 600'000;
 
 // Parses YAML text onto DaemonConfig field by field (snake_case keys as in
 // config.proto). Unknown keys, wrong types and out-of-range numbers are

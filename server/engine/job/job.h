@@ -161,6 +161,13 @@ struct JobSpec {
   int min_nodes = 0;
   bool divide_by_initial_world_size = false;
   std::string elastic_prefix;
+  // A node admitted into its running elastic job (the JobManager's
+  // formation found it running): the control block starts at the agreed
+  // epoch and sync_seq, and state_behind (its ranks offer no state in the
+  // first state sync). 0 / false for a job formed afresh.
+  uint64_t initial_epoch = 0;
+  uint64_t initial_sync_seq = 0;
+  bool initial_state_behind = false;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;

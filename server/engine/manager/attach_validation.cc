@@ -173,15 +173,12 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateAttachRequest(
           who, ": rank_restart_grace_ms ", req.rank_restart_grace_ms(),
           " is above ", kMaxRankRestartGraceMs, " (one hour)"));
     }
-    // Issue 23, this release: a restart needs every node to agree to wait
-    // (a vote across nodes), which is not there yet.
-    if (req.rank_restart_grace_ms() > 0 && NumNodes(req) > 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          who, ": rank_restart_grace_ms ", req.rank_restart_grace_ms(),
-          " asked for a job over ", NumNodes(req),
-          " nodes; rank restart is supported for single-node jobs only in "
-          "this release (leave it unset or 0 for multi-node jobs)"));
-    }
+  }
+  if (req.has_min_nodes() && NumNodes(req) > 1 &&
+      req.min_nodes() > static_cast<uint32_t>(NumNodes(req))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": min_nodes ", req.min_nodes(), " is above the job's num_nodes ",
+        NumNodes(req), " (0 = the job needs all of its nodes)"));
   }
   if (static_cast<uint32_t>(req.params_size()) > config.max_params()) {
     return absl::ResourceExhaustedError(
@@ -296,6 +293,27 @@ absl::Status CompareLocalAttach(const std::string& job_id, int r,
                      "' asked for different rank_restart_grace_ms (",
                      describe(first), " vs ", describe(other), ")"));
   }
+  if (same.ok() &&
+      EffectiveMinNodes(first, config) != EffectiveMinNodes(other, config)) {
+    auto describe = [&](const v1::AttachRequest& r) {
+      return r.has_min_nodes() ? absl::StrCat(r.min_nodes())
+                               : absl::StrCat(EffectiveMinNodes(r, config),
+                                              " (the daemon's default)");
+    };
+    same = absl::InvalidArgumentError(
+        absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                     "' asked for different min_nodes (", describe(first),
+                     " vs ", describe(other), ")"));
+  }
+  if (same.ok() && NumNodes(first) > 1 &&
+      first.divide_by_initial_world_size() !=
+          other.divide_by_initial_world_size()) {
+    same = absl::InvalidArgumentError(absl::StrCat(
+        "local ranks 0 and ", r, " of job '", job_id,
+        "' asked for different divide_by_initial_world_size (",
+        first.divide_by_initial_world_size() ? "true" : "false", " vs ",
+        other.divide_by_initial_world_size() ? "true" : "false", ")"));
+  }
   return same;
 }
 
@@ -304,8 +322,22 @@ uint32_t EffectiveRankRestartGrace(const v1::AttachRequest& request,
   if (request.has_rank_restart_grace_ms()) {
     return request.rank_restart_grace_ms();
   }
-  // The daemon's default is for single-node jobs only (this release).
-  return NumNodes(request) > 1 ? 0 : config.rank_restart_grace_ms();
+  return config.rank_restart_grace_ms();
+}
+
+int EffectiveMinNodes(const v1::AttachRequest& request,
+                      const v1::DaemonConfig& config) {
+  const int num_nodes = NumNodes(request);
+  if (num_nodes <= 1) return 0;  // a single-node job has no nodes to lose
+  if (request.has_min_nodes()) return static_cast<int>(request.min_nodes());
+  // The daemon's default, for a job smaller than it: all of its nodes.
+  return static_cast<int>(
+      std::min<uint32_t>(config.min_nodes(), static_cast<uint32_t>(num_nodes)));
+}
+
+bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
+                          uint32_t rank_restart_grace_ms) {
+  return num_nodes > 1 && (min_nodes > 0 || rank_restart_grace_ms > 0);
 }
 
 absl::Status CompareRejoinAttach(const std::string& job_id, int rank,

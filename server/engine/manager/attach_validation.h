@@ -35,7 +35,8 @@ int NumNodes(const v1::AttachRequest& request);
 // parameters `first_params`) and local rank `rank`'s in what every local
 // rank of a job must agree on: the model, the bucket caps (the daemon's
 // defaults standing in for caps not given), the communication hook, the
-// broadcast area, the rank restart grace. OK when they agree.
+// broadcast area, the rank restart grace, min_nodes and (multi-node)
+// divide_by_initial_world_size. OK when they agree.
 absl::Status CompareLocalAttach(const std::string& job_id, int rank,
                                 const v1::AttachRequest& first,
                                 const std::vector<ParamInfo>& first_params,
@@ -44,10 +45,23 @@ absl::Status CompareLocalAttach(const std::string& job_id, int rank,
                                 const v1::DaemonConfig& config);
 
 // The rank restart grace a job asked for (AttachRequest.rank_restart_grace_ms)
-// or, unset, the daemon's (config.rank_restart_grace_ms), which applies to
-// single-node jobs only: 0 for a multi-node job that set none.
+// or, unset, the daemon's (config.rank_restart_grace_ms), for single- and
+// multi-node jobs alike.
 uint32_t EffectiveRankRestartGrace(const v1::AttachRequest& request,
                                    const v1::DaemonConfig& config);
+
+// The smallest node count a multi-node job goes on with
+// (AttachRequest.min_nodes or, unset, the daemon's min_nodes, capped at the
+// job's num_nodes); 0 for a single-node job, which has no nodes to lose.
+// ValidateAttachRequest refuses a job's own min_nodes above num_nodes.
+int EffectiveMinNodes(const v1::AttachRequest& request,
+                      const v1::DaemonConfig& config);
+
+// Whether a job re-forms its inter-node group instead of failing when a
+// node is lost, arrives or a rank of it restarts (job.h "Elastic multi-node
+// jobs"): more than one node, and min_nodes or a rank restart grace.
+bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
+                          uint32_t rank_restart_grace_ms);
 
 // A restarted local rank `rank` attaching again to its running job
 // (`local_world_size` ranks, parameters `job_params`, a broadcast area of

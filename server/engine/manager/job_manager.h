@@ -33,6 +33,18 @@
 // rank is gone. A job whose every rank is restarting keeps waiting (its
 // memory kept) until the grace runs out.
 //
+// Elastic multi-node jobs (job_manager_elastic.cc; job.h "Elastic
+// multi-node jobs"): a job over several nodes with min_nodes or a rank
+// restart grace re-forms its inter-node group instead of failing. The
+// Job's reform handler (engine thread) posts the break here; a formation
+// thread of its own agrees on the new membership through the store
+// (formation/reformation.h) and posts the outcome back, which becomes a
+// new HierarchicalReducer handed to Job::Reformed. A watcher thread per
+// elastic job waits for nodes asking to be admitted and breaks the job's
+// group for them. A node whose formation finds its job already running
+// elastically is admitted into it instead of forming afresh; its ranks
+// attach with rejoined = true.
+//
 // forming: the rendezvous with the other nodes' daemons (node_formation.h)
 // runs on a thread of its own and posts its result back to the control
 // thread, so other jobs on this daemon are served meanwhile. It is bounded
@@ -53,6 +65,7 @@
 #ifndef GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
 #define GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -72,6 +85,7 @@
 #include "gradd/v1/config.pb.h"
 #include "server/engine/formation/nccl_job_setup.h"
 #include "server/engine/formation/node_formation.h"
+#include "server/engine/formation/reformation.h"
 #include "server/engine/job/job.h"
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/rebuild.h"
@@ -176,6 +190,7 @@ class JobManager final : public NodeHandlerInterface,
     absl::Mutex mu;
     JobManager* owner ABSL_GUARDED_BY(mu) = nullptr;
   };
+  struct ElasticState;
   struct ActiveJob {
     std::unique_ptr<Job> job;
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
@@ -187,6 +202,56 @@ class JobManager final : public NodeHandlerInterface,
     std::vector<absl::Time> restart_deadline;
     // Declared after `job`: destroyed (and its thread joined) first.
     std::unique_ptr<RebuildCoordinator> rebuild;
+    // Unique among the jobs this manager ever ran: results posted back for
+    // a job id that ended meanwhile (and maybe attached afresh) are dropped.
+    uint64_t generation = 0;
+    // Set for a job elastic across nodes (IsElasticAcrossNodes).
+    std::unique_ptr<ElasticState> elastic;
+  };
+  // Stops an elastic job's watcher thread when its ActiveJob goes.
+  struct StopFlag {
+    std::shared_ptr<std::atomic<bool>> stopped =
+        std::make_shared<std::atomic<bool>>(false);
+    StopFlag() = default;
+    StopFlag(StopFlag&&) = default;
+    StopFlag& operator=(StopFlag&&) = default;
+    ~StopFlag() {
+      if (stopped) stopped->store(true);
+    }
+  };
+  // What the control thread keeps of an elastic job (control thread,
+  // except the atomics the watcher reads).
+  struct ElasticState {
+    // The live membership, by node rank, and this node's rank in it.
+    std::vector<JobNode> members;
+    int node_rank = 0;
+    // The job's initial node count (arrivals are admitted up to it).
+    int max_nodes = 1;
+    // Set while a re-formation of this job runs.
+    bool reforming = false;
+    // Node ids lost and not back; the last break's reason; re-formations.
+    std::vector<std::string> lost;
+    std::string last_reason;
+    uint64_t epoch = 0;
+    // The watcher: the next arrival number it waits for and the
+    // re-formations it has seen (it breaks again for an arrival that was
+    // announced but too late for the epoch that just closed).
+    std::shared_ptr<std::atomic<int64_t>> next_arrival =
+        std::make_shared<std::atomic<int64_t>>(1);
+    std::shared_ptr<std::atomic<uint64_t>> reformations =
+        std::make_shared<std::atomic<uint64_t>>(0);
+    StopFlag watcher;
+  };
+  // A node admitted into its running elastic job (the formation thread's
+  // FindRunning found it): what the agreement said besides the layout.
+  struct Admission {
+    uint64_t epoch = 0;
+    uint64_t sync_seq = 0;
+    bool behind = false;
+    std::string store_prefix;
+    std::string elastic_prefix;
+    int64_t arrivals_seen = 0;
+    int max_nodes = 1;
   };
   // What a formation thread hands back: the backend and the store it uses.
   struct FormedNodes {
@@ -196,6 +261,8 @@ class JobManager final : public NodeHandlerInterface,
     std::string round_prefix;
     // CUDA jobs on real GPUs: NCCL between the nodes, or why not.
     std::shared_ptr<NcclJobSetup> nccl;
+    // Set when this node was admitted into its running elastic job.
+    std::optional<Admission> admission;
   };
   using Task = absl::AnyInvocable<void() &&>;
 
@@ -265,10 +332,39 @@ class JobManager final : public NodeHandlerInterface,
   // Control thread: the formation thread's result.
   void FinishNodeFormation(const std::string& job_id, uint64_t formation,
                            JobSpec spec, absl::StatusOr<FormedNodes> result);
-  // Creates the job, hands every rank its memory and answers the Attaches.
-  void Activate(
-      const std::string& job_id, JobSpec spec,
-      absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer);
+  // Creates the job, hands every rank its memory and answers the Attaches
+  // (rejoined = true for a node admitted into its running job).
+  void Activate(const std::string& job_id, JobSpec spec,
+                absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
+                std::vector<JobNode> members = {},
+                std::optional<Admission> admission = std::nullopt);
+
+  // Elastic multi-node jobs (job_manager_elastic.cc). The collective
+  // timeout between nodes: collective_timeout_ms, plus the job's rank
+  // restart grace when it has one (a peer waits in the network while a
+  // rank of another node restarts).
+  absl::Duration InterNodeCollectiveTimeout(uint32_t grace_ms) const;
+  // The reducer between nodes for `spec` over `layout`, agreeing under
+  // `store_prefix`.
+  std::unique_ptr<BucketReducerInterface> MakeNodeReducer(
+      const JobSpec& spec, const JobLayout& layout,
+      const std::string& store_prefix,
+      std::unique_ptr<CollectiveBackendInterface> backend,
+      std::unique_ptr<RendezvousStoreInterface> store);
+  // Before Start: sets the job's reform handler and starts its watcher.
+  void MakeElastic(ActiveJob& active, const std::vector<JobNode>& members,
+                   int node_rank, int max_nodes, int64_t arrivals_seen,
+                   uint64_t epoch);
+  // Control thread: a break of job `job_id` (generation `generation`),
+  // posted by its reform handler; starts the re-formation thread.
+  void StartReformation(const std::string& job_id, uint64_t generation,
+                        Job::NetworkBreak broke);
+  // Control thread: the re-formation thread's result.
+  void FinishReformation(const std::string& job_id, uint64_t generation,
+                         std::string reason, absl::StatusOr<Reformed> result,
+                         std::unique_ptr<RendezvousStoreInterface> store);
+  // Control thread: the watcher saw arrival `n` announced.
+  void ArrivalSeen(const std::string& job_id, uint64_t generation, int64_t n);
 
   const v1::DaemonConfig config_;
   SessionRegistryInterface* const sessions_;
@@ -293,6 +389,7 @@ class JobManager final : public NodeHandlerInterface,
   std::string shutdown_message_;
   uint64_t next_attach_id_ = 1;
   uint64_t next_formation_ = 1;
+  uint64_t next_generation_ = 1;
   std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
   absl::flat_hash_map<std::string, PendingJob> pending_;
   absl::flat_hash_map<std::string, ActiveJob> jobs_;

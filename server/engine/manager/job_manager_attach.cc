@@ -266,14 +266,11 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.rank_restart_grace = std::chrono::milliseconds(
       EffectiveRankRestartGrace(first.request, config_));
   if (NumNodes(first.request) > 1) {
-    if (config_.rank_restart_grace_ms() > 0 &&
-        !first.request.has_rank_restart_grace_ms()) {
-      spdlog::info(
-          "job '{}' spans {} nodes: the daemon's rank_restart_grace_ms={} "
-          "does not apply to it (rank restart is single-node only in this "
-          "release); a rank that goes away fails the job",
-          job_id, NumNodes(first.request), config_.rank_restart_grace_ms());
-    }
+    // Node loss and arrival (job.h "Elastic multi-node jobs"); the elastic
+    // prefix follows from the formation round (FinishNodeFormation).
+    spec.min_nodes = EffectiveMinNodes(first.request, config_);
+    spec.divide_by_initial_world_size =
+        first.request.divide_by_initial_world_size();
     StartNodeFormation(job_id, std::move(spec));
     return;
   }

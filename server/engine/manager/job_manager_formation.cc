@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "server/engine/manager/attach_validation.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/engine/reduce/device_reducer.h"
 #include "server/engine/reduce/hierarchical_reducer.h"
@@ -48,7 +49,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   options.local_plan = spec.plan;
   options.join_timeout = std::min(absl::Milliseconds(rv.join_timeout_ms()),
                                   limit - absl::Now() - kFormationMargin);
-  options.collective_timeout = absl::Milliseconds(rv.collective_timeout_ms());
+  // A peer node waits in the network while a rank of another node restarts.
+  options.collective_timeout = InterNodeCollectiveTimeout(
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
   for (absl::string_view id :
        absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
     options.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
@@ -69,10 +72,16 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   // coordinator (name resolution); both run on a thread of their own and
   // post back through the mailbox, which outlives this object, as does the
   // shared coordinator selector.
+  // An elastic job may be running without this node (it was lost, or is
+  // new): the formation thread looks for it first and asks to be admitted.
+  const bool elastic = IsElasticAcrossNodes(
+      options.num_nodes, spec.min_nodes,
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
   std::thread([mailbox = mailbox_, options = std::move(options),
                requested = request.coordinator(), selector = coordinators_,
                advertise = rv.advertise_host(), ifname = rv.interface(),
-               spec = std::move(spec), job_id, formation, nccl,
+               spec = std::move(spec), job_id, formation, nccl, elastic,
+               settle = absl::Milliseconds(rv.reform_settle_ms()),
                limit = limit - kFormationMargin]() mutable {
     absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
       absl::StatusOr<std::string> found = selector->Resolve(requested);
@@ -100,8 +109,72 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                        coordinator, " (Gloo on ", options.advertise_host, ")"));
       ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                        selector->Connect(coordinator, options.join_timeout));
+      if (elastic && spec.min_nodes > 0) {
+        absl::StatusOr<std::string> running = FindRunning(
+            *client, job_id, std::min(options.join_timeout, absl::Seconds(5)));
+        if (running.ok()) {
+          ReformOptions admit;
+          admit.job_id = job_id;
+          admit.node_id = options.node_id;
+          admit.elastic_prefix = *running;
+          admit.epoch = 0;  // the next one the running nodes open
+          admit.local_world_size = options.local_world_size;
+          admit.max_nodes = options.num_nodes;
+          admit.min_nodes = spec.min_nodes;
+          admit.params = options.params;
+          admit.requested_offset = -1;  // the agreement knows returning ids
+          admit.advertise_host = options.advertise_host;
+          admit.settle = settle;
+          admit.timeout = options.join_timeout;
+          admit.collective_timeout = options.collective_timeout;
+          admit.reason =
+              absl::StrCat("node '", options.node_id, "' asks to be admitted");
+          spdlog::info(
+              "{}", absl::StrCat("job '", job_id, "' runs already (", *running,
+                                 "): node '", options.node_id,
+                                 "' asks to be admitted"));
+          ASSIGN_OR_RETURN(int64_t arrival, AnnounceArrival(*client, admit));
+          (void)arrival;
+          ASSIGN_OR_RETURN(Reformed reformed, ReformNodeJob(*client, admit));
+          if (!reformed.plan.has_value()) {
+            return absl::InternalError(absl::StrCat(
+                "job '", job_id,
+                "': admitted into the running job but its plan did not come "
+                "with the agreement"));
+          }
+          FormedNodes out;
+          out.formation.layout = std::move(reformed.layout);
+          out.formation.plan = *std::move(reformed.plan);
+          out.formation.backend = std::move(reformed.backend);
+          Admission a;
+          a.epoch = reformed.epoch;
+          a.sync_seq = reformed.sync_seq;
+          a.behind = reformed.behind;
+          a.store_prefix = reformed.store_prefix;
+          a.elastic_prefix = *running;
+          a.arrivals_seen = reformed.arrivals_seen;
+          a.max_nodes = options.num_nodes;
+          out.admission = std::move(a);
+          out.coordinator = coordinator;
+          // "elastic<k>" belongs to formation round "round<k>" (rebuilds
+          // agree under it).
+          out.round_prefix =
+              absl::StrCat("round", absl::StripPrefix(*running, "elastic"));
+          out.store = std::move(client);
+          return out;
+        }
+        if (!absl::IsNotFound(running.status())) return running.status();
+      }
       ASSIGN_OR_RETURN(options.prefix, OpenRound(*client, job_id));
       absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
+      if (formed.ok() && elastic) {
+        // Arrivals find the job through it (every node writes the same).
+        if (absl::Status marked = MarkRunning(
+                *client, job_id, ElasticPrefix(options.prefix), options.prefix);
+            !marked.ok()) {
+          formed = marked;
+        }
+      }
       FormedNodes out;
       if (formed.ok() && nccl != nullptr) {
         NcclJobSetupOptions setup;
@@ -163,17 +236,18 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.coordinator = result->coordinator;
   spec.round_prefix = result->round_prefix;
   spec.nccl_between_nodes = std::move(result->nccl);
-  HierarchicalReducer::Options options;
-  options.pool = pool_;
-  options.num_buckets = static_cast<int>(spec.plan.buckets.size());
-  for (const JobNode& node : layout.nodes) {
-    options.node_offsets.push_back(node.global_rank_offset);
+  if (result->admission.has_value()) {
+    spec.elastic_prefix = result->admission->elastic_prefix;
+    spec.initial_epoch = result->admission->epoch;
+    spec.initial_sync_seq = result->admission->sync_seq;
+    spec.initial_state_behind = result->admission->behind;
+  } else {
+    spec.elastic_prefix = ElasticPrefix(result->round_prefix);
   }
-  options.world_size = layout.world_size;
-  options.job_id = job_id;
-  options.store_prefix = result->round_prefix;
-  options.agree_timeout =
-      absl::Milliseconds(config_.rendezvous().collective_timeout_ms());
+  const bool elastic = IsElasticAcrossNodes(
+      spec.num_nodes, spec.min_nodes,
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
+  if (!elastic) spec.elastic_prefix.clear();
   spdlog::info(
       "{}", absl::StrCat("job '", job_id, "' formed: node rank ",
                          layout.node_rank, " of ", layout.num_nodes, " (",
@@ -182,16 +256,19 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
                          layout.global_rank_offset + spec.local_world_size - 1,
                          " of ", layout.world_size, ", ",
                          spec.plan.buckets.size(), " buckets"));
-  std::unique_ptr<BucketReducerInterface> reducer =
-      std::make_unique<HierarchicalReducer>(
-          std::move(options), std::move(result->formation.backend),
-          std::move(result->store));
-  Activate(job_id, std::move(spec), std::move(reducer));
+  std::unique_ptr<BucketReducerInterface> reducer = MakeNodeReducer(
+      spec, layout,
+      result->admission.has_value() ? result->admission->store_prefix
+                                    : result->round_prefix,
+      std::move(result->formation.backend), std::move(result->store));
+  Activate(job_id, std::move(spec), std::move(reducer), layout.nodes,
+           std::move(result->admission));
 }
 
 void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
-    absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer) {
+    absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
+    std::vector<JobNode> members, std::optional<Admission> admission) {
   PendingJob& p = pending_.at(job_id);
   if (reducer.ok()) {
     reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));
@@ -232,23 +309,40 @@ void JobManager::Activate(
     info.world_size = (*job)->spec().global_world_size();
     (*job)->AddEventSink(events_->OnJobStarted(info));
   }
-  (*job)->Start();
+  ActiveJob active;
+  active.generation = next_generation_++;
+  active.job = *std::move(job);
   {
-    const Job& j = **job;
+    // Node loss and arrival: the reform handler must be set before Start.
+    const JobSpec& s = active.job->spec();
+    if (IsElasticAcrossNodes(
+            s.num_nodes, s.min_nodes,
+            static_cast<uint32_t>(s.rank_restart_grace.count()))) {
+      MakeElastic(active, members, s.node_rank,
+                  admission ? admission->max_nodes : s.num_nodes,
+                  admission ? admission->arrivals_seen : 0,
+                  admission ? admission->epoch : 0);
+    }
+  }
+  active.job->Start();
+  {
+    const Job& j = *active.job;
     size_t bytes = 0;
     for (const Bucket& b : j.plan().buckets) bytes += b.size_bytes;
     spdlog::info(
-        "job '{}' formed: {} local ranks, node {} of {}, world size {}, {} "
+        "job '{}' {}: {} local ranks, node {} of {}, world size {}, {} "
         "parameters in {} buckets ({} bytes per rank)",
-        job_id, j.local_world_size(), j.spec().node_rank, j.spec().num_nodes,
+        job_id,
+        admission ? absl::StrCat("admitted into its running job at epoch ",
+                                 admission->epoch)
+                  : std::string("formed"),
+        j.local_world_size(), j.spec().node_rank, j.spec().num_nodes,
         j.spec().global_world_size(), j.spec().params.size(),
         j.plan().buckets.size(), bytes);
   }
 
   PendingJob ready = std::move(p);
   pending_.erase(job_id);
-  ActiveJob active;
-  active.job = *std::move(job);
   active.rebuild =
       MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
   active.sessions.resize(ready.world);
@@ -261,6 +355,9 @@ void JobManager::Activate(
   for (int r = 0; r < ready.world; ++r) {
     responses.push_back(formed.ResponseFor(r));
     responses.back().set_attach_id(attach_ids[r]);
+    // A node admitted into its running job: its ranks take part in the
+    // next state sync before their first iteration.
+    if (admission.has_value()) responses.back().set_rejoined(true);
   }
   jobs_.emplace(job_id, std::move(active));
   for (int r = 0; r < ready.world; ++r) {

@@ -1,0 +1,314 @@
+// JobManager's side of node loss and arrival (job_manager.h "Elastic
+// multi-node jobs"): the reform handler and its re-formation thread, the
+// new reducer handed to the Job, and the watcher that breaks a job's group
+// for a node asking to be admitted. Control thread, except the bodies of
+// the re-formation and watcher threads, which only post back through the
+// mailbox.
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "server/engine/manager/attach_validation.h"
+#include "server/engine/manager/job_manager.h"
+#include "server/engine/reduce/device_reducer.h"
+#include "server/engine/reduce/hierarchical_reducer.h"
+#include "server/logging.h"
+#include "server/rendezvous/host_addresses.h"
+#include "server/rendezvous/rendezvous_client.h"
+
+namespace gradd {
+namespace {
+
+// How long one WaitForArrival of the watcher blocks (its stop flag is read
+// between calls), and how long it waits after the store failed.
+constexpr absl::Duration kArrivalPoll = absl::Seconds(1);
+constexpr absl::Duration kWatcherRetry = absl::Seconds(1);
+
+std::string NodeList(const std::vector<std::string>& ids) {
+  return absl::StrCat("(", absl::StrJoin(ids, ", "), ")");
+}
+
+}  // namespace
+
+absl::Duration JobManager::InterNodeCollectiveTimeout(uint32_t grace_ms) const {
+  return absl::Milliseconds(config_.rendezvous().collective_timeout_ms()) +
+         absl::Milliseconds(grace_ms);
+}
+
+std::unique_ptr<BucketReducerInterface> JobManager::MakeNodeReducer(
+    const JobSpec& spec, const JobLayout& layout,
+    const std::string& store_prefix,
+    std::unique_ptr<CollectiveBackendInterface> backend,
+    std::unique_ptr<RendezvousStoreInterface> store) {
+  HierarchicalReducer::Options options;
+  options.pool = pool_;
+  options.num_buckets = static_cast<int>(spec.plan.buckets.size());
+  for (const JobNode& node : layout.nodes) {
+    options.node_offsets.push_back(node.global_rank_offset);
+  }
+  // The live world size even for divide_by_initial_world_size: the Job
+  // passes that divisor per bucket.
+  options.world_size = layout.world_size;
+  options.job_id = spec.job_id;
+  options.store_prefix = store_prefix;
+  options.agree_timeout = InterNodeCollectiveTimeout(
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
+  return std::make_unique<HierarchicalReducer>(
+      std::move(options), std::move(backend), std::move(store));
+}
+
+void JobManager::MakeElastic(ActiveJob& active,
+                             const std::vector<JobNode>& members, int node_rank,
+                             int max_nodes, int64_t arrivals_seen,
+                             uint64_t epoch) {
+  auto state = std::make_unique<ElasticState>();
+  state->members = members;
+  state->node_rank = node_rank;
+  state->max_nodes = max_nodes;
+  state->epoch = epoch;
+  state->next_arrival->store(arrivals_seen + 1);
+  const std::string job_id = active.job->id();
+  const uint64_t generation = active.generation;
+  // Engine thread, once drained: hand the break to the control thread.
+  active.job->SetReformHandler(
+      [mailbox = mailbox_, job_id, generation](Job::NetworkBreak broke) {
+        absl::MutexLock lock(&mailbox->mu);
+        if (mailbox->owner == nullptr) return;  // daemon stopping
+        mailbox->owner->Post([owner = mailbox->owner, job_id, generation,
+                              broke = std::move(broke)]() mutable {
+          owner->StartReformation(job_id, generation, std::move(broke));
+        });
+      });
+
+  // The watcher: nodes asking to be admitted. It owns its own connection to
+  // the coordinator and stops once the job's ActiveJob is gone.
+  const JobSpec& spec = active.job->spec();
+  std::thread([mailbox = mailbox_, selector = coordinators_, job_id, generation,
+               coordinator = spec.coordinator,
+               elastic_prefix = spec.elastic_prefix,
+               stopped = state->watcher.stopped, next = state->next_arrival,
+               reformations = state->reformations]() {
+    std::unique_ptr<RendezvousClient> client;
+    int64_t broke_for = 0;           // the arrival last broken for
+    uint64_t broke_at = UINT64_MAX;  // ...at this many re-formations
+    while (!stopped->load()) {
+      if (client == nullptr) {
+        absl::StatusOr<std::unique_ptr<RendezvousClient>> c =
+            selector->Connect(coordinator, kArrivalPoll);
+        if (!c.ok()) {
+          absl::SleepFor(kWatcherRetry);
+          continue;
+        }
+        client = *std::move(c);
+      }
+      const int64_t n = next->load();
+      const uint64_t seen = reformations->load();
+      if (n == broke_for && seen == broke_at) {
+        // Broken for it already; wait for the re-formation to settle it.
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      absl::Status arrived =
+          WaitForArrival(*client, job_id, elastic_prefix, n, kArrivalPoll);
+      if (arrived.ok()) {
+        broke_for = n;
+        broke_at = seen;
+        absl::MutexLock lock(&mailbox->mu);
+        if (mailbox->owner == nullptr) return;
+        mailbox->owner->Post([owner = mailbox->owner, job_id, generation, n] {
+          owner->ArrivalSeen(job_id, generation, n);
+        });
+      } else if (!absl::IsDeadlineExceeded(arrived)) {
+        client.reset();  // the store is gone: connect again
+        absl::SleepFor(kWatcherRetry);
+      }
+    }
+  }).detach();
+  active.elastic = std::move(state);
+}
+
+void JobManager::ArrivalSeen(const std::string& job_id, uint64_t generation,
+                             int64_t n) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.generation != generation) return;
+  spdlog::info(
+      "job '{}': a node asks to be admitted (arrival {}); breaking "
+      "the job's group at the next iteration boundary",
+      job_id, n);
+  it->second.job->BreakNetwork("node asks to be admitted");
+}
+
+void JobManager::StartReformation(const std::string& job_id,
+                                  uint64_t generation,
+                                  Job::NetworkBreak broke) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.generation != generation ||
+      it->second.elastic == nullptr) {
+    return;  // the job ended meanwhile
+  }
+  ActiveJob& active = it->second;
+  ElasticState& elastic = *active.elastic;
+  const JobSpec& spec = active.job->spec();
+  const v1::RendezvousConfig& rv = config_.rendezvous();
+  elastic.reforming = true;
+  elastic.last_reason = broke.reason;
+
+  ReformOptions options;
+  options.job_id = job_id;
+  options.node_id = elastic.members.at(elastic.node_rank).node_id;
+  options.elastic_prefix = spec.elastic_prefix;
+  options.epoch = broke.epoch + 1;
+  options.previous = elastic.members;
+  options.local_world_size = spec.local_world_size;
+  options.max_nodes = elastic.max_nodes;
+  options.min_nodes = std::max(1, spec.min_nodes);
+  options.completed_iteration = broke.completed_iteration;
+  options.sync_seq = broke.sync_seq;
+  options.params = spec.params;
+  options.plan = active.job->plan();
+  options.requested_offset =
+      elastic.members.at(elastic.node_rank).global_rank_offset;
+  options.settle = absl::Milliseconds(rv.reform_settle_ms());
+  options.timeout = absl::Milliseconds(rv.join_timeout_ms());
+  options.collective_timeout = InterNodeCollectiveTimeout(
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
+  options.reason = broke.reason;
+  spdlog::warn(
+      "job '{}': the nodes' group broke at epoch {} ({}); re-forming with "
+      "the nodes that are there (at least {}, settling {} ms)",
+      job_id, broke.epoch, broke.reason, options.min_nodes,
+      rv.reform_settle_ms());
+
+  std::thread([mailbox = mailbox_, selector = coordinators_,
+               coordinator = spec.coordinator, advertise = rv.advertise_host(),
+               ifname = rv.interface(), options = std::move(options), job_id,
+               generation]() mutable {
+    std::unique_ptr<RendezvousClient> client;
+    absl::StatusOr<Reformed> result = [&]() -> absl::StatusOr<Reformed> {
+      absl::StatusOr<std::string> advertised =
+          AdvertiseAddress(advertise, ifname, coordinator);
+      if (!advertised.ok()) {
+        return absl::Status(
+            advertised.status().code(),
+            absl::StrCat("job '", job_id,
+                         "': choosing the address the other nodes reach this "
+                         "one on: ",
+                         advertised.status().message()));
+      }
+      options.advertise_host = *std::move(advertised);
+      ASSIGN_OR_RETURN(client, selector->Connect(coordinator, options.timeout));
+      return ReformNodeJob(*client, options);
+    }();
+    absl::MutexLock lock(&mailbox->mu);
+    if (mailbox->owner == nullptr) return;
+    mailbox->owner->Post([owner = mailbox->owner, job_id, generation,
+                          reason = options.reason, result = std::move(result),
+                          client = std::move(client)]() mutable {
+      owner->FinishReformation(job_id, generation, std::move(reason),
+                               std::move(result), std::move(client));
+    });
+  }).detach();
+}
+
+void JobManager::FinishReformation(
+    const std::string& job_id, uint64_t generation, std::string reason,
+    absl::StatusOr<Reformed> result,
+    std::unique_ptr<RendezvousStoreInterface> store) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.generation != generation ||
+      it->second.elastic == nullptr) {
+    return;  // the job ended meanwhile; dropping the backend tells peers
+  }
+  ActiveJob& active = it->second;
+  ElasticState& elastic = *active.elastic;
+  Job& job = *active.job;
+  elastic.reforming = false;
+  if (!result.ok()) {
+    const absl::Status failed(
+        result.status().code(),
+        absl::StrCat("job '", job_id, "': re-forming the nodes' group after '",
+                     reason, "' failed: ", result.status().message()));
+    spdlog::error("{}", failed.message());
+    job.Reformed(failed);
+    return;
+  }
+  Reformed& r = *result;
+  const JobLayout& layout = r.layout;
+  const std::vector<std::string> ids = layout.NodeIds();
+  for (const std::string& id : r.lost) {
+    if (std::find(elastic.lost.begin(), elastic.lost.end(), id) ==
+        elastic.lost.end()) {
+      elastic.lost.push_back(id);
+    }
+  }
+  for (const std::string& id : r.admitted) {
+    elastic.lost.erase(
+        std::remove(elastic.lost.begin(), elastic.lost.end(), id),
+        elastic.lost.end());
+  }
+  for (const std::string& id : r.lost) {
+    spdlog::warn(
+        "job '{}': node '{}' lost ({}); going on with {} of {} nodes "
+        "{}, world size {}",
+        job_id, id, reason, layout.num_nodes, elastic.max_nodes, NodeList(ids),
+        layout.world_size);
+  }
+  for (const std::string& id : r.admitted) {
+    spdlog::info(
+        "job '{}': node '{}' admitted; going on with {} of {} nodes "
+        "{}, world size {}",
+        job_id, id, layout.num_nodes, elastic.max_nodes, NodeList(ids),
+        layout.world_size);
+  }
+  spdlog::info(
+      "job '{}': re-formed at epoch {} ({}): node rank {} of {} {}, world "
+      "size {}, resuming after iteration {}{}",
+      job_id, r.epoch, reason, layout.node_rank, layout.num_nodes,
+      NodeList(ids), layout.world_size, r.max_completed,
+      r.behind ? " (this node was one iteration behind)" : "");
+
+  Job::ReformedNetwork net;
+  net.epoch = r.epoch;
+  net.node_rank = layout.node_rank;
+  net.num_nodes = layout.num_nodes;
+  net.world_size = layout.world_size;
+  net.node_ids = ids;
+  net.store_prefix = r.store_prefix;
+  net.sync_seq = r.sync_seq;
+  net.behind = r.behind;
+  net.lost = r.lost;
+  net.admitted = r.admitted;
+  std::unique_ptr<BucketReducerInterface> reducer =
+      MakeNodeReducer(job.spec(), layout, r.store_prefix, std::move(r.backend),
+                      std::move(store));
+  // A CUDA job's buckets go through host memory between the nodes after a
+  // re-formation (the NCCL communicators were set up for the old group).
+  DeviceJobSpec device = job.spec().device_spec();
+  device.node_rank = layout.node_rank;
+  device.num_nodes = layout.num_nodes;
+  device.world_size = layout.world_size;
+  device.nccl_between_nodes = nullptr;
+  absl::StatusOr<std::unique_ptr<BucketReducerInterface>> wrapped =
+      WrapDeviceReducer(device, std::move(reducer));
+  if (!wrapped.ok()) {
+    job.Reformed(absl::Status(
+        wrapped.status().code(),
+        absl::StrCat("job '", job_id,
+                     "': after re-forming: ", wrapped.status().message())));
+    return;
+  }
+  net.reducer = *std::move(wrapped);
+  elastic.members = layout.nodes;
+  elastic.node_rank = layout.node_rank;
+  elastic.epoch = r.epoch;
+  elastic.next_arrival->store(
+      std::max<int64_t>(elastic.next_arrival->load(), r.arrivals_seen + 1));
+  elastic.reformations->fetch_add(1);
+  job.Reformed(std::move(net));
+}
+
+}  // namespace gradd
