@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "prometheus/text_serializer.h"
 #include "server/logging.h"
 
@@ -36,6 +37,13 @@ std::string CodeLabel(absl::StatusCode code) {
 }
 
 }  // namespace
+
+std::string ReformReasonLabel(const NetworkReformEvent& event) {
+  if (!event.lost.empty()) return "node_lost";
+  if (!event.admitted.empty()) return "node_admitted";
+  if (absl::StrContains(event.reason, "rejoined")) return "rank_rejoined";
+  return "other";
+}
 
 // One job's series, created when it starts and removed when it ends (this
 // object's destruction). Registered under `job_id` only while the daemon
@@ -123,6 +131,13 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
   }
 
+  void OnNetworkReformed(const NetworkReformEvent& e) override {
+    daemon_->reformations_.Add({{"reason", ReformReasonLabel(e)}}).Increment();
+    daemon_->nodes_lost_.Increment(static_cast<double>(e.lost.size()));
+    if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
+    if (world_size_ != nullptr) world_size_->Set(e.world_size);
+  }
+
  private:
   DaemonMetrics* const daemon_;
   const uint64_t memory_;
@@ -179,8 +194,18 @@ DaemonMetrics::DaemonMetrics()
           Register(
               BuildCounter(), *registry_, "gradd_iterations_aborted_total",
               "Gradient iterations that no rank applied because a rank that "
-              "restarted came back during them")
+              "restarted came back during them, or the job's nodes re-formed "
+              "(a node lost or admitted)")
               .Add({})),
+      reformations_(Register(
+          BuildCounter(), *registry_, "gradd_job_reformations_total",
+          "Re-formations of a multi-node job's group of nodes, by reason: "
+          "node_lost, node_admitted, rank_rejoined (a rank of a node "
+          "restarted), other")),
+      nodes_lost_(Register(BuildCounter(), *registry_, "gradd_nodes_lost_total",
+                           "Nodes a running elastic job went on without "
+                           "(counted by every node that went on)")
+                      .Add({})),
       rendezvous_requests_(Register(
           BuildCounter(), *registry_, "gradd_rendezvous_requests_total",
           "Requests to this daemon's rendezvous service, by method")),
@@ -248,6 +273,10 @@ DaemonMetrics::DaemonMetrics()
   }
   for (const char* method : {"Set", "Get", "Add", "Wait", "Delete"}) {
     rendezvous_requests_.Add({{"method", method}});
+  }
+  for (const char* reason :
+       {"node_lost", "node_admitted", "rank_rejoined", "other"}) {
+    reformations_.Add({{"reason", reason}});
   }
 }
 

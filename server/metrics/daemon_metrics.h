@@ -30,6 +30,11 @@
 
 namespace gradd {
 
+// The reason label of gradd_job_reformations_total for a re-formation: a
+// fixed set (node_lost, node_admitted, rank_rejoined, other), whatever the
+// event's free-text reason says.
+std::string ReformReasonLabel(const NetworkReformEvent& event);
+
 class DaemonMetrics final : public EngineEventSinkInterface {
  public:
   static constexpr int kMaxJobSeries = 256;
@@ -70,6 +75,10 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   // Rank restart (daemon-wide): ranks taken back, iterations aborted.
   prometheus::Counter& rank_restarts_;
   prometheus::Counter& iterations_aborted_;
+  // Node loss and arrival (daemon-wide): re-formations of a job's nodes'
+  // group by reason kind (ReformReasonLabel), nodes lost.
+  prometheus::Family<prometheus::Counter>& reformations_;
+  prometheus::Counter& nodes_lost_;
   prometheus::Family<prometheus::Counter>& rendezvous_requests_;
   // Per job (job_id label).
   prometheus::Family<prometheus::Counter>& buckets_reduced_;

@@ -151,6 +151,73 @@ TEST_F(AttachValidationTest, TheMultiNodeSetupMustMatch) {
                     HasSubstr("node rank auto"), HasSubstr("node rank 1")));
 }
 
+TEST_F(AttachValidationTest, MinNodesIsAtMostTheJobsNodes) {
+  v1::AttachRequest r = Request(0);
+  r.set_num_nodes(3);
+  r.set_min_nodes(3);
+  EXPECT_TRUE(ValidateAttachRequest(r, config_).ok());
+  r.set_min_nodes(4);
+  absl::Status s = ValidateAttachRequest(r, config_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("local rank 0 of job 'job'"),
+                    HasSubstr("min_nodes 4 is above the job's num_nodes 3")));
+  // A single-node job has no nodes to lose: min_nodes is ignored.
+  r.set_num_nodes(1);
+  EXPECT_TRUE(ValidateAttachRequest(r, config_).ok());
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 0);
+}
+
+TEST_F(AttachValidationTest, MinNodesIsTheJobsOrTheDaemonsDefault) {
+  v1::AttachRequest r = Request(0);
+  r.set_num_nodes(3);
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 0);  // default: not elastic
+  config_.set_min_nodes(2);
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 2);
+  r.set_min_nodes(0);  // the job's own wins, 0 included
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 0);
+  r.clear_min_nodes();
+  r.set_num_nodes(2);
+  config_.set_min_nodes(5);  // a default above the job: all of its nodes
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 2);
+  r.set_num_nodes(0);
+  EXPECT_EQ(EffectiveMinNodes(r, config_), 0);
+
+  EXPECT_FALSE(IsElasticAcrossNodes(1, 0, 5000));
+  EXPECT_FALSE(IsElasticAcrossNodes(1, 1, 0));
+  EXPECT_FALSE(IsElasticAcrossNodes(3, 0, 0));
+  EXPECT_TRUE(IsElasticAcrossNodes(3, 2, 0));
+  EXPECT_TRUE(IsElasticAcrossNodes(3, 0, 5000));
+}
+
+TEST_F(AttachValidationTest, LocalRanksMustAgreeOnTheElasticSettings) {
+  v1::AttachRequest a = Request(0);
+  a.set_num_nodes(3);
+  v1::AttachRequest b = Request(1);
+  b.set_num_nodes(3);
+  EXPECT_TRUE(Compare(a, b).ok());
+  config_.set_min_nodes(2);
+  b.set_min_nodes(2);  // the same as the default rank 0 takes
+  EXPECT_TRUE(Compare(a, b).ok());
+  b.set_min_nodes(1);
+  absl::Status s = Compare(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("local ranks 0 and 1 of job 'job' asked for different "
+                        "min_nodes (2 (the daemon's default) vs 1)"));
+
+  b.set_min_nodes(2);
+  b.set_divide_by_initial_world_size(true);
+  EXPECT_THAT(Compare(a, b).message(),
+              HasSubstr("local ranks 0 and 1 of job 'job' asked for different "
+                        "divide_by_initial_world_size (false vs true)"));
+  // One node: neither setting means anything, so neither is compared.
+  a.set_num_nodes(1);
+  b.set_num_nodes(1);
+  b.set_min_nodes(1);
+  EXPECT_TRUE(Compare(a, b).ok());
+}
+
 TEST_F(AttachValidationTest, PlannerCapsAreTheRequestsOrTheDaemonsDefaults) {
   config_.set_bucket_cap_mb(25);
   config_.set_first_bucket_cap_mb(1);

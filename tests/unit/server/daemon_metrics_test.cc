@@ -119,6 +119,79 @@ TEST(DaemonMetricsTest, JobSeriesGoAwayWithTheJobAndAreCapped) {
   EXPECT_THAT(text, HasSubstr("gradd_jobs 0"));
 }
 
+TEST(DaemonMetricsTest, ReformationsFollowTheLiveWorldSize) {
+  DaemonMetrics metrics;
+  JobInfo info = Info("elastic-1");
+  info.num_nodes = 3;
+  info.world_size = 6;
+  std::unique_ptr<JobEventSinkInterface> job = metrics.OnJobStarted(info);
+  std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_world_size{job_id=\"elastic-1\"} 6"));
+  // Every reason is exported from the start, at 0.
+  EXPECT_THAT(
+      text, HasSubstr("gradd_job_reformations_total{reason=\"node_lost\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_nodes_lost_total 0"));
+
+  NetworkReformEvent broke;
+  broke.epoch = 0;
+  broke.reason = "node 'c' (node rank 2) is gone: connection reset";
+  job->OnNetworkBroken(broke);
+  // A break alone changes nothing: the job may still fail.
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_world_size{job_id=\"elastic-1\"} 6"));
+
+  NetworkReformEvent lost = broke;
+  lost.epoch = 1;
+  lost.lost = {"c"};
+  lost.num_nodes = 2;
+  lost.world_size = 4;
+  lost.aborted_iteration = 17;
+  job->OnNetworkReformed(lost);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_world_size{job_id=\"elastic-1\"} 4"));
+  EXPECT_THAT(
+      text, HasSubstr("gradd_job_reformations_total{reason=\"node_lost\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_nodes_lost_total 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
+
+  NetworkReformEvent back;
+  back.epoch = 2;
+  back.reason = "node 'c' asks to be admitted";
+  back.admitted = {"c"};
+  back.num_nodes = 3;
+  back.world_size = 6;
+  job->OnNetworkReformed(back);
+  NetworkReformEvent rejoined;
+  rejoined.epoch = 3;
+  rejoined.reason = "local rank 1 rejoined";
+  rejoined.num_nodes = 3;
+  rejoined.world_size = 6;
+  job->OnNetworkReformed(rejoined);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_world_size{job_id=\"elastic-1\"} 6"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("gradd_job_reformations_total{reason=\"node_admitted\"} 1"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("gradd_job_reformations_total{reason=\"rank_rejoined\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_nodes_lost_total 1"));
+  // Re-formation without an aborted iteration: not counted as one.
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
+}
+
+TEST(DaemonMetricsTest, ReformReasonLabelIsAFixedSet) {
+  NetworkReformEvent e;
+  e.reason = "anything at all";
+  EXPECT_EQ(ReformReasonLabel(e), "other");
+  e.reason = "local rank 0 rejoined";
+  EXPECT_EQ(ReformReasonLabel(e), "rank_rejoined");
+  e.admitted = {"d"};
+  EXPECT_EQ(ReformReasonLabel(e), "node_admitted");
+  e.lost = {"b"};  // lost wins: the job shrank
+  EXPECT_EQ(ReformReasonLabel(e), "node_lost");
+}
+
 TEST(DaemonMetricsTest, RendezvousRequestsByMethod) {
   DaemonMetrics metrics;
   metrics.OnRendezvousRequest("Get");

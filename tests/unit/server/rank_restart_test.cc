@@ -485,18 +485,20 @@ TEST_F(RankRestartTest, LocalRanksMustAgreeOnTheGrace) {
   }
 }
 
-TEST(RankRestartValidation, MultiNodeJobsRefuseAPerJobGrace) {
+TEST(RankRestartValidation, MultiNodeJobsTakeAGraceToo) {
   v1::DaemonConfig config = DefaultConfig();
   config.set_rank_restart_grace_ms(7000);
   v1::AttachRequest req = MakeRequest("multi", 0, 1, 1, kModel);
   req.set_num_nodes(2);
-  EXPECT_EQ(EffectiveRankRestartGrace(req, config), 0u);  // default: not here
+  // The daemon's default applies to multi-node jobs now (the nodes re-form
+  // around a restarting rank, control_block.h "Re-formation").
+  EXPECT_EQ(EffectiveRankRestartGrace(req, config), 7000u);
   req.set_rank_restart_grace_ms(1000);
-  EXPECT_THAT(
-      ValidateAttachRequest(req, config).status(),
-      StatusIs(absl::StatusCode::kFailedPrecondition, "single-node jobs only"));
+  EXPECT_TRUE(ValidateAttachRequest(req, config).ok());
+  EXPECT_EQ(EffectiveRankRestartGrace(req, config), 1000u);
   req.set_rank_restart_grace_ms(0);
   EXPECT_TRUE(ValidateAttachRequest(req, config).ok());
+  EXPECT_EQ(EffectiveRankRestartGrace(req, config), 0u);
   req.set_num_nodes(1);
   req.clear_rank_restart_grace_ms();
   EXPECT_EQ(EffectiveRankRestartGrace(req, config), 7000u);
