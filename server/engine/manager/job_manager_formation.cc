@@ -133,8 +133,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
               "{}", absl::StrCat("job '", job_id, "' runs already (", *running,
                                  "): node '", options.node_id,
                                  "' asks to be admitted"));
-          ASSIGN_OR_RETURN(int64_t arrival, AnnounceArrival(*client, admit));
-          (void)arrival;
+          ASSIGN_OR_RETURN(admit.arrival, AnnounceArrival(*client, admit));
           ASSIGN_OR_RETURN(Reformed reformed, ReformNodeJob(*client, admit));
           if (!reformed.plan.has_value()) {
             return absl::InternalError(absl::StrCat(
