@@ -128,6 +128,13 @@ v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   s.set_restarting_local_ranks(restarting);
   s.set_restarts(job.restarts);
   s.set_iterations_aborted(job.iterations_aborted);
+  s.set_min_nodes(job.min_nodes);
+  s.set_epoch(job.epoch);
+  for (const std::string& id : job.node_ids) s.add_live_node_ids(id);
+  for (const std::string& id : job.lost_node_ids) s.add_lost_node_ids(id);
+  s.set_last_reform_reason(job.last_reform_reason);
+  s.set_initial_num_nodes(job.initial_num_nodes);
+  s.set_initial_world_size(job.initial_world_size);
   return s;
 }
 

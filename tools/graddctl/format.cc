@@ -198,6 +198,20 @@ std::string FormatJob(const v1::JobDetail& d) {
                     " restarts, ", s.iterations_aborted(),
                     " iterations aborted\n");
   }
+  if (s.min_nodes() > 0 || s.epoch() > 0) {
+    absl::StrAppend(&out, "nodes: epoch ", s.epoch(), ", ", s.num_nodes(),
+                    " of ", s.initial_num_nodes(), " live (",
+                    absl::StrJoin(s.live_node_ids(), ", "), "), min_nodes ",
+                    s.min_nodes(), ", lost: ",
+                    s.lost_node_ids().empty()
+                        ? std::string("none")
+                        : absl::StrJoin(s.lost_node_ids(), ", "),
+                    "\n");
+    if (!s.last_reform_reason().empty()) {
+      absl::StrAppend(&out, "last re-formation: ", s.last_reform_reason(),
+                      "\n");
+    }
+  }
 
   std::vector<std::vector<std::string>> rows;
   for (const v1::RankInfo& r : d.ranks()) {

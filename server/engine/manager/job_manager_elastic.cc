@@ -165,7 +165,9 @@ void JobManager::StartReformation(const std::string& job_id,
   options.previous = elastic.members;
   options.local_world_size = spec.local_world_size;
   options.max_nodes = elastic.max_nodes;
-  options.min_nodes = std::max(1, spec.min_nodes);
+  // min_nodes 0 (elastic through its rank restart grace only): the job
+  // needs all of its nodes, so a lost node still fails it.
+  options.min_nodes = spec.min_nodes > 0 ? spec.min_nodes : elastic.max_nodes;
   options.completed_iteration = broke.completed_iteration;
   options.sync_seq = broke.sync_seq;
   options.params = spec.params;

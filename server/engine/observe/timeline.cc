@@ -7,9 +7,9 @@ namespace {
 
 const char* PhaseName(int phase) {
   static const char* const kNames[] = {
-      "ready",        "local_reduce", "network",        "write_back",
-      "done",         "restarting",   "rank_restarted", "iteration_aborted",
-      "round_aborted"};
+      "ready",         "local_reduce",   "network",         "write_back",
+      "done",          "restarting",     "rank_restarted",  "iteration_aborted",
+      "round_aborted", "network_broken", "network_reformed"};
   return kNames[phase];
 }
 
@@ -74,6 +74,42 @@ void Timeline::OnRankRejoined(const RankRestartEvent& e) {
   absl::MutexLock lock(&mu_);
   Push(entry);
   entry.local_rank = -1;
+  entry.start_ns = e.at_ns;
+  entry.duration_ns = 0;
+  if (e.aborted_iteration != 0) {
+    entry.phase = Phase::kIterationAborted;
+    entry.iteration = e.aborted_iteration;
+    Push(entry);
+  }
+  if (e.aborted_round != 0) {
+    entry.phase = Phase::kRoundAborted;
+    entry.iteration = e.aborted_round;
+    Push(entry);
+  }
+}
+
+void Timeline::OnNetworkBroken(const NetworkReformEvent& e) {
+  Entry entry;
+  entry.bucket = -1;
+  entry.local_rank = -1;
+  entry.phase = Phase::kNetworkBroken;
+  entry.iteration = e.epoch;
+  entry.start_ns = e.broke_ns != 0 ? e.broke_ns : e.at_ns;
+  absl::MutexLock lock(&mu_);
+  Push(entry);
+}
+
+void Timeline::OnNetworkReformed(const NetworkReformEvent& e) {
+  Entry entry;
+  entry.bucket = -1;
+  entry.local_rank = -1;
+  entry.phase = Phase::kNetworkReformed;
+  entry.iteration = e.epoch;
+  // The span the job waited for its nodes to agree.
+  entry.start_ns = e.broke_ns != 0 ? e.broke_ns : e.at_ns;
+  entry.duration_ns = std::max<int64_t>(0, e.at_ns - entry.start_ns);
+  absl::MutexLock lock(&mu_);
+  Push(entry);
   entry.start_ns = e.at_ns;
   entry.duration_ns = 0;
   if (e.aborted_iteration != 0) {

@@ -37,6 +37,13 @@ class Timeline final : public JobEventSinkInterface {
   // return aborted.
   void OnRankRestarting(const RankRestartEvent& event) override;
   void OnRankRejoined(const RankRestartEvent& event) override;
+  // Node loss and arrival (bucket -1, on the node): "network_broken"
+  // (instant; iteration: the epoch left) when the job's group of nodes
+  // broke, "network_reformed" (the span from the break to the re-formed
+  // group; iteration: the new epoch) with "iteration_aborted" /
+  // "round_aborted" for what the re-formation aborted.
+  void OnNetworkBroken(const NetworkReformEvent& event) override;
+  void OnNetworkReformed(const NetworkReformEvent& event) override;
 
   // The events in the ring, oldest first, times in Unix nanoseconds.
   std::vector<TimelineEvent> Snapshot() const;
@@ -52,7 +59,9 @@ class Timeline final : public JobEventSinkInterface {
     kRestarting,
     kRankRestarted,
     kIterationAborted,
-    kRoundAborted
+    kRoundAborted,
+    kNetworkBroken,
+    kNetworkReformed
   };
   struct Entry {
     uint64_t iteration = 0;

@@ -18,6 +18,7 @@
 namespace gradd::ctl {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -237,6 +238,36 @@ TEST(GraddctlFormatTest, JobDetailShowsRankRestart) {
   s->set_rank_restart_grace_ms(0);
   s->set_restarts(0);
   EXPECT_THAT(FormatJob(d), Not(HasSubstr("rank restart:")));
+}
+
+TEST(GraddctlFormatTest, JobDetailShowsTheLiveNodes) {
+  v1::JobDetail d;
+  v1::JobSummary* s = d.mutable_summary();
+  s->set_job_id("e");
+  s->set_state(v1::JOB_STATE_RUNNING);
+  s->set_local_world_size(2);
+  s->set_num_nodes(2);
+  s->set_world_size(4);
+  s->set_initial_num_nodes(3);
+  s->set_min_nodes(2);
+  // Formed, not yet re-formed: the nodes line without a reason.
+  s->add_live_node_ids("a");
+  s->add_live_node_ids("b");
+  EXPECT_THAT(FormatJob(d), AllOf(HasSubstr("nodes: epoch 0, 2 of 3 live "
+                                            "(a, b), min_nodes 2, lost: none"),
+                                  Not(HasSubstr("last re-formation"))));
+  s->set_epoch(1);
+  s->add_lost_node_ids("c");
+  s->set_last_reform_reason("node 'c' (node rank 2) is gone");
+  const std::string out = FormatJob(d);
+  EXPECT_THAT(out, HasSubstr("nodes: epoch 1, 2 of 3 live (a, b), min_nodes "
+                             "2, lost: c\n"));
+  EXPECT_THAT(out,
+              HasSubstr("last re-formation: node 'c' (node rank 2) is gone"));
+  // A job that is not elastic and never re-formed says nothing of it.
+  s->set_min_nodes(0);
+  s->set_epoch(0);
+  EXPECT_THAT(FormatJob(d), Not(HasSubstr("nodes: epoch")));
 }
 
 TEST(GraddctlTraceTest, RestartEventsAreNamedWithoutABucket) {

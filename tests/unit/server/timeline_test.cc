@@ -90,5 +90,32 @@ TEST(TimelineTest, ZeroCapacityStillHoldsOne) {
   EXPECT_EQ(timeline.Snapshot().size(), 1u);
 }
 
+TEST(TimelineTest, ReformationsAreNodeEventsWithoutABucket) {
+  Timeline timeline(100);
+  NetworkReformEvent broke;
+  broke.epoch = 2;
+  broke.broke_ns = 5000;
+  broke.at_ns = 5000;
+  timeline.OnNetworkBroken(broke);
+  NetworkReformEvent reformed;
+  reformed.epoch = 3;
+  reformed.broke_ns = 5000;
+  reformed.at_ns = 8000;
+  reformed.aborted_iteration = 41;
+  timeline.OnNetworkReformed(reformed);
+  const std::vector<TimelineEvent> events = timeline.Snapshot();
+  EXPECT_THAT(Phases(events),
+              ElementsAre("network_broken@-1", "network_reformed@-1",
+                          "iteration_aborted@-1"));
+  for (const TimelineEvent& e : events) EXPECT_EQ(e.bucket, -1);
+  EXPECT_EQ(events[0].iteration, 2u);  // the epoch left
+  EXPECT_EQ(events[0].duration_ns, 0);
+  EXPECT_EQ(events[1].iteration, 3u);      // the new epoch
+  EXPECT_EQ(events[1].duration_ns, 3000);  // from the break
+  EXPECT_EQ(events[1].start_unix_ns, events[0].start_unix_ns);
+  EXPECT_EQ(events[2].iteration, 41u);
+  EXPECT_EQ(events[2].start_unix_ns - events[1].start_unix_ns, 3000);
+}
+
 }  // namespace
 }  // namespace gradd
