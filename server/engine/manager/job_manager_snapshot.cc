@@ -81,6 +81,8 @@ JobSnapshot JobManager::SnapshotOf(const std::string& id,
   }
   if (first != nullptr) {
     s.num_nodes = NumNodes(first->request);
+    s.initial_num_nodes = s.num_nodes;
+    s.min_nodes = EffectiveMinNodes(first->request, config_);
     s.node_rank =
         first->request.has_node_rank() ? first->request.node_rank() : 0;
     s.has_used_map = FindUsedMapParam(first->params) >= 0;
