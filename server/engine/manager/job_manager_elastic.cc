@@ -61,11 +61,12 @@ std::unique_ptr<BucketReducerInterface> JobManager::MakeNodeReducer(
       std::move(options), std::move(backend), std::move(store));
 }
 
-void JobManager::MakeElastic(ActiveJob& active,
-                             const std::vector<JobNode>& members, int node_rank,
-                             int max_nodes, int64_t arrivals_seen,
-                             uint64_t epoch) {
+void JobManager::MakeElastic(
+    ActiveJob& active, const std::vector<JobNode>& members, int node_rank,
+    int max_nodes, int64_t arrivals_seen, uint64_t epoch,
+    std::vector<std::unique_ptr<RendezvousClient>> releases) {
   auto state = std::make_unique<ElasticState>();
+  state->releases = std::move(releases);
   state->members = members;
   state->node_rank = node_rank;
   state->max_nodes = max_nodes;

@@ -159,6 +159,14 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           // agree under it).
           out.round_prefix =
               absl::StrCat("round", absl::StripPrefix(*running, "elastic"));
+          for (const std::string& round : {out.round_prefix, *running}) {
+            absl::StatusOr<std::unique_ptr<RendezvousClient>> holder =
+                selector->Connect(coordinator, options.join_timeout);
+            if (!holder.ok()) continue;
+            (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
+                                            options.num_nodes);
+            out.releases.push_back(*std::move(holder));
+          }
           out.store = std::move(client);
           return out;
         }
@@ -196,8 +204,22 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                              : std::string(formed.status().message()));
       if (!formed.ok()) return formed.status();
       out.formation = *std::move(formed);
-      client->ReleaseRoundWhenDone(job_id, options.prefix, options.node_id,
-                                   out.formation.layout.num_nodes);
+      if (elastic) {
+        // The reducer's client goes at the first re-formation; the round
+        // and the elastic namespace are held by clients of their own.
+        for (const std::string& round :
+             {options.prefix, ElasticPrefix(options.prefix)}) {
+          absl::StatusOr<std::unique_ptr<RendezvousClient>> holder =
+              selector->Connect(coordinator, options.join_timeout);
+          if (!holder.ok()) continue;  // the job TTL removes the keys
+          (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
+                                          out.formation.layout.num_nodes);
+          out.releases.push_back(*std::move(holder));
+        }
+      } else {
+        client->ReleaseRoundWhenDone(job_id, options.prefix, options.node_id,
+                                     out.formation.layout.num_nodes);
+      }
       out.store = std::move(client);
       out.coordinator = coordinator;
       out.round_prefix = options.prefix;
@@ -261,13 +283,14 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
                                     : result->round_prefix,
       std::move(result->formation.backend), std::move(result->store));
   Activate(job_id, std::move(spec), std::move(reducer), layout.nodes,
-           std::move(result->admission));
+           std::move(result->admission), std::move(result->releases));
 }
 
 void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
     absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
-    std::vector<JobNode> members, std::optional<Admission> admission) {
+    std::vector<JobNode> members, std::optional<Admission> admission,
+    std::vector<std::unique_ptr<RendezvousClient>> releases) {
   PendingJob& p = pending_.at(job_id);
   if (reducer.ok()) {
     reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));
@@ -320,7 +343,7 @@ void JobManager::Activate(
       MakeElastic(active, members, s.node_rank,
                   admission ? admission->max_nodes : s.num_nodes,
                   admission ? admission->arrivals_seen : 0,
-                  admission ? admission->epoch : 0);
+                  admission ? admission->epoch : 0, std::move(releases));
     }
   }
   active.job->Start();
