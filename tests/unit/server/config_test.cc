@@ -41,6 +41,27 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
   EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
   // Neither torchrun's rendezvous port (29400) nor torch's store (29500).
   EXPECT_EQ(c->rendezvous().port(), 29600u);
+  // Node loss and arrival: not elastic by default; 3 s of settling.
+  EXPECT_EQ(c->min_nodes(), 0u);
+  EXPECT_EQ(c->rendezvous().reform_settle_ms(), 3000u);
+}
+
+TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(
+      "min_nodes: 2\nrendezvous:\n  reform_settle_ms: 500\n", "e.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyConfigDefaults(&*c);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(c->min_nodes(), 2u);
+  EXPECT_EQ(c->rendezvous().reform_settle_ms(), 500u);  // kept, not defaulted
+  c->mutable_rendezvous()->set_reform_settle_ms(600001);
+  EXPECT_THAT(Message(ValidateConfig(*c)),
+              HasSubstr("rendezvous.reform_settle_ms = 600001 is above "
+                        "600000"));
+  c->mutable_rendezvous()->set_reform_settle_ms(3000);
+  c->set_min_nodes(65537);
+  EXPECT_THAT(Message(ValidateConfig(*c)),
+              HasSubstr("min_nodes = 65537 is above 65536"));
 }
 
 TEST(ConfigTest, InterfaceDefaultsToGraddSocketIfname) {
