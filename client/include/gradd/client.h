@@ -162,6 +162,19 @@ struct ClientOptions {
   // Unset: $GRADD_RANK_RESTART_GRACE_MS if set, else the daemon's
   // rank_restart_grace_ms. Every local rank must choose the same.
   std::optional<uint32_t> rank_restart_grace_ms;
+  // Node loss and arrival (common/control_block.h "Re-formation"): the
+  // smallest number of nodes this multi-node job goes on with when a node
+  // dies (0: it needs all of them; a lost node fails it). Unset:
+  // $GRADD_MIN_NODES if set, else the daemon's min_nodes. At most
+  // num_nodes; every rank of the job on every node must choose the same.
+  // A job with min_nodes > 0 also gets the default collective area (for
+  // the state sync) when neither broadcast_bytes nor collective_bytes asks
+  // for one.
+  std::optional<uint32_t> min_nodes;
+  // After a node is lost or added, average buckets over the job's initial
+  // world size (true) instead of the live one (false, the default), like
+  // DDP's join(divide_by_initial_world_size=True).
+  bool divide_by_initial_world_size = false;
 };
 
 // The payload URL marking the ABORTED status of an aborted iteration or
@@ -396,6 +409,25 @@ class Client {
   // restarted ranks re-attached to the job so far (the daemon's count).
   virtual uint64_t iterations_aborted() const { return 0; }
   virtual uint64_t restarts() const { return 0; }
+
+  // Node loss and arrival (common/control_block.h "Re-formation";
+  // ClientOptions::min_nodes). When a node of the job dies (or comes back,
+  // or one of its ranks restarts), the job's daemons re-form their network
+  // at an iteration boundary: the iteration in progress is aborted on every
+  // rank exactly as for a rank restart (IsIterationAborted, then the state
+  // sync), global ranks stay what they were, and the live world size
+  // changes. The job's min_nodes (0: not elastic), as the daemon answered.
+  virtual uint32_t min_nodes() const { return 0; }
+  // Global ranks taking part now (read from the job's control block; the
+  // job's world_size() until a node is lost or added).
+  virtual int live_world_size() const { return world_size(); }
+  // Re-formations of the job's inter-node group so far (0: none).
+  virtual uint64_t epoch() const { return 0; }
+  // The last re-formation found this rank's node one iteration behind the
+  // others (header.state_behind) and the rank has not synced since: it
+  // offers no state in the next state sync and must load what the root
+  // broadcasts (like a rejoined rank).
+  virtual bool state_behind() const { return false; }
 };
 
 }  // namespace gradd

@@ -138,6 +138,14 @@ typedef struct gradd_options {
    * broadcast_bytes nor collective_bytes asks for one. Every local rank must
    * choose the same; a restarted process names its job_id explicitly. */
   int64_t rank_restart_grace_ms;
+  /* Node loss and arrival (see gradd_live_world_size): the smallest number
+   * of nodes the job goes on with when a node dies. -1 (init):
+   * $GRADD_MIN_NODES if set, else the daemon's min_nodes; 0: the job needs
+   * all its nodes. Every rank on every node must choose the same. */
+  int64_t min_nodes;
+  /* Nonzero: after a node is lost or added, average over the job's initial
+   * world size instead of the live one. */
+  int32_t divide_by_initial_world_size;
 } gradd_options;
 
 enum { GRADD_DEVICE_CPU = 0, GRADD_DEVICE_CUDA = 1 };
@@ -287,6 +295,17 @@ int gradd_begin_state_sync(gradd_client* client, int* root);
 uint32_t gradd_rank_restart_grace_ms(const gradd_client* client);
 uint64_t gradd_iterations_aborted(const gradd_client* client);
 uint64_t gradd_restarts(const gradd_client* client);
+
+/* Node loss and arrival (gradd_options.min_nodes > 0). When a node of the
+ * job dies, comes back or one of its ranks restarts, the daemons re-form
+ * their network at an iteration boundary: the iteration in progress is
+ * aborted on every rank as for a rank restart (GRADD_ABORTED with
+ * gradd_last_error_is_iteration_aborted(), then the state sync); global
+ * ranks never change. The job's min_nodes (0: not elastic); the global
+ * ranks taking part now; re-formations so far. */
+uint32_t gradd_min_nodes(const gradd_client* client);
+int gradd_live_world_size(const gradd_client* client);
+uint64_t gradd_epoch(const gradd_client* client);
 
 /* Clean goodbye; the client stays valid until gradd_free (further calls
  * fail with GRADD_FAILED_PRECONDITION). */

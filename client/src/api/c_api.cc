@@ -63,6 +63,7 @@ void gradd_options_init(gradd_options* options) {
   options->powersgd_warm_start = -1;
   options->cuda_device = -1;
   options->rank_restart_grace_ms = -1;
+  options->min_nodes = -1;
 }
 
 int gradd_attach(const gradd_options* options, const gradd_param* params,
@@ -157,6 +158,18 @@ int gradd_attach(const gradd_options* options, const gradd_param* params,
     }
     o.rank_restart_grace_ms =
         static_cast<uint32_t>(options->rank_restart_grace_ms);
+  }
+  if (GRADD_HAS_FIELD(options, min_nodes) && options->min_nodes >= 0) {
+    if (options->min_nodes > UINT32_MAX) {
+      last_error_aborted_iteration = false;
+      last_error = absl::StrCat("gradd_attach: min_nodes ", options->min_nodes,
+                                " is out of range (0 to 4294967295)");
+      return GRADD_INVALID_ARGUMENT;
+    }
+    o.min_nodes = static_cast<uint32_t>(options->min_nodes);
+  }
+  if (GRADD_HAS_FIELD(options, divide_by_initial_world_size)) {
+    o.divide_by_initial_world_size = options->divide_by_initial_world_size != 0;
   }
   auto client = gradd::Client::Attach(o, list);
   if (!client.ok()) return Report(client.status());
@@ -342,6 +355,18 @@ uint64_t gradd_iterations_aborted(const gradd_client* client) {
 
 uint64_t gradd_restarts(const gradd_client* client) {
   return client == nullptr ? 0 : client->impl->restarts();
+}
+
+uint32_t gradd_min_nodes(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->min_nodes();
+}
+
+int gradd_live_world_size(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->live_world_size();
+}
+
+uint64_t gradd_epoch(const gradd_client* client) {
+  return client == nullptr ? 0 : client->impl->epoch();
 }
 
 int gradd_detach(gradd_client* client) {

@@ -139,6 +139,7 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
   UsePlan(*std::move(views));
   global_rank_ = response.global_rank();
   world_size_ = response.world_size();
+  min_nodes_ = response.min_nodes();
   JoinClient::Hooks hooks;
   hooks.wait = [this](const std::function<bool()>& ready,
                       const std::string& what) { return Wait(ready, what); };

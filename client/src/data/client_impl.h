@@ -226,6 +226,14 @@ class ClientImpl final : public Client {
     return restart_.iterations_aborted();
   }
   uint64_t restarts() const override { return restart_.restarts(); }
+  // Node loss and arrival (client.h; rank_restart.h).
+  uint32_t min_nodes() const override { return min_nodes_; }
+  int live_world_size() const override {
+    const int live = restart_.live_world_size();
+    return live > 0 ? live : world_size_;
+  }
+  uint64_t epoch() const override { return restart_.epoch(); }
+  bool state_behind() const override { return restart_.StateBehind(); }
 
   void SetConnection(UniqueFd session, uint64_t session_id,
                      std::shared_ptr<grpc::Channel> channel) {
@@ -330,6 +338,7 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> iteration_{1};
   int global_rank_ = 0;
   int world_size_ = 0;
+  uint32_t min_nodes_ = 0;
 
   std::unique_ptr<JoinClient> join_;
   // Rank restart: aborted iterations / rounds, the state sync.

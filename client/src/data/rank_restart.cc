@@ -30,6 +30,28 @@ void RankRestart::Attach(const ControlHeader* header, bool rejoined,
   known_aborted_round_ = 0;
   unsynced_.store(rejoined, std::memory_order_relaxed);
   synced_once_.store(false, std::memory_order_relaxed);
+  synced_epoch_.store(kNoEpoch, std::memory_order_relaxed);
+  caught_up_epoch_.store(kNoEpoch, std::memory_order_relaxed);
+}
+
+int RankRestart::live_world_size() const {
+  return header_ == nullptr ? 0
+                            : static_cast<int>(header_->world_size.load(
+                                  std::memory_order_acquire));
+}
+
+uint64_t RankRestart::epoch() const {
+  return header_ == nullptr ? 0
+                            : header_->epoch.load(std::memory_order_acquire);
+}
+
+bool RankRestart::StateBehind() const {
+  if (header_ == nullptr) return false;
+  // sync_seq first: the daemon stores epoch and state_behind before it.
+  header_->sync_seq.load(std::memory_order_acquire);
+  const uint64_t e = header_->epoch.load(std::memory_order_acquire);
+  return header_->state_behind.load(std::memory_order_acquire) != 0 &&
+         caught_up_epoch_.load(std::memory_order_acquire) != e;
 }
 
 uint64_t RankRestart::restarts() const {
@@ -38,7 +60,10 @@ uint64_t RankRestart::restarts() const {
 }
 
 bool RankRestart::SyncBumped() const {
-  return header_->sync_seq.load(std::memory_order_acquire) != handled_;
+  // Above, not different: handled_ is the largest value any rank read in
+  // the last sync, which after a re-formation is the agreed value on every
+  // node; a node's own sync_seq never goes back below it.
+  return header_->sync_seq.load(std::memory_order_acquire) > handled_;
 }
 
 bool RankRestart::SyncPending() const {
@@ -54,8 +79,13 @@ RankRestart::SyncOffer RankRestart::Offer(int global_rank) const {
   offer.aborted_iteration =
       header_->aborted_iteration.load(std::memory_order_acquire);
   offer.aborted_round = header_->aborted_round.load(std::memory_order_acquire);
-  offer.values[0] =
-      unsynced_.load(std::memory_order_acquire) ? INT32_MAX : global_rank;
+  offer.epoch = header_->epoch.load(std::memory_order_acquire);
+  const bool behind =
+      header_->state_behind.load(std::memory_order_acquire) != 0 &&
+      caught_up_epoch_.load(std::memory_order_acquire) != offer.epoch;
+  offer.values[0] = unsynced_.load(std::memory_order_acquire) || behind
+                        ? INT32_MAX
+                        : global_rank;
   offer.values[1] = -static_cast<int64_t>(seq);
   return offer;
 }
@@ -69,22 +99,42 @@ absl::StatusOr<int> RankRestart::Agreed(const SyncOffer& offer,
         ": no rank holds the job's state (every rank restarted since the "
         "last sync); restart the job from a checkpoint"));
   }
-  handled_ = static_cast<uint64_t>(-reduced[1]);
+  handled_ = std::max(handled_, static_cast<uint64_t>(-reduced[1]));
   // The aborts this rank saw before the round were published by
   // re-attaches whose ranks took part in it (a round completes only with
   // every rank): the sync handled them.
   known_aborted_iteration_ =
       std::max(known_aborted_iteration_, offer.aborted_iteration);
   known_aborted_round_ = std::max(known_aborted_round_, offer.aborted_round);
+  synced_epoch_.store(offer.epoch, std::memory_order_release);
   synced_once_.store(true, std::memory_order_release);
   return static_cast<int>(reduced[0]);
 }
 
 void RankRestart::NoteMarkReady() {
-  if (unsynced_.load(std::memory_order_relaxed) &&
-      synced_once_.load(std::memory_order_acquire)) {
+  if (!synced_once_.load(std::memory_order_acquire)) return;
+  if (unsynced_.load(std::memory_order_relaxed)) {
     unsynced_.store(false, std::memory_order_release);
   }
+  // A gradient after a sync in epoch e: this rank holds the job's state
+  // again, whatever state_behind says for e.
+  const uint64_t e = synced_epoch_.load(std::memory_order_acquire);
+  if (e != kNoEpoch && caught_up_epoch_.load(std::memory_order_relaxed) != e) {
+    caught_up_epoch_.store(e, std::memory_order_release);
+  }
+}
+
+std::string RankRestart::AbortCause() const {
+  const int32_t rank = header_->aborted_rank.load(std::memory_order_relaxed);
+  if (rank < 0) {
+    return absl::StrCat(
+        "the job's network re-formed (a node was lost, came back or "
+        "re-formed for a restarted rank; epoch ",
+        header_->epoch.load(std::memory_order_relaxed), ", ",
+        header_->world_size.load(std::memory_order_relaxed),
+        " ranks taking part now)");
+  }
+  return absl::StrCat("local rank ", rank, " restarted and re-attached");
 }
 
 bool RankRestart::IterationAborted(uint64_t i) const {
@@ -109,9 +159,8 @@ absl::Status RankRestart::IterationAbortedError(uint64_t i,
                                                 const std::string& job) {
   ++iterations_aborted_;
   return Aborted(absl::StrCat(
-      "iteration ", i, " of job '", job, "' was aborted: local rank ",
-      header_->aborted_rank.load(std::memory_order_relaxed),
-      " restarted and re-attached; its gradients were not averaged: skip "
+      "iteration ", i, " of job '", job, "' was aborted: ", AbortCause(),
+      "; its gradients were not averaged: skip "
       "the optimizer step and retry the batch; the job goes on (run the "
       "state sync first: Client::StateSyncPending / BeginStateSync)"));
 }
@@ -120,9 +169,8 @@ absl::Status RankRestart::RoundAbortedError(uint64_t k, const std::string& what,
                                             const std::string& job) const {
   return Aborted(absl::StrCat(
       what, " (collective round ", k, ") of job '", job,
-      "' was aborted: local rank ",
-      header_->aborted_rank.load(std::memory_order_relaxed),
-      " restarted and re-attached; its result is not valid: skip the step "
+      "' was aborted: ", AbortCause(),
+      "; its result is not valid: skip the step "
       "that needed it and retry it; the job goes on (run the state sync "
       "first: Client::StateSyncPending / BeginStateSync)"));
 }

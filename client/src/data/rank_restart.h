@@ -30,6 +30,16 @@
 // the bump is visible, or the abort was already known when this rank last
 // synced (the rank synced before it reached the aborted iteration).
 //
+// Node loss and arrival ("Re-formation", control block v6) reuses all of
+// this: a re-formation aborts like a re-attach (aborted_rank = -1) and sets
+// sync_seq to a value agreed by every node (the largest any node had, plus
+// one), so sync_seq only ever grows but may jump by more than one: a sync is
+// pending when it is *above* what was handled (handled may be another
+// node's larger value, taken in the last sync's MAX). A rank whose node the
+// re-formation found one iteration behind (header.state_behind) offers no
+// state, like a rejoined rank, until it has synced in that epoch and handed
+// over a gradient.
+//
 // Owns no memory: the header belongs to the client's control mapping.
 // Threads: NoteMarkReady from any thread (MarkReady's); everything else from
 // the client's one caller thread. Depends on common/ and the public headers.
@@ -54,6 +64,7 @@ class RankRestart {
     int64_t values[2] = {0, 0};  // {root candidate, -sync_seq read}
     uint64_t aborted_iteration = 0;
     uint64_t aborted_round = 0;
+    uint64_t epoch = 0;  // header.epoch read with sync_seq
   };
   static constexpr int kSyncValues = 2;
 
@@ -66,6 +77,13 @@ class RankRestart {
   uint32_t grace_ms() const { return grace_ms_; }
   uint64_t iterations_aborted() const { return iterations_aborted_; }
   uint64_t restarts() const;
+  // The live world size and re-formations so far (header; 0 before
+  // Attach).
+  int live_world_size() const;
+  uint64_t epoch() const;
+  // This rank will offer no state in the next sync because its node was
+  // found behind by the last re-formation (and it has not synced since).
+  bool StateBehind() const;
 
   // A state sync is due before this rank's next iteration or collective.
   bool SyncPending() const;
@@ -88,13 +106,17 @@ class RankRestart {
   bool IterationAbortSettled(uint64_t i) const;
   bool RoundAbortSettled(uint64_t k) const;
   // The ABORTED status (IsIterationAborted) for iteration `i` / round `k`
-  // (`what` names the round's collective); counts aborted iterations.
+  // (`what` names the round's collective); counts aborted iterations. The
+  // message names the cause: a local rank's restart, or a re-formation of
+  // the job's network (aborted_rank -1).
   absl::Status IterationAbortedError(uint64_t i, const std::string& job);
   absl::Status RoundAbortedError(uint64_t k, const std::string& what,
                                  const std::string& job) const;
 
  private:
   bool SyncBumped() const;
+  // Why the last abort happened, for the ABORTED messages.
+  std::string AbortCause() const;
 
   const ControlHeader* header_ = nullptr;
   bool rejoined_ = false;
@@ -109,6 +131,12 @@ class RankRestart {
   // ran since rejoining (the first MarkReady after it ends "unsynced").
   std::atomic<bool> unsynced_{false};
   std::atomic<bool> synced_once_{false};
+  // state_behind handling: the epoch of the last successful sync (before
+  // its first MarkReady), and the epoch whose state_behind is over (the
+  // rank synced in it and handed over a gradient since). kNoEpoch: none.
+  static constexpr uint64_t kNoEpoch = UINT64_MAX;
+  std::atomic<uint64_t> synced_epoch_{kNoEpoch};
+  std::atomic<uint64_t> caught_up_epoch_{kNoEpoch};
   uint64_t iterations_aborted_ = 0;
 };
 

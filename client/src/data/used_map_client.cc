@@ -207,6 +207,10 @@ class UsedMapClient final : public Client {
     return inner_->iterations_aborted();
   }
   uint64_t restarts() const override { return inner_->restarts(); }
+  uint32_t min_nodes() const override { return inner_->min_nodes(); }
+  int live_world_size() const override { return inner_->live_world_size(); }
+  uint64_t epoch() const override { return inner_->epoch(); }
+  bool state_behind() const override { return inner_->state_behind(); }
 
  private:
   bool Known(int param) const { return param >= 0 && param < num_params(); }

@@ -137,7 +137,8 @@ absl::Status CheckAttachStrings(const ClientOptions& options,
 // local rank asks for the same grace, so they all get the same area.
 size_t CollectiveAreaBytes(const ClientOptions& options, size_t num_params) {
   size_t collective = options.collective_bytes;
-  const bool restart = options.rank_restart_grace_ms.value_or(0) > 0;
+  const bool restart = options.rank_restart_grace_ms.value_or(0) > 0 ||
+                       options.min_nodes.value_or(0) > 0;
   if (collective == 0 &&
       (num_params == 0 || (restart && options.broadcast_bytes == 0))) {
     collective = kDefaultCollectiveBytes;
@@ -161,6 +162,21 @@ absl::Status ApplyRestartGraceEnv(ClientOptions* options) {
   return absl::OkStatus();
 }
 
+// ClientOptions::min_nodes unset: $GRADD_MIN_NODES when set (else the
+// daemon's min_nodes applies).
+absl::Status ApplyMinNodesEnv(ClientOptions* options) {
+  if (options->min_nodes.has_value()) return absl::OkStatus();
+  const char* env = std::getenv("GRADD_MIN_NODES");
+  if (env == nullptr || *env == '\0') return absl::OkStatus();
+  uint32_t n = 0;
+  if (!absl::SimpleAtoi(env, &n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GRADD_MIN_NODES='", env, "' is not a number of nodes (0 or more)"));
+  }
+  options->min_nodes = n;
+  return absl::OkStatus();
+}
+
 // The attach without any decoration: connects, registers exactly `params`
 // and maps the shared memory. Client::Attach adds what ClientOptions asks
 // for on top of it (the used map of find_unused_parameters).
@@ -179,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
     options.heartbeat_timeout = std::chrono::milliseconds(ms);
   }
   RETURN_IF_ERROR(ApplyRestartGraceEnv(&options));
+  RETURN_IF_ERROR(ApplyMinNodesEnv(&options));
   RETURN_IF_ERROR(CheckAttachStrings(options, params));
   const std::string socket_path =
       options.socket_path.empty() ? ClientSocketPath() : options.socket_path;
@@ -266,6 +283,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   if (options.rank_restart_grace_ms.has_value()) {
     request.set_rank_restart_grace_ms(*options.rank_restart_grace_ms);
   }
+  if (options.min_nodes.has_value()) request.set_min_nodes(*options.min_nodes);
+  request.set_divide_by_initial_world_size(
+      options.divide_by_initial_world_size);
   bool cuda = false;
   for (const ClientParam& p : params) {
     v1::ParamSpec* spec = request.add_params();

@@ -17,6 +17,7 @@ namespace gradd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Fixture {
   Fixture() : header(std::make_unique<ControlHeader>()) {}
@@ -35,6 +36,19 @@ struct Fixture {
     for (int v = 0; v < RankRestart::kSyncValues; ++v) {
       out[v] = std::min(a.values[v], b.values[v]);
     }
+  }
+  // A re-formation as one node's daemon publishes it ("Re-formation"):
+  // aborts iteration `i` (0: none) with aborted_rank -1, then epoch, live
+  // world size and state_behind, then sync_seq = `agreed` (the value every
+  // node sets).
+  void Reform(uint64_t i, uint64_t epoch, uint32_t world, bool behind,
+              uint64_t agreed) {
+    header->aborted_rank.store(-1);
+    if (i > 0) header->aborted_iteration.store(i);
+    header->epoch.store(epoch);
+    header->world_size.store(world);
+    header->state_behind.store(behind ? 1 : 0);
+    header->sync_seq.store(agreed);
   }
   std::unique_ptr<ControlHeader> header;
 };
@@ -185,6 +199,113 @@ TEST(RankRestartTest, AbortedRound) {
   EXPECT_THAT(s.message(), HasSubstr("allreduce (collective round 9)"));
   EXPECT_THAT(s.message(), HasSubstr("local rank 2"));
   EXPECT_EQ(r.iterations_aborted(), 0u);
+}
+
+// --- Node loss and arrival ("Re-formation", control block v6) -------------
+
+TEST(RankRestartTest, ReformationJumpsSyncSeqAndNamesTheCause) {
+  Fixture f;
+  f.header->world_size.store(6);
+  RankRestart r;
+  r.Attach(f.header.get(), false, 0, 0);
+  EXPECT_EQ(r.live_world_size(), 6);
+  EXPECT_EQ(r.epoch(), 0u);
+  // Another node had sync_seq 4: the agreed value is 5, a jump of 5 here.
+  f.Reform(/*i=*/7, /*epoch=*/1, /*world=*/4, /*behind=*/false, /*agreed=*/5);
+  EXPECT_TRUE(r.SyncPending());
+  EXPECT_TRUE(r.IterationAborted(7));
+  EXPECT_TRUE(r.IterationAbortSettled(7));
+  EXPECT_EQ(r.live_world_size(), 4);
+  EXPECT_EQ(r.epoch(), 1u);
+  absl::Status s = r.IterationAbortedError(7, "j");
+  EXPECT_TRUE(IsIterationAborted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("network re-formed"));
+  EXPECT_THAT(s.message(), HasSubstr("epoch 1"));
+  EXPECT_THAT(s.message(), HasSubstr("4 ranks taking part"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("local rank -1")));
+
+  const RankRestart::SyncOffer o = r.Offer(2);
+  EXPECT_EQ(o.values[0], 2);
+  EXPECT_EQ(o.values[1], -5);
+  ASSERT_TRUE(r.Agreed(o, o.values, "r2").ok());
+  EXPECT_FALSE(r.SyncPending());
+  // The next re-formation sets the next agreed value: pending again.
+  f.Reform(9, 2, 6, false, 6);
+  EXPECT_TRUE(r.SyncPending());
+}
+
+TEST(RankRestartTest, HandledFromALargerNodeDoesNotLeaveASyncPending) {
+  // Node A's ranks read sync_seq 3, node B's 5 (before the re-formation
+  // that aligns them reached A): the sync's MAX makes both handle 5. A's
+  // own header then says 3 (or 4): nothing is pending there, and the
+  // re-formation's agreed value (6) is above both.
+  Fixture a_node, b_node;
+  a_node.header->sync_seq.store(3);
+  b_node.header->sync_seq.store(5);
+  RankRestart a, b;
+  a.Attach(a_node.header.get(), false, 0, 3);
+  b.Attach(b_node.header.get(), false, 0, 4);
+  ASSERT_TRUE(b.SyncPending());
+  const RankRestart::SyncOffer oa = a.Offer(0);
+  const RankRestart::SyncOffer ob = b.Offer(1);
+  int64_t reduced[RankRestart::kSyncValues];
+  Fixture::Reduce(oa, ob, reduced);
+  ASSERT_TRUE(a.Agreed(oa, reduced, "a").ok());
+  ASSERT_TRUE(b.Agreed(ob, reduced, "b").ok());
+  EXPECT_FALSE(a.SyncPending());
+  EXPECT_FALSE(b.SyncPending());
+  a_node.header->sync_seq.store(4);
+  EXPECT_FALSE(a.SyncPending());
+  a_node.Reform(0, 1, 2, false, 6);
+  b_node.Reform(0, 1, 2, false, 6);
+  EXPECT_TRUE(a.SyncPending());
+  EXPECT_TRUE(b.SyncPending());
+}
+
+TEST(RankRestartTest, StateBehindOffersNoStateUntilSyncedInThatEpoch) {
+  Fixture f;
+  RankRestart r;
+  r.Attach(f.header.get(), false, 0, 0);
+  EXPECT_FALSE(r.StateBehind());
+  // This node's last iteration failed on the network while it completed
+  // on the others: it holds no state in this sync.
+  f.Reform(0, 1, 4, /*behind=*/true, 3);
+  EXPECT_TRUE(r.StateBehind());
+  ASSERT_TRUE(r.SyncPending());
+  const RankRestart::SyncOffer o = r.Offer(0);
+  EXPECT_EQ(o.values[0], INT32_MAX);
+  // A live rank on another node (global rank 2) holds it.
+  int64_t reduced[RankRestart::kSyncValues] = {2, o.values[1]};
+  absl::StatusOr<int> root = r.Agreed(o, reduced, "r0");
+  ASSERT_TRUE(root.ok()) << root.status();
+  EXPECT_EQ(*root, 2);
+  // Until it hands over a gradient (the broadcast may still be cut short)
+  // it keeps offering none.
+  EXPECT_TRUE(r.StateBehind());
+  EXPECT_EQ(r.Offer(0).values[0], INT32_MAX);
+  r.NoteMarkReady();
+  EXPECT_FALSE(r.StateBehind());
+  EXPECT_EQ(r.Offer(0).values[0], 0);
+  EXPECT_FALSE(r.SyncPending());
+  // A later re-formation that finds the node behind again counts again.
+  f.Reform(0, 2, 4, true, 4);
+  EXPECT_TRUE(r.StateBehind());
+  EXPECT_EQ(r.Offer(0).values[0], INT32_MAX);
+  // One that does not: the rank offers its state.
+  f.Reform(0, 3, 4, false, 5);
+  EXPECT_FALSE(r.StateBehind());
+  EXPECT_EQ(r.Offer(0).values[0], 0);
+}
+
+TEST(RankRestartTest, EveryRankBehindIsAnError) {
+  // Only behind nodes are left: nobody holds the state.
+  Fixture f;
+  RankRestart r;
+  r.Attach(f.header.get(), false, 0, 0);
+  f.Reform(0, 1, 2, true, 2);
+  const RankRestart::SyncOffer o = r.Offer(0);
+  absl::StatusOr<int> root = r.Agreed(o, o.values, "job 'j', local rank 0");
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
