@@ -155,7 +155,8 @@ std::unique_ptr<PyClient> Attach(
     std::optional<int> node_rank, int num_nodes, const std::string& coordinator,
     bool find_unused_parameters, bool rebuild_buckets,
     const std::string& comm_hook, int world_size, std::optional<int> rank,
-    int cuda_device, std::optional<int64_t> rank_restart_grace_ms) {
+    int cuda_device, std::optional<int64_t> rank_restart_grace_ms,
+    std::optional<int64_t> min_nodes, bool divide_by_initial_world_size) {
   ClientOptions options;
   options.world_size = world_size;
   options.rank = rank;
@@ -187,6 +188,14 @@ std::unique_ptr<PyClient> Attach(
     options.rank_restart_grace_ms =
         static_cast<uint32_t>(*rank_restart_grace_ms);
   }
+  if (min_nodes.has_value()) {
+    if (*min_nodes < 0 || *min_nodes > UINT32_MAX) {
+      throw py::value_error("min_nodes must be in [0, 2^32), got " +
+                            std::to_string(*min_nodes));
+    }
+    options.min_nodes = static_cast<uint32_t>(*min_nodes);
+  }
+  options.divide_by_initial_world_size = divide_by_initial_world_size;
   std::vector<ClientParam> specs = ParseParams(params);
 
   absl::StatusOr<std::unique_ptr<Client>> client;
@@ -418,6 +427,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("world_size") = 0, py::arg("rank") = py::none(),
         py::arg("cuda_device") = -1,
         py::arg("rank_restart_grace_ms") = py::none(),
+        py::arg("min_nodes") = py::none(),
+        py::arg("divide_by_initial_world_size") = false,
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype[, device]) "
         "tuples (device 'cpu' or 'cuda'; CUDA parameters live on GPU "
@@ -432,5 +443,9 @@ PYBIND11_MODULE(_C, m) {
         "how long the daemon keeps the job waiting for a rank whose process "
         "died, for it to be started again and re-attach (None: "
         "$GRADD_RANK_RESTART_GRACE_MS, else the daemon's setting; 0: the "
-        "job fails at once); a restarted rank then has `rejoined` True.");
+        "job fails at once); a restarted rank then has `rejoined` True. "
+        "min_nodes: the fewest nodes a multi-node job goes on with when a "
+        "node dies (None: $GRADD_MIN_NODES, else the daemon's; 0: all); "
+        "divide_by_initial_world_size: average over the initial world "
+        "after a node is lost or added.");
 }

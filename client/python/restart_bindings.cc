@@ -49,6 +49,23 @@ void DefineRankRestart(py::module_& m, py::class_<PyClient>& client) {
           "restarts", [](PyClient& c) { return c.client().restarts(); },
           "Restarted ranks re-attached to the job so far (the daemon's "
           "count).")
+      .def_property_readonly(
+          "min_nodes", [](PyClient& c) { return c.client().min_nodes(); },
+          "The job's min_nodes as the daemon answered (0: not elastic; a "
+          "lost node fails the job).")
+      .def_property_readonly(
+          "live_world_size",
+          [](PyClient& c) { return c.client().live_world_size(); },
+          "Global ranks taking part now (world_size until a node of the job "
+          "is lost or added).")
+      .def_property_readonly(
+          "epoch", [](PyClient& c) { return c.client().epoch(); },
+          "Re-formations of the job's inter-node group so far.")
+      .def_property_readonly(
+          "state_behind", [](PyClient& c) { return c.client().state_behind(); },
+          "The last re-formation found this rank's node one iteration behind "
+          "and it has not synced since: it loads the state the next sync "
+          "broadcasts, like a rejoined rank.")
       .def(
           "state_sync_pending",
           [](PyClient& c) { return c.client().StateSyncPending(); },

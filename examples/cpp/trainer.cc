@@ -38,6 +38,13 @@
 //                              step's backward; soak tests)
 //       [--print-steps]       (train: "STEP s t_ns=T" after each applied
 //                              step, T on CLOCK_MONOTONIC; recovery bench)
+//       [--min-nodes N]       (node loss and arrival: the fewest nodes the
+//                              multi-node job goes on with; train mode
+//                              handles a lost or returning node like a
+//                              restart: abort, state sync, retry)
+//       [--divide-by-initial-world-size 0|1]
+// Multi-node: the node settings come from the environment (GRADD_NUM_NODES,
+// GRADD_NODE_RANK, GRADD_NODE_ID, GRADD_COORDINATOR; ClientOptions).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -65,6 +72,8 @@ struct Flags {
   int64_t params = 10'000'000;
   std::string mode = "check";
   std::optional<uint32_t> grace_ms;
+  std::optional<uint32_t> min_nodes;
+  bool divide_by_initial_world_size = false;
   float lr = 0.125f;
   int pause_at_step = -1;
   int step_sleep_ms = 0;
@@ -76,7 +85,8 @@ void Usage(const char* argv0) {
                "usage: %s [--socket PATH] [--job ID] --local-rank R "
                "--local-world-size L [--iterations N] [--params P] "
                "[--mode check|train] [--rank-restart-grace-ms MS] [--lr LR] "
-               "[--pause-at-step S] [--step-sleep-ms MS] [--print-steps]\n",
+               "[--pause-at-step S] [--step-sleep-ms MS] [--print-steps] "
+               "[--min-nodes N] [--divide-by-initial-world-size 0|1]\n",
                argv0);
 }
 
@@ -118,6 +128,13 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       uint32_t ms = 0;
       ok = absl::SimpleAtoi(value, &ms);
       flags->grace_ms = ms;
+    } else if (arg == "--min-nodes") {
+      uint32_t n = 0;
+      ok = absl::SimpleAtoi(value, &n);
+      flags->min_nodes = n;
+    } else if (arg == "--divide-by-initial-world-size") {
+      ok = value == "0" || value == "1";
+      flags->divide_by_initial_world_size = value == "1";
     } else if (arg == "--lr") {
       ok = absl::SimpleAtof(value, &flags->lr);
     } else if (arg == "--pause-at-step") {
@@ -235,10 +252,12 @@ int Train(const Flags& flags, gradd::Client& client) {
       if (gradd::IsIterationAborted(s)) continue;
       if (!s.ok()) return fail("state sync", s);
       std::printf(
-          "rank %d: SYNCED step=%llu root=%d iteration=%llu "
-          "checksum=%016llx t_ns=%llu\n",
+          "rank %d: SYNCED step=%llu root=%d iteration=%llu live=%d "
+          "epoch=%llu checksum=%016llx t_ns=%llu\n",
           rank, static_cast<unsigned long long>(step), *root,
           static_cast<unsigned long long>(client.iteration()),
+          client.live_world_size(),
+          static_cast<unsigned long long>(client.epoch()),
           // The checksum reads every parameter byte (~30 ms for 25 MiB):
           // the recovery bench (--print-steps) leaves it out.
           flags.print_steps ? 0ull
@@ -296,11 +315,12 @@ int Train(const Flags& flags, gradd::Client& client) {
     }
   }
   std::printf(
-      "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu "
-      "steps=%llu checksum=%016llx w0=%.9g\n",
+      "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu live=%d "
+      "epoch=%llu steps=%llu checksum=%016llx w0=%.9g\n",
       rank, world, client.rejoined() ? 1 : 0,
       static_cast<unsigned long long>(client.iterations_aborted()),
       static_cast<unsigned long long>(client.restarts()),
+      client.live_world_size(), static_cast<unsigned long long>(client.epoch()),
       static_cast<unsigned long long>(step),
       static_cast<unsigned long long>(Checksum(w)), w[0]);
   std::fflush(stdout);
@@ -330,6 +350,8 @@ int main(int argc, char** argv) {
   options.local_rank = flags.local_rank;
   options.local_world_size = flags.local_world_size;
   options.rank_restart_grace_ms = flags.grace_ms;
+  options.min_nodes = flags.min_nodes;
+  options.divide_by_initial_world_size = flags.divide_by_initial_world_size;
   auto attached = gradd::Client::Attach(options, model);
   if (!attached.ok()) {
     std::fprintf(stderr, "rank %d: attach failed: %s\n", flags.local_rank,

@@ -41,6 +41,13 @@ and the others retry the batch of the iteration its death aborted:
     done; wait
 
 (kill -9 one of the trainers: the other pauses and goes on.)
+
+--min-nodes N (or GRADD_MIN_NODES; with --restart-safe and GRADD_JOB): a
+multi-node job goes on when a node dies as long as N nodes are left, and
+takes it back when its daemon and trainers start again (docs/operations.md,
+"Training that survives a trainer's death"). Each loss or arrival aborts one
+iteration on every rank, handled by the same loop; rank 0 prints the live
+world size when it changes.
 """
 import argparse
 import os
@@ -74,6 +81,12 @@ def main():
     ap.add_argument("--rank-restart-grace-ms", type=int, default=None,
                     help="the job's rank restart grace (default: "
                          "$GRADD_RANK_RESTART_GRACE_MS, else the daemon's)")
+    ap.add_argument("--min-nodes", type=int, default=None,
+                    help="node loss and arrival: the fewest nodes the job goes on "
+                         "with (default: $GRADD_MIN_NODES, else the daemon's; use "
+                         "with --restart-safe)")
+    ap.add_argument("--divide-by-initial-world-size", action="store_true",
+                    help="after a node is lost, average over the initial world size")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rank = int(os.environ.get("RANK", "0"))
@@ -85,7 +98,9 @@ def main():
     # Broadcasts rank 0's weights (a restarted rank: gets the job's at its
     # first sync instead).
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
-              rank_restart_grace_ms=args.rank_restart_grace_ms)
+              rank_restart_grace_ms=args.rank_restart_grace_ms,
+              min_nodes=args.min_nodes,
+              divide_by_initial_world_size=args.divide_by_initial_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
 
     if rank == 0 or ddp.rejoined:
@@ -118,6 +133,7 @@ def train_restart_safe(args, ddp, opt, teacher, rank):
     state = {"step": 1}
     ddp.register_state(opt.state_dict, opt.load_state_dict)
     ddp.register_state(lambda: dict(state), state.update)
+    live = ddp.live_world_size
     while state["step"] <= args.steps:
         ddp.sync_state()  # a restarted rank takes the job's step here
         step = state["step"]
@@ -127,9 +143,15 @@ def train_restart_safe(args, ddp, opt, teacher, rank):
             loss = nn.functional.mse_loss(ddp(x), y)
             loss.backward()
         except gradd.IterationAbortedError as e:
-            # A rank restarted: nobody applies this iteration. Retry it.
+            # A rank restarted, or a node was lost or came back: nobody
+            # applies this iteration. Retry it.
             print(f"rank {rank}: step {step} aborted ({e}); retrying", flush=True)
             continue
+        if ddp.live_world_size != live:
+            live = ddp.live_world_size
+            if rank == 0 or ddp.rejoined:
+                print(f"rank {rank}: {live} of {ddp.world_size} ranks taking part "
+                      f"(epoch {ddp.epoch})", flush=True)
         opt.step()
         state["step"] += 1
         if rank == 0 and (step % 20 == 0 or step == 1):

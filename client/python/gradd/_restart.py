@@ -28,7 +28,15 @@ model. Then (common/control_block.h "Rank restart"):
   (the survivors are not in that broadcast): it gets the job's state at its
   first sync instead.
 
-Bucket rebuild is off for jobs with a grace (a rebuild is a job-wide switch
+Node loss and arrival (``min_nodes=``, else ``$GRADD_MIN_NODES``, else the
+daemon's; control_block.h "Re-formation") reuses all of this: when a node of
+a multi-node job dies, comes back or re-forms for a restarted rank, every
+rank's iteration in progress is aborted the same way and the state sync
+runs; a rank whose node was one iteration behind (``client.state_behind``)
+loads the state like a rejoined rank. ``ddp.live_world_size`` and
+``ddp.epoch`` say where the job stands; global ranks never change.
+
+Bucket rebuild is off for jobs with a grace or min_nodes (a rebuild is a job-wide switch
 a restarted rank could not know it missed); the buckets keep the first plan.
 
 The job id must be explicit (``job_id=`` or ``$GRADD_JOB``): a restarted
@@ -48,6 +56,7 @@ from gradd import _state_sync
 from gradd._C import GraddError, IterationAbortedError
 
 GRACE_ENV = "GRADD_RANK_RESTART_GRACE_MS"
+MIN_NODES_ENV = "GRADD_MIN_NODES"
 JOB_ENV = "GRADD_JOB"
 
 
@@ -73,13 +82,38 @@ def requested_grace(rank_restart_grace_ms: Optional[int]) -> Optional[int]:
     return value
 
 
-def check_job_id(grace: Optional[int], job_id: Optional[str], process_group) -> None:
-    """With a grace > 0 the job id must be explicit (see the module doc)."""
+def requested_min_nodes(min_nodes: Optional[int]) -> Optional[int]:
+    """The min_nodes this rank asks for: the keyword, else $GRADD_MIN_NODES
+    (None: neither; the daemon's min_nodes applies)."""
+    if min_nodes is not None:
+        value = min_nodes
+        source = "min_nodes="
+    else:
+        raw = os.environ.get(MIN_NODES_ENV, "")
+        if raw == "":
+            return None
+        source = f"${MIN_NODES_ENV}"
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{source}={raw!r} is not an integer (nodes)") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{source} must be an int (nodes), got {type(value).__name__}")
+    if not 0 <= value < 1 << 32:
+        raise ValueError(f"{source} must be in [0, 2^32), got {value}")
+    return value
+
+
+def check_job_id(
+    grace: Optional[int], job_id: Optional[str], process_group, what: str = "rank_restart_grace_ms"
+) -> None:
+    """With a grace > 0 (or min_nodes > 0: `what`) the job id must be
+    explicit (see the module doc)."""
     if not grace:
         return
     if not (job_id or os.environ.get(JOB_ENV)):
         raise ValueError(
-            f"rank_restart_grace_ms={grace} needs an explicit job id (job_id= or "
+            f"{what}={grace} needs an explicit job id (job_id= or "
             f"${JOB_ENV}): a restarted trainer re-attaches to its running job by id, "
             "and an id drawn through the process group, torchrun's agent store or "
             "MASTER_ADDR/MASTER_PORT would not name the same job in the new process"
@@ -108,6 +142,9 @@ class RestartState:
     def __init__(self, client, explicit_job_id: bool):
         # (getattr: stand-in clients of tests need not know rank restart)
         self.grace_ms = int(getattr(client, "rank_restart_grace_ms", 0))
+        # Node loss and arrival: the job's min_nodes (0: not elastic); its
+        # re-formations abort and sync exactly like a rank restart.
+        self.min_nodes = int(getattr(client, "min_nodes", 0))
         self.rejoined = bool(getattr(client, "rejoined", False))
         # The iteration this rank rejoined at (its first), else None.
         self.rejoin_iteration: Optional[int] = int(client.iteration) if self.rejoined else None
@@ -160,7 +197,12 @@ def sync_state(ddp) -> bool:
     the same point of its iteration sequence."""
     client = ddp._client
     restart = ddp.__dict__.get("_restart")
-    if client is None or restart is None or restart.grace_ms == 0 or ddp.world_size < 2:
+    if (
+        client is None
+        or restart is None
+        or (restart.grace_ms == 0 and restart.min_nodes == 0)
+        or ddp.world_size < 2
+    ):
         return False
     ran = False
     # At most one completed sync per iteration: the client library keeps
@@ -183,13 +225,18 @@ def sync_state(ddp) -> bool:
 
 
 def _sync_once(ddp, client, restart: RestartState) -> None:
+    # A rank whose node the last re-formation found one iteration behind
+    # offers no state (the client library decides, as for a rejoined
+    # rank) and loads what the root sends (read before the sync: the
+    # client clears it only after its next gradient).
+    behind = bool(getattr(client, "state_behind", False))
     try:
         root = int(client.begin_state_sync())
     except IterationAbortedError:
         raise
     except GraddError as e:
         ddp._fail(e)
-    load = restart.unsynced
+    load = (restart.unsynced or behind) and ddp.rank != root
 
     def on_error(e):
         if isinstance(e, IterationAbortedError):

@@ -164,6 +164,18 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     ``iterations_aborted`` say what happened. A launcher must restart the
     dead process alone (a supervisor); torchrun's elastic agent restarts
     the whole group, which is not a rank restart.
+
+    Node loss and arrival (``min_nodes=``, else ``$GRADD_MIN_NODES``, else
+    the daemon's min_nodes; docs/operations.md): a multi-node job with
+    min_nodes > 0 goes on when one of its nodes dies (while at least
+    min_nodes are left) and takes a node back (or a new one) at an iteration
+    boundary. Each such event aborts one iteration on every rank, exactly as
+    a rank restart does (the loop above handles it), and runs the state
+    sync. Global ranks never change; ``live_world_size`` says how many take
+    part now, ``epoch`` how many re-formations there were. Gradients are
+    averaged over the live world, or over the initial one with
+    ``divide_by_initial_world_size=True``. Bucket rebuild is off, as with a
+    grace, and the job id must be explicit.
     """
 
     def __init__(
@@ -195,6 +207,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         wait_timeout: float = 600.0,
         rebuild_buckets: bool = True,  # gradd/_rebuild.py
         rank_restart_grace_ms: Optional[int] = None,  # gradd/_restart.py
+        min_nodes: Optional[int] = None,  # gradd/_restart.py (node loss)
+        divide_by_initial_world_size: bool = False,  # after node loss
     ):
         super().__init__()
         Joinable.__init__(self)  # join(): gradd/_join.py
@@ -263,9 +277,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # Rank restart: a grace > 0 needs an explicit job id (_restart.py).
         grace = _restart.requested_grace(rank_restart_grace_ms)
         _restart.check_job_id(grace, job_id, process_group)
+        # Node loss and arrival: min_nodes > 0 likewise (a trainer of a
+        # returning node names the job it joins).
+        wanted_min_nodes = _restart.requested_min_nodes(min_nodes)
+        _restart.check_job_id(wanted_min_nodes, job_id, process_group, what="min_nodes")
         # What a re-attach after unpickling needs (see __setstate__).
         self._attach_options = dict(
             rank_restart_grace_ms=rank_restart_grace_ms,
+            min_nodes=min_nodes,
+            divide_by_initial_world_size=bool(divide_by_initial_world_size),
             socket=socket,
             job_id=job_id,
             rank=rank,
@@ -345,6 +365,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             find_unused_parameters=True,
             cuda_device=self.device_ids[0] if cuda else -1,
             rank_restart_grace_ms=opts.get("rank_restart_grace_ms"),
+            min_nodes=opts.get("min_nodes"),
+            divide_by_initial_world_size=bool(opts.get("divide_by_initial_world_size")),
         )
         if self._client.world_size != self.world_size or self._client.global_rank != self.rank:
             got = (self._client.global_rank, self._client.world_size)
@@ -359,9 +381,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # -- rank restart (gradd/_restart.py) -------------------------------
         explicit_id = bool(opts.get("job_id") or os.environ.get(_restart.JOB_ENV))
         self._restart = _restart.RestartState(self._client, explicit_id)
-        if self._restart.grace_ms > 0:
-            # A rebuild is a job-wide switch a restarted rank cannot know
-            # it missed: jobs with a grace keep their first plan.
+        if self._restart.grace_ms > 0 or self._restart.min_nodes > 0:
+            # A rebuild is a job-wide switch a restarted rank (or a node that
+            # comes back) cannot know it missed: elastic jobs keep their
+            # first plan.
             self._rebuild_buckets_enabled = False
 
         # -- every rank starts from rank 0's state -------------------------
@@ -507,6 +530,29 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """Iterations aborted by rank restarts since this rank attached."""
         client = self.__dict__.get("_client")
         return int(client.iterations_aborted) if client is not None else 0
+
+    @property
+    def min_nodes(self) -> int:
+        """The job's min_nodes as the daemon answered (0: a lost node fails
+        the job)."""
+        restart = self.__dict__.get("_restart")
+        return restart.min_nodes if restart is not None else 0
+
+    @property
+    def live_world_size(self) -> int:
+        """Global ranks taking part now: ``world_size`` until a node of the
+        job is lost or added (global ranks never change)."""
+        client = self.__dict__.get("_client")
+        if client is None:
+            return self.world_size
+        return int(getattr(client, "live_world_size", self.world_size))
+
+    @property
+    def epoch(self) -> int:
+        """Re-formations of the job's network so far (node lost, node
+        added, a rank restarted on a multi-node job)."""
+        client = self.__dict__.get("_client")
+        return int(getattr(client, "epoch", 0)) if client is not None else 0
 
     @property
     def rank_restart_grace_ms(self) -> int:
