@@ -1,0 +1,471 @@
+"""Node loss and arrival (common/control_block.h "Re-formation"), end to end:
+real daemons on loopback, one gradd.torch trainer per node
+(elastic_worker.py), nodes SIGKILLed and started again.
+
+How the aborted step is accounted for: the trainer of the node to be lost
+stops *before* step K's forward (GRADD_TEST_PAUSE_AT_STEP) and is killed
+with its daemon there, so steps 0..K-1 ran on every node and step K, whose
+iteration the survivors had begun (some buckets handed over), is aborted by
+the re-formation and retried by them without the lost node. Every trainer
+records the live world size of each applied step; the parameters are
+recomputed here without gradd from those records (data is a function of
+(step, rank), plain SGD) and compared (float32 sums in another order: to
+1e-5), and all trainers must end bitwise equal to each other.
+
+Rank restart across nodes (rank restart of one rank of a 2-node job) reuses
+test_rank_restart.py's worker and assertions.
+
+These need the daemon side of node loss and arrival; on a build without it
+they skip (the probe: a single-node job attached with min_nodes=1 reports
+it back).
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+import torch
+from torch import nn
+
+import gradd
+from conftest import HERE, Daemon, node_token_args
+
+sys.path.insert(0, HERE)
+import elastic_worker  # noqa: E402
+
+WORKER = os.path.join(HERE, "elastic_worker.py")
+RESTART_WORKER = os.path.join(HERE, "restart_worker.py")
+
+
+class Nodes:
+    """N daemons on loopback: node-0 is the rendezvous coordinator; node i
+    hosts global rank i (one trainer per node). A node can be SIGKILLed and
+    started again with the same node id."""
+
+    def __init__(self, binary, n, reform_settle_ms=1500):
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
+        self.config = os.path.join(self.dir, "gradd.yaml")
+        with open(self.config, "w") as f:
+            f.write("rendezvous:\n  join_timeout_ms: 30000\n  collective_timeout_ms: 20000\n"
+                    f"  reform_settle_ms: {reform_settle_ms}\n")
+        self.auth = node_token_args(self.dir)
+        self.nodes = [None] * n
+        self.metrics_ports = [0] * n
+        port_file = os.path.join(self.dir, "coordinator.port")
+        self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
+                                        "--rendezvous-port-file", port_file])
+        deadline = time.monotonic() + 30
+        port = 0
+        while port <= 0:
+            try:
+                with open(port_file) as f:
+                    port = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                port = 0
+            if port > 0:
+                break
+            if time.monotonic() > deadline or self.nodes[0].proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"coordinator wrote no port:\n{self.nodes[0].log()}")
+            time.sleep(0.02)
+        self.coordinator = f"127.0.0.1:{port}"
+        try:
+            for i in range(1, n):
+                self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+        except Exception:
+            self.stop()
+            raise
+
+    def _start(self, i, extra):
+        port_file = os.path.join(self.dir, f"metrics-{i}.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        return Daemon(self.binary, ["--node-id", f"node-{i}", "--config", self.config,
+                                    "--metrics-listen", "127.0.0.1:0",
+                                    "--metrics-port-file", port_file, *self.auth, *extra])
+
+    def metrics(self, i):
+        """Node i's /metrics text ("" when it cannot be read)."""
+        try:
+            with open(os.path.join(self.dir, f"metrics-{i}.port")) as f:
+                port = int(f.read().strip())
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return r.read().decode()
+        except (OSError, ValueError):
+            return ""
+
+    def kill(self, i):
+        """SIGKILL node i's daemon (its trainer is the caller's)."""
+        d = self.nodes[i]
+        d.proc.kill()
+        d.proc.wait()
+        self.dead_logs = getattr(self, "dead_logs", []) + [d.log()]
+
+    def restart(self, i):
+        self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+
+    def rank_env(self, rank):
+        return dict(RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                    WORLD_SIZE=str(len(self.nodes)), GROUP_RANK=str(rank),
+                    GRADD_SOCKET=self.nodes[rank].socket,
+                    GRADD_COORDINATOR=self.coordinator)
+
+    def logs(self):
+        return "\n".join(f"--- node-{i}\n{n.log()}" for i, n in enumerate(self.nodes)
+                         if n is not None)
+
+    def stop(self):
+        for n in reversed(self.nodes):
+            if n is not None:
+                n.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def nodes_factory(gradd_binary):
+    made = []
+
+    def make(n, **kw):
+        made.append(Nodes(gradd_binary, n, **kw))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.stop()
+
+
+def _elastic_supported(socket_path, job_id):
+    c = gradd.attach([("w", (4,), "float32")], socket=socket_path, job_id=job_id,
+                     min_nodes=1)
+    try:
+        return getattr(c, "min_nodes", 0) == 1
+    finally:
+        c.detach()
+
+
+@pytest.fixture
+def elastic_supported(daemon, job_id):
+    if not _elastic_supported(daemon.socket, job_id + "-probe"):
+        pytest.skip("this build's daemon does not implement node loss and arrival "
+                    "(a job attached with min_nodes=1 reports 0)")
+
+
+class Trainers:
+    """One elastic_worker per node, started like a supervisor would."""
+
+    def __init__(self, nodes, job_id, steps, out_dir, min_nodes, script=WORKER, args=None):
+        self.nodes, self.job_id, self.out_dir = nodes, job_id, out_dir
+        self.script = script
+        self.args = args if args is not None else [str(steps), str(out_dir), str(min_nodes)]
+        self.procs = {}
+        self.finished = []
+
+    def start(self, rank, **env):
+        full = dict(os.environ)
+        for var in ("GRADD_MIN_NODES", "GRADD_RANK_RESTART_GRACE_MS",
+                    "GRADD_TEST_PAUSE_AT_STEP", "GRADD_TEST_DIE_AT_STEP",
+                    "GRADD_TEST_STEP_SLEEP_S", "MASTER_ADDR", "MASTER_PORT"):
+            full.pop(var, None)
+        full.update(self.nodes.rank_env(rank))
+        full.update(GRADD_JOB=self.job_id, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        full.update(env)
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, self.script, *self.args], env=full, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True)
+        return self.procs[rank]
+
+    def kill(self, rank):
+        p = self.procs[rank]
+        p.kill()
+        p.communicate()
+
+    def wait(self, rank, timeout):
+        p = self.procs[rank]
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            out, err = p.communicate()
+            err += b"\n[killed: timeout]"
+        rec = (rank, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+        self.finished.append(rec)
+        return rec
+
+    def kill_all(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+
+    def report(self):
+        return "\n".join(f"--- rank {r}: exit {rc}\n{out}\n{err[-4000:]}"
+                         for r, rc, out, err in self.finished) + \
+            f"\n--- daemons\n{self.nodes.logs()}"
+
+    def results(self):
+        by_rank = {}
+        for path in glob.glob(os.path.join(self.out_dir, "rank*-*.json")):
+            with open(path) as f:
+                rep = json.load(f)
+            by_rank.setdefault(rep["rank"], []).append(rep)
+        return by_rank
+
+
+def _wait_for(path, proc, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def reference(live_by_step, world):
+    """The parameters after the applied steps, recomputed without gradd:
+    step s averages the gradients of the first live_by_step[s] global ranks
+    (a lost node's ranks are the highest here) over that count."""
+    model = elastic_worker.make_model()
+    params = list(model.parameters())
+    for step, live in enumerate(live_by_step):
+        assert 1 <= live <= world
+        total = [torch.zeros_like(p) for p in params]
+        for r in range(live):
+            model.zero_grad()
+            x, y = elastic_worker.batch(step, r)
+            nn.functional.mse_loss(model(x), y).backward()
+            for t, p in zip(total, params):
+                t += p.grad
+        with torch.no_grad():
+            for t, p in zip(total, params):
+                p -= elastic_worker.LR * (t / live)
+    return elastic_worker.flat(model)
+
+
+def _close(a, b, tol=1e-5):
+    return all(abs(x - y) <= tol * (1 + abs(y)) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+
+def _applied_live(rep):
+    return [a["live"] for a in rep["attempts"] if "aborted" not in a]
+
+
+def _metric(text, family, job):
+    for line in text.splitlines():
+        if line.startswith(family + "{") and f'job="{job}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+# ------------------------------------------------------------------ option
+def test_min_nodes_without_job_id_is_refused(monkeypatch):
+    for var in ("GRADD_JOB", "GRADD_MIN_NODES", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("GRADD_SOCKET", "/nonexistent/gradd.sock")
+    with pytest.raises(ValueError, match=r"min_nodes=2 needs an explicit job id"):
+        gradd.torch.DistributedDataParallel(nn.Linear(3, 2), min_nodes=2)
+    monkeypatch.setenv("GRADD_MIN_NODES", "x")
+    with pytest.raises(ValueError, match=r"GRADD_MIN_NODES='x' is not an integer"):
+        gradd.torch.DistributedDataParallel(nn.Linear(3, 2), job_id="j")
+    monkeypatch.setenv("GRADD_MIN_NODES", "1")
+    with pytest.raises(ValueError, match=r"min_nodes=1 needs an explicit job id"):
+        gradd.torch.DistributedDataParallel(nn.Linear(3, 2))
+
+
+def test_min_nodes_keyword_reaches_the_attach(monkeypatch):
+    # Past the checks construction attaches: the socket does not exist.
+    monkeypatch.setenv("GRADD_SOCKET", "/nonexistent/gradd.sock")
+    with pytest.raises(gradd.GraddError) as info:
+        gradd.torch.DistributedDataParallel(nn.Linear(3, 2), job_id="j", min_nodes=2,
+                                            divide_by_initial_world_size=True,
+                                            world_size=1, rank=0, connect_timeout=0.2)
+    assert not isinstance(info.value, ValueError)
+
+
+def test_single_node_accessors(daemon, job_id):
+    c = gradd.attach([("w", (4,), "float32")], socket=daemon.socket, job_id=job_id)
+    try:
+        assert c.live_world_size == 1
+        assert c.epoch == 0
+        assert c.state_behind is False
+    finally:
+        c.detach()
+
+
+# ------------------------------------------------------------- node loss
+def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path,
+                                               elastic_supported):
+    """(a) 3 nodes, min_nodes 2; node-2 (its trainer and daemon) is SIGKILLed
+    before step K: ranks 0 and 1 abort step K once, retry it on 2 nodes and
+    end equal to each other and to the recomputation; the job's world size
+    shrinks to 2 and the daemons name the lost node."""
+    steps, k = 16, 4
+    nodes = nodes_factory(3)
+    t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
+    slow = {"GRADD_TEST_STEP_SLEEP_S": "0.1"}  # time to read the metrics
+    for r in range(3):
+        t.start(r, **slow, **({"GRADD_TEST_PAUSE_AT_STEP": str(k)} if r == 2 else {}))
+    worlds = set()
+    try:
+        assert _wait_for(tmp_path / "paused-2", t.procs[2], 60, "pause"), t.report()
+        worlds.add(_metric(nodes.metrics(0), "gradd_job_world_size", job_id))
+        t.kill(2)
+        nodes.kill(2)
+        started = time.monotonic()
+        while t.procs[0].poll() is None and time.monotonic() - started < 60:
+            worlds.add(_metric(nodes.metrics(0), "gradd_job_world_size", job_id))
+            if 2.0 in worlds:
+                break
+            time.sleep(0.05)
+        for r in (0, 1):
+            _, rc, _, _ = t.wait(r, 90)
+            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+        took = time.monotonic() - started
+    finally:
+        t.kill_all()
+    assert took < 60, t.report()
+    res = {r: v[0] for r, v in t.results().items()}
+    assert sorted(res) == [0, 1], res.keys()
+    for r in (0, 1):
+        rep = res[r]
+        aborted = [a for a in rep["attempts"] if "aborted" in a]
+        assert len(aborted) == 1, rep["attempts"]
+        assert aborted[0]["step"] == k, rep["attempts"]
+        assert "re-formed" in aborted[0]["aborted"], aborted[0]
+        live = _applied_live(rep)
+        assert live == [3] * k + [2] * (steps - k), live
+        assert rep["synced_at"] == [k], rep
+    assert res[0]["final"] == res[1]["final"]
+    assert _close(res[0]["final"], reference([3] * k + [2] * (steps - k), 3))
+    # ... and not the 3-node run's (the lost node's data really left).
+    assert not _close(res[0]["final"], reference([3] * steps, 3))
+    # The job's world size as the coordinator's node exports it: 3, then 2.
+    assert 3.0 in worlds and 2.0 in worlds, worlds
+    log = nodes.logs()
+    assert "node-2" in log, log
+
+
+def test_below_min_nodes_fails_naming_the_lost_node(nodes_factory, job_id, tmp_path,
+                                                   elastic_supported):
+    """(b) 2 nodes, min_nodes 2: node-1 is lost; rank 0 gets a clear error
+    naming it, in bounded time (no hang)."""
+    nodes = nodes_factory(2)
+    t = Trainers(nodes, job_id, 8, tmp_path, min_nodes=2)
+    t.start(0)
+    t.start(1, GRADD_TEST_PAUSE_AT_STEP="3")
+    try:
+        assert _wait_for(tmp_path / "paused-1", t.procs[1], 60, "pause"), t.report()
+        t.kill(1)
+        nodes.kill(1)
+        started = time.monotonic()
+        _, rc, _, _ = t.wait(0, 90)
+        waited = time.monotonic() - started
+    finally:
+        t.kill_all()
+    assert rc == 3, t.report()
+    rep = t.results()[0][0]
+    assert "IterationAborted" not in rep["error"], rep["error"]
+    assert "node-1" in rep["error"], rep["error"]
+    assert job_id in rep["error"], rep["error"]
+    assert waited < 45, (waited, t.report())
+
+
+def test_lost_node_comes_back(nodes_factory, job_id, tmp_path, elastic_supported):
+    """(c) After (a)'s shrink, node-2's daemon and trainer start again (same
+    node id): admitted at an iteration boundary, its trainer rejoins, gets
+    the state from a live rank and all three end with equal parameters,
+    those of the recomputation with the live world each step had."""
+    steps, k = 40, 3
+    nodes = nodes_factory(3)
+    t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
+    slow = {"GRADD_TEST_STEP_SLEEP_S": "0.15"}
+    for r in range(3):
+        t.start(r, **slow, **({"GRADD_TEST_PAUSE_AT_STEP": str(k)} if r == 2 else {}))
+    try:
+        assert _wait_for(tmp_path / "paused-2", t.procs[2], 60, "pause"), t.report()
+        t.kill(2)
+        nodes.kill(2)
+        time.sleep(2.0)  # the survivors go on on 2 nodes for a while
+        nodes.restart(2)
+        t.start(2, **slow)
+        for r in range(3):
+            _, rc, _, _ = t.wait(r, 120)
+            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+    finally:
+        t.kill_all()
+    res = t.results()
+    back = [rep for rep in res[2] if "final" in rep]
+    assert len(back) == 1, res[2]
+    back = back[0]
+    assert back["rejoined"] is True
+    assert back["synced_at"] and back["synced_at"][0] > k, back
+    for r in (0, 1):
+        rep = res[r][0]
+        live = _applied_live(rep)
+        # 3 nodes, then 2 from step k, then 3 again.
+        assert live[:k] == [3] * k and live[k] == 2 and live[-1] == 3, live
+        aborted = [a for a in rep["attempts"] if "aborted" in a]
+        assert len(aborted) == 2, rep["attempts"]  # the loss, the arrival
+        assert rep["final"] == back["final"]
+    assert res[0][0]["final"] == res[1][0]["final"]
+    assert _close(res[0][0]["final"], reference(_applied_live(res[0][0]), 3))
+
+
+# ------------------------------------------- rank restart across two nodes
+def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path, elastic_supported):
+    """(d) 2 nodes, rank 1 (on node-1) SIGKILLed in the middle of step K's
+    backward and started again with rank_restart_grace_ms: it rejoins, gets
+    rank 0's parameters, and the job ends with an uninterrupted run's
+    parameters (the aborted step was applied by nobody and retried with the
+    same data)."""
+    steps, die_at, grace = 8, 3, 30000
+    nodes = nodes_factory(2)
+    out = tmp_path / "restart"
+    out.mkdir()
+    t = Trainers(nodes, job_id, steps, out, 0, script=RESTART_WORKER,
+                 args=[str(steps), str(out), str(grace)])
+    t.start(0)
+    t.start(1, GRADD_TEST_DIE_AT_STEP=str(die_at))
+    try:
+        _, rc, _, _ = t.wait(1, 90)
+        assert rc == -signal.SIGKILL, f"the victim did not die by SIGKILL:\n{t.report()}"
+        t.start(1)
+        for r in (0, 1):
+            _, rc, _, _ = t.wait(r, 90)
+            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+    finally:
+        t.kill_all()
+    res = t.results()
+    res = {r: v[0] for r, v in res.items()}
+    back, survivor = res[1], res[0]
+    assert back["rejoined"] is True
+    assert back["synced"]["step"] == die_at
+    aborted = [a for a in survivor["attempts"] if "aborted" in a]
+    assert len(aborted) == 1 and aborted[0]["step"] == die_at, survivor["attempts"]
+    assert survivor["synced"]["params"] == back["synced"]["params"]
+    assert survivor["final"] == back["final"]
+    # The uninterrupted run on the same two daemons.
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    ref = Trainers(nodes, job_id + "-ref", steps, ref_dir, 0, script=RESTART_WORKER,
+                   args=[str(steps), str(ref_dir), str(grace)])
+    for r in (0, 1):
+        ref.start(r)
+    try:
+        for r in (0, 1):
+            _, rc, _, _ = ref.wait(r, 90)
+            assert rc == 0, ref.report()
+    finally:
+        ref.kill_all()
+    assert ref.results()[0][0]["final"] == survivor["final"]
+
