@@ -316,12 +316,12 @@ int Train(const Flags& flags, gradd::Client& client) {
   }
   std::printf(
       "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu live=%d "
-      "epoch=%llu steps=%llu checksum=%016llx w0=%.9g\n",
+      "epoch=%llu min_nodes=%u steps=%llu checksum=%016llx w0=%.9g\n",
       rank, world, client.rejoined() ? 1 : 0,
       static_cast<unsigned long long>(client.iterations_aborted()),
       static_cast<unsigned long long>(client.restarts()),
       client.live_world_size(), static_cast<unsigned long long>(client.epoch()),
-      static_cast<unsigned long long>(step),
+      client.min_nodes(), static_cast<unsigned long long>(step),
       static_cast<unsigned long long>(Checksum(w)), w[0]);
   std::fflush(stdout);
   if (auto s = client.Detach(); !s.ok()) return fail("detach", s);
