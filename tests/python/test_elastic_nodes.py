@@ -385,7 +385,7 @@ def test_lost_node_comes_back(nodes_factory, job_id, tmp_path, elastic_supported
     node id): admitted at an iteration boundary, its trainer rejoins, gets
     the state from a live rank and all three end with equal parameters,
     those of the recomputation with the live world each step had."""
-    steps, k = 40, 3
+    steps, k = 60, 3
     nodes = nodes_factory(3)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     slow = {"GRADD_TEST_STEP_SLEEP_S": "0.15"}
