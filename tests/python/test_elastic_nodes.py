@@ -16,8 +16,8 @@ Rank restart across nodes (rank restart of one rank of a 2-node job) reuses
 test_rank_restart.py's worker and assertions.
 
 These need the daemon side of node loss and arrival; on a build without it
-they skip (the probe: a single-node job attached with min_nodes=1 reports
-it back).
+they skip (the probe: a 2-node job attached with min_nodes=1 reports it
+back).
 """
 import glob
 import json
@@ -142,20 +142,33 @@ def nodes_factory(gradd_binary):
         m.stop()
 
 
-def _elastic_supported(socket_path, job_id):
-    c = gradd.attach([("w", (4,), "float32")], socket=socket_path, job_id=job_id,
-                     min_nodes=1)
-    try:
-        return getattr(c, "min_nodes", 0) == 1
-    finally:
-        c.detach()
+def require_elastic(nodes, job_id):
+    """Skips the calling test unless the daemons implement node loss and
+    arrival: a tiny 2-node job (nodes 0 and 1) attached with min_nodes=1
+    reports it back (a single-node job never has a min_nodes)."""
+    import threading
 
+    got, errors = {}, []
 
-@pytest.fixture
-def elastic_supported(daemon, job_id):
-    if not _elastic_supported(daemon.socket, job_id + "-probe"):
-        pytest.skip("this build's daemon does not implement node loss and arrival "
-                    "(a job attached with min_nodes=1 reports 0)")
+    def attach(i):
+        try:
+            c = gradd.attach([("w", (4,), "float32")], socket=nodes.nodes[i].socket,
+                             job_id=job_id + "-probe", node_rank=i, num_nodes=2,
+                             coordinator=nodes.coordinator, world_size=2, rank=i,
+                             min_nodes=1, attach_timeout=30)
+            got[i] = int(getattr(c, "min_nodes", 0))
+            c.detach()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"node {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=attach, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors or got != {0: 1, 1: 1}:
+        pytest.skip("this build's daemons do not implement node loss and arrival (a "
+                    f"2-node job attached with min_nodes=1 reports {got}; {errors})")
 
 
 class Trainers:
@@ -303,14 +316,14 @@ def test_single_node_accessors(daemon, job_id):
 
 
 # ------------------------------------------------------------- node loss
-def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path,
-                                               elastic_supported):
+def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     """(a) 3 nodes, min_nodes 2; node-2 (its trainer and daemon) is SIGKILLed
     before step K: ranks 0 and 1 abort step K once, retry it on 2 nodes and
     end equal to each other and to the recomputation; the job's world size
     shrinks to 2 and the daemons name the lost node."""
     steps, k = 16, 4
     nodes = nodes_factory(3)
+    require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     slow = {"GRADD_TEST_STEP_SLEEP_S": "0.1"}  # time to read the metrics
     for r in range(3):
@@ -355,11 +368,11 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path,
     assert "node-2" in log, log
 
 
-def test_below_min_nodes_fails_naming_the_lost_node(nodes_factory, job_id, tmp_path,
-                                                   elastic_supported):
+def test_below_min_nodes_fails_naming_the_lost_node(nodes_factory, job_id, tmp_path):
     """(b) 2 nodes, min_nodes 2: node-1 is lost; rank 0 gets a clear error
     naming it, in bounded time (no hang)."""
     nodes = nodes_factory(2)
+    require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, 8, tmp_path, min_nodes=2)
     t.start(0)
     t.start(1, GRADD_TEST_PAUSE_AT_STEP="3")
@@ -380,13 +393,14 @@ def test_below_min_nodes_fails_naming_the_lost_node(nodes_factory, job_id, tmp_p
     assert waited < 45, (waited, t.report())
 
 
-def test_lost_node_comes_back(nodes_factory, job_id, tmp_path, elastic_supported):
+def test_lost_node_comes_back(nodes_factory, job_id, tmp_path):
     """(c) After (a)'s shrink, node-2's daemon and trainer start again (same
     node id): admitted at an iteration boundary, its trainer rejoins, gets
     the state from a live rank and all three end with equal parameters,
     those of the recomputation with the live world each step had."""
     steps, k = 60, 3
     nodes = nodes_factory(3)
+    require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     slow = {"GRADD_TEST_STEP_SLEEP_S": "0.15"}
     for r in range(3):
@@ -422,7 +436,7 @@ def test_lost_node_comes_back(nodes_factory, job_id, tmp_path, elastic_supported
 
 
 # ------------------------------------------- rank restart across two nodes
-def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path, elastic_supported):
+def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path):
     """(d) 2 nodes, rank 1 (on node-1) SIGKILLed in the middle of step K's
     backward and started again with rank_restart_grace_ms: it rejoins, gets
     rank 0's parameters, and the job ends with an uninterrupted run's
@@ -430,6 +444,7 @@ def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path, elastic
     same data)."""
     steps, die_at, grace = 8, 3, 30000
     nodes = nodes_factory(2)
+    require_elastic(nodes, job_id)
     out = tmp_path / "restart"
     out.mkdir()
     t = Trainers(nodes, job_id, steps, out, 0, script=RESTART_WORKER,
