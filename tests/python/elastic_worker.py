@@ -66,7 +66,7 @@ def main():
 
     try:
         ddp = DDP(model, bucket_cap_mb=0.001, first_bucket_cap_mb=0.001,
-                  min_nodes=min_nodes, wait_timeout=120, attach_timeout=60)
+                  min_nodes=min_nodes, wait_timeout=30, attach_timeout=60)
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         state = {"step": 0}
         ddp.register_state(lambda: dict(state), lambda sd: state.update(sd))
