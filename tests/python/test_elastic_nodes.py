@@ -273,7 +273,7 @@ def _applied_live(rep):
 
 def _metric(text, family, job):
     for line in text.splitlines():
-        if line.startswith(family + "{") and f'job="{job}"' in line:
+        if line.startswith(family + "{") and f'job_id="{job}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
 

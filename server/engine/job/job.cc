@@ -82,8 +82,12 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   // Version 6 ("Re-formation"): the live world size until one happens.
   job->header_->world_size.store(static_cast<uint32_t>(s.global_world_size()),
                                  std::memory_order_relaxed);
-  job->header_->epoch.store(0, std::memory_order_relaxed);
-  job->header_->state_behind.store(0, std::memory_order_relaxed);
+  // A node admitted into a running job starts at the job's epoch and
+  // state sync (its ranks attach rejoined and sync first).
+  job->header_->epoch.store(s.initial_epoch, std::memory_order_relaxed);
+  job->header_->state_behind.store(s.initial_state_behind ? 1 : 0,
+                                   std::memory_order_relaxed);
+  job->header_->sync_seq.store(s.initial_sync_seq, std::memory_order_relaxed);
   ASSIGN_OR_RETURN(job->doorbell_,
                    DaemonDoorbell::Create(job->layout_, job->control_.data(),
                                           std::move(bell_fds)));
@@ -374,7 +378,9 @@ bool Job::Scan() {
       const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
       uint64_t s = row.load(std::memory_order_acquire);
       if (s < d && Lagging(r, row, &s)) continue;
-      if (BehindAbort(s, d, aborted_iteration)) continue;
+      if (BehindAbort(s, d, aborted_iteration, iteration_abort_run_start_)) {
+        continue;
+      }
       if (s == need && rebuild_after != 0 && need > rebuild_after) {
         FailJob(absl::StatusCode::kFailedPrecondition,
                 absl::StrCat(RankName(r), " started iteration ", need,
@@ -655,7 +661,8 @@ bool Job::ScanBroadcast() {
     uint64_t s = row.load(std::memory_order_acquire);
     if (s < d && Lagging(r, row, &s)) continue;
     if (BehindAbort(s, d,
-                    header_->aborted_round.load(std::memory_order_acquire))) {
+                    header_->aborted_round.load(std::memory_order_acquire),
+                    round_abort_run_start_)) {
       continue;
     }
     if (s == need) {

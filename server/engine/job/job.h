@@ -439,12 +439,20 @@ class Job {
   void RejoinNow(int rank, RejoinDone done);
   // Fails the pending Rejoins with `status`.
   void AbortRejoins(const absl::Status& status);
-  // A live rank's `row` (read as s) lags the daemon's `done` by one only
-  // because the daemon aborted that iteration / round (`aborted`) before
-  // the rank published it: "not ready yet", not a protocol error.
-  static bool BehindAbort(uint64_t s, uint64_t done, uint64_t aborted) {
-    return aborted != 0 && done == aborted && s + 1 == done;
+  // A live rank's `row` (read as s) lags the daemon's `done` only because
+  // the daemon aborted that iteration / round (`aborted`) before the rank
+  // published it -- or a run of consecutive ones starting at `run_start`
+  // (re-formations one after the other while the rank ran its state
+  // sync): "not ready yet", not a protocol error.
+  static bool BehindAbort(uint64_t s, uint64_t done, uint64_t aborted,
+                          uint64_t run_start) {
+    return aborted != 0 && done == aborted && s < done &&
+           s + 1 >= std::min(run_start == 0 ? done : run_start, done);
   }
+  // The first of the latest run of consecutive aborted iterations / rounds
+  // (engine thread).
+  uint64_t iteration_abort_run_start_ = 0;
+  uint64_t round_abort_run_start_ = 0;
   // Create: every rank's device memory on its GPU, when the job has CUDA
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();

@@ -177,6 +177,16 @@ bool Job::StepNetwork() {
     }
     if (failed_) return true;
   }
+  if (net_state_ == NetState::kDraining && in_flight_.load() != 0) {
+    // What is with the old reducer may never complete by itself: its
+    // network order can wait for a bucket this node will never hand over
+    // (a rank died in the middle of its backward, and the break is this
+    // node's own, so no peer fails it). Stopping the old reducer completes
+    // everything queued with CANCELLED (its destructor; a collective
+    // running now ends first, bounded by the collective timeout) and
+    // closes its backend, so the peers blocked on this node fail at once.
+    ReplaceReducer(nullptr);
+  }
   if (net_state_ != NetState::kDraining || in_flight_.load() != 0) {
     return net_state_ != NetState::kRunning;
   }
@@ -268,29 +278,22 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   bucket_divisor_ = spec_.divide_by_initial_world_size
                         ? static_cast<double>(spec_.global_world_size())
                         : 0;
-  // The new reducer starts from the plan the job formed with.
-  if (!SamePlan(plan_, spec_.plan)) {
-    std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
-    uint64_t next = 0;
-    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-      next = std::max(next, done[b].load(std::memory_order_acquire));
-    }
-    reducer_->Replan(next + 1, static_cast<int>(plan_.buckets.size()));
-  }
-  if (hook_resolved_) {
-    // The job's hook, chosen before the break, carries over: every node of
-    // the new group must run the same one.
-    absl::Status s = reducer_->AgreeCommHook(DescribeCommHook(hook_spec_));
-    if (s.ok()) s = InstallCommHook();
-    if (!s.ok()) {
-      fail(s.message());
-      return;
-    }
-  }
+  // The job's hook, chosen before the break, carries over, but it is
+  // settled again with the new group when the next bucket is about to
+  // start (ResolveCommHook), as for a new job: a node admitted into the
+  // job chooses its hook only then, and agreeing here would wait for it
+  // in vain (its ranks first run the state sync).
+  hook_resolved_ = false;
 
   // The one abort of the re-formation (control_block.h "Re-formation"),
   // then the new group's words, sync_seq last.
   const Abort abort = AbortInProgress(/*aborted_rank=*/-1);
+  // The new reducer's sequence starts after the aborted iteration (its
+  // network order counts iterations), from the plan the job formed with.
+  reducer_->StartAt(abort.last + 1);
+  if (!SamePlan(plan_, spec_.plan)) {
+    reducer_->Replan(abort.last + 1, static_cast<int>(plan_.buckets.size()));
+  }
   header_->epoch.store(r.epoch, std::memory_order_relaxed);
   header_->world_size.store(static_cast<uint32_t>(r.world_size),
                             std::memory_order_relaxed);

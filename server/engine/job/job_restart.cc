@@ -164,6 +164,12 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
   a.iteration = n == 0 ? 0 : (hi > lo ? hi : lo + 1);
   if (a.iteration != 0) {
     header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
+    // A run of consecutive aborts (re-formations one after the other) may
+    // find a rank still at the iteration before the first of them.
+    const uint64_t prev = header_->aborted_iteration.load();
+    if (prev == 0 || a.iteration != prev + 1) {
+      iteration_abort_run_start_ = a.iteration;
+    }
     header_->aborted_iteration.store(a.iteration, std::memory_order_release);
     for (size_t b = 0; b < n; ++b) {
       if (done_seq[b].load(std::memory_order_acquire) < a.iteration) {
@@ -182,6 +188,10 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
   // and the rejoined rank's state sync can never meet in one round).
   a.round = header_->bcast_done_seq.load(std::memory_order_acquire) + 1;
   header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
+  {
+    const uint64_t prev = header_->aborted_round.load();
+    if (prev == 0 || a.round != prev + 1) round_abort_run_start_ = a.round;
+  }
   header_->aborted_round.store(a.round, std::memory_order_release);
   header_->bcast_done_seq.store(a.round, std::memory_order_release);
   a.collective_seq = header_->bcast_done_seq.load(std::memory_order_acquire);

@@ -116,8 +116,11 @@ void JobManager::MakeElastic(
       absl::Status arrived =
           WaitForArrival(*client, job_id, elastic_prefix, n, kArrivalPoll);
       if (arrived.ok()) {
+        // The re-formations count now, not before the wait: one that ended
+        // while this thread waited did not see this arrival either, and
+        // counting it would break a second time for the same node.
         broke_for = n;
-        broke_at = seen;
+        broke_at = reformations->load();
         absl::MutexLock lock(&mailbox->mu);
         if (mailbox->owner == nullptr) return;
         mailbox->owner->Post([owner = mailbox->owner, job_id, generation, n] {

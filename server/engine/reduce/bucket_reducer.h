@@ -139,6 +139,11 @@ class BucketReducerInterface {
   // `first_iteration` on the job has `num_buckets` buckets (a bucket
   // rebuild, job.h); per-bucket state of the old plan is dropped.
   virtual void Replan(uint64_t first_iteration, int num_buckets) {}
+  // Engine thread only, before the reducer's first Start: the first
+  // iteration it will be given (1 for a new job; the reducer of a re-formed
+  // multi-node job starts after the aborted iteration, job.h). Reducers
+  // that do not order buckets by iteration ignore it.
+  virtual void StartAt(uint64_t first_iteration) {}
 
   // Engine thread only, before the first Start: every bucket from now on
   // goes through `hook` (server/hooks/) instead of the plain average; null

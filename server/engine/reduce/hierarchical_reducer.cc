@@ -269,6 +269,13 @@ void HierarchicalReducer::Replan(uint64_t first_iteration, int num_buckets) {
   replan_num_buckets_ = num_buckets;
 }
 
+void HierarchicalReducer::StartAt(uint64_t first_iteration) {
+  absl::MutexLock lock(&mu_);
+  next_iteration_ = first_iteration;
+  next_bucket_ = 0;
+  next_chunk_ = 0;
+}
+
 void HierarchicalReducer::NetworkLoop() {
   while (true) {
     std::optional<Item> item;

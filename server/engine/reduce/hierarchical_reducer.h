@@ -124,6 +124,7 @@ class HierarchicalReducer final : public BucketReducerInterface {
   void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
   void Replan(uint64_t first_iteration, int num_buckets) override;
+  void StartAt(uint64_t first_iteration) override;
   // A hooked bucket goes to the network thread whole, in plan order, and
   // the hook does its local reduce, collectives and write-back there.
   [[nodiscard]] absl::Status SetCommHook(
@@ -229,8 +230,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
   uint64_t replan_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   int replan_num_buckets_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Network thread only: the next (iteration, bucket, chunk) to go to the
-  // network.
+  // Network thread only (StartAt sets them under mu_ before anything is
+  // queued): the next (iteration, bucket, chunk) to go to the network.
   uint64_t next_iteration_ = 1;
   int next_bucket_ = 0;
   int next_chunk_ = 0;

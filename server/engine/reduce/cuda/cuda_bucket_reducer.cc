@@ -447,6 +447,11 @@ void CudaBucketReducer::StartJoinRound(JoinRoundWork work,
   host_->StartJoinRound(std::move(work), std::move(done));
 }
 
+void CudaBucketReducer::StartAt(uint64_t first_iteration) {
+  absl::MutexLock lock(&host_mu_);
+  host_->StartAt(first_iteration);
+}
+
 void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
   // A failed drain breaks the staging: every later staged bucket fails
   // with this error (and with it the job), named.

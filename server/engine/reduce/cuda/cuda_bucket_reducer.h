@@ -126,6 +126,9 @@ class CudaBucketReducer final : public BucketReducerInterface,
   void StartJoinRound(JoinRoundWork work, RoundCompletion done) override;
   ReducerStats stats() const override;
   void Replan(uint64_t first_iteration, int num_buckets) override;
+  // The host reducer's order starts there too. (Re-formation of a job
+  // with CUDA buckets has not run on a GPU.)
+  void StartAt(uint64_t first_iteration) override;
   [[nodiscard]] absl::Status SetCommHook(
       std::unique_ptr<CommHookInterface> hook) override;
   [[nodiscard]] absl::Status AgreeCommHook(
