@@ -19,8 +19,6 @@ These need the daemon side of node loss and arrival; on a build without it
 they skip (the probe: a 2-node job attached with min_nodes=1 reports it
 back).
 """
-import glob
-import json
 import os
 import shutil
 import signal
@@ -35,6 +33,7 @@ import torch
 from torch import nn
 
 import gradd
+from trainer_procs import TrainerProcs
 from conftest import HERE, Daemon, node_token_args
 
 sys.path.insert(0, HERE)
@@ -171,15 +170,14 @@ def require_elastic(nodes, job_id):
                     f"2-node job attached with min_nodes=1 reports {got}; {errors})")
 
 
-class Trainers:
+class Trainers(TrainerProcs):
     """One elastic_worker per node, started like a supervisor would."""
 
     def __init__(self, nodes, job_id, steps, out_dir, min_nodes, script=WORKER, args=None):
-        self.nodes, self.job_id, self.out_dir = nodes, job_id, out_dir
+        super().__init__(out_dir)
+        self.nodes, self.job_id = nodes, job_id
         self.script = script
         self.args = args if args is not None else [str(steps), str(out_dir), str(min_nodes)]
-        self.procs = {}
-        self.finished = []
 
     def start(self, rank, **env):
         full = dict(os.environ)
@@ -195,40 +193,8 @@ class Trainers:
             stderr=subprocess.PIPE, start_new_session=True)
         return self.procs[rank]
 
-    def kill(self, rank):
-        p = self.procs[rank]
-        p.kill()
-        p.communicate()
-
-    def wait(self, rank, timeout):
-        p = self.procs[rank]
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_all()
-            out, err = p.communicate()
-            err += b"\n[killed: timeout]"
-        rec = (rank, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
-        self.finished.append(rec)
-        return rec
-
-    def kill_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-
-    def report(self):
-        return "\n".join(f"--- rank {r}: exit {rc}\n{out}\n{err[-4000:]}"
-                         for r, rc, out, err in self.finished) + \
-            f"\n--- daemons\n{self.nodes.logs()}"
-
-    def results(self):
-        by_rank = {}
-        for path in glob.glob(os.path.join(self.out_dir, "rank*-*.json")):
-            with open(path) as f:
-                rep = json.load(f)
-            by_rank.setdefault(rep["rank"], []).append(rep)
-        return by_rank
+    def daemon_logs(self):
+        return self.nodes.logs()
 
 
 def _wait_for(path, proc, timeout, what):

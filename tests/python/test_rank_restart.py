@@ -5,8 +5,6 @@ The end-to-end tests need the client library and daemon of rank restart
 (branches i23-client, i23-daemon); on a build without them they skip, saying
 so (the probe: a job attached with a grace reports it back).
 """
-import glob
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +18,7 @@ from torch import nn
 import gradd
 import gradd._C
 import gradd.torch
+from trainer_procs import TrainerProcs
 from conftest import HERE, rank_threads
 
 WORKER = os.path.join(HERE, "restart_worker.py")
@@ -261,16 +260,14 @@ def restart_supported(daemon, job_id):
                     "(a job attached with rank_restart_grace_ms=1234 reports 0)")
 
 
-class _Trainers:
+class _Trainers(TrainerProcs):
     """Worker processes of one job, started and restarted like a
     supervisor would (same RANK / LOCAL_RANK / GRADD_JOB)."""
 
     def __init__(self, daemon, job_id, world, steps, out_dir, grace_ms):
         self.daemon, self.job_id, self.world = daemon, job_id, world
         self.args = [str(steps), str(out_dir), str(grace_ms)]
-        self.out_dir = out_dir
-        self.procs = {}
-        self.finished = []  # (rank, returncode, stdout, stderr)
+        super().__init__(out_dir)
 
     def start(self, rank, **env):
         base = {"GRADD_SOCKET": self.daemon.socket, "GRADD_JOB": self.job_id}
@@ -287,35 +284,8 @@ class _Trainers:
             stderr=subprocess.PIPE, start_new_session=True)
         return self.procs[rank]
 
-    def wait(self, rank, timeout):
-        p = self.procs[rank]
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_all()
-            out, err = p.communicate()
-            err += b"\n[killed: timeout]"
-        rec = (rank, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
-        self.finished.append(rec)
-        return rec
-
-    def kill_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-
-    def report(self):
-        return "\n".join(f"--- rank {r}: exit {rc}\n{out}\n{err[-5000:]}"
-                         for r, rc, out, err in self.finished) + \
-            f"\n--- daemon\n{self.daemon.log()}"
-
-    def results(self):
-        by_rank = {}
-        for path in glob.glob(os.path.join(self.out_dir, "rank*-*.json")):
-            with open(path) as f:
-                rep = json.load(f)
-            by_rank.setdefault(rep["rank"], []).append(rep)
-        return by_rank
+    def daemon_logs(self):
+        return self.daemon.log()
 
 
 def _run_uninterrupted(daemon, job_id, world, steps, out_dir, grace_ms):

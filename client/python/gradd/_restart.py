@@ -60,48 +60,37 @@ MIN_NODES_ENV = "GRADD_MIN_NODES"
 JOB_ENV = "GRADD_JOB"
 
 
-def requested_grace(rank_restart_grace_ms: Optional[int]) -> Optional[int]:
-    """The grace this rank asks for: the keyword, else $GRADD_RANK_RESTART_GRACE_MS
-    (None: neither; the daemon's setting applies)."""
-    if rank_restart_grace_ms is not None:
-        value = rank_restart_grace_ms
-        source = "rank_restart_grace_ms="
+def _requested_uint32(value, keyword: str, env: str, unit: str) -> Optional[int]:
+    """`value` (the keyword) when given, else $`env` parsed as an integer; None
+    when neither is set. Checked to be an int in [0, 2^32)."""
+    if value is not None:
+        source = f"{keyword}="
     else:
-        raw = os.environ.get(GRACE_ENV, "")
+        raw = os.environ.get(env, "")
         if raw == "":
             return None
-        source = f"${GRACE_ENV}"
+        source = f"${env}"
         try:
             value = int(raw)
         except ValueError:
-            raise ValueError(f"{source}={raw!r} is not an integer (milliseconds)") from None
+            raise ValueError(f"{source}={raw!r} is not an integer ({unit})") from None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{source} must be an int (milliseconds), got {type(value).__name__}")
+        raise TypeError(f"{source} must be an int ({unit}), got {type(value).__name__}")
     if not 0 <= value < 1 << 32:
-        raise ValueError(f"{source} must be in [0, 2^32) milliseconds, got {value}")
+        raise ValueError(f"{source} must be in [0, 2^32) {unit}, got {value}")
     return value
+
+
+def requested_grace(rank_restart_grace_ms: Optional[int]) -> Optional[int]:
+    """The grace this rank asks for: the keyword, else $GRADD_RANK_RESTART_GRACE_MS
+    (None: neither; the daemon's setting applies)."""
+    return _requested_uint32(rank_restart_grace_ms, "rank_restart_grace_ms", GRACE_ENV, "milliseconds")
 
 
 def requested_min_nodes(min_nodes: Optional[int]) -> Optional[int]:
     """The min_nodes this rank asks for: the keyword, else $GRADD_MIN_NODES
     (None: neither; the daemon's min_nodes applies)."""
-    if min_nodes is not None:
-        value = min_nodes
-        source = "min_nodes="
-    else:
-        raw = os.environ.get(MIN_NODES_ENV, "")
-        if raw == "":
-            return None
-        source = f"${MIN_NODES_ENV}"
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{source}={raw!r} is not an integer (nodes)") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{source} must be an int (nodes), got {type(value).__name__}")
-    if not 0 <= value < 1 << 32:
-        raise ValueError(f"{source} must be in [0, 2^32), got {value}")
-    return value
+    return _requested_uint32(min_nodes, "min_nodes", MIN_NODES_ENV, "nodes")
 
 
 def check_job_id(
