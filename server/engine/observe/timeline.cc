@@ -73,17 +73,22 @@ void Timeline::OnRankRejoined(const RankRestartEvent& e) {
   entry.duration_ns = std::max<int64_t>(0, e.at_ns - entry.start_ns);
   absl::MutexLock lock(&mu_);
   Push(entry);
+  PushAborts(e.at_ns, e.aborted_iteration, e.aborted_round);
+}
+
+void Timeline::PushAborts(int64_t at_ns, uint64_t iteration, uint64_t round) {
+  Entry entry;
+  entry.bucket = -1;
   entry.local_rank = -1;
-  entry.start_ns = e.at_ns;
-  entry.duration_ns = 0;
-  if (e.aborted_iteration != 0) {
+  entry.start_ns = at_ns;
+  if (iteration != 0) {
     entry.phase = Phase::kIterationAborted;
-    entry.iteration = e.aborted_iteration;
+    entry.iteration = iteration;
     Push(entry);
   }
-  if (e.aborted_round != 0) {
+  if (round != 0) {
     entry.phase = Phase::kRoundAborted;
-    entry.iteration = e.aborted_round;
+    entry.iteration = round;
     Push(entry);
   }
 }
@@ -110,18 +115,7 @@ void Timeline::OnNetworkReformed(const NetworkReformEvent& e) {
   entry.duration_ns = std::max<int64_t>(0, e.at_ns - entry.start_ns);
   absl::MutexLock lock(&mu_);
   Push(entry);
-  entry.start_ns = e.at_ns;
-  entry.duration_ns = 0;
-  if (e.aborted_iteration != 0) {
-    entry.phase = Phase::kIterationAborted;
-    entry.iteration = e.aborted_iteration;
-    Push(entry);
-  }
-  if (e.aborted_round != 0) {
-    entry.phase = Phase::kRoundAborted;
-    entry.iteration = e.aborted_round;
-    Push(entry);
-  }
+  PushAborts(e.at_ns, e.aborted_iteration, e.aborted_round);
 }
 
 std::vector<TimelineEvent> Timeline::Snapshot() const {

@@ -72,6 +72,10 @@ class Timeline final : public JobEventSinkInterface {
     int64_t duration_ns = 0;
   };
   void Push(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The instants of an abort at `at_ns` (a rank's return or a
+  // re-formation): the aborted iteration and round, each when non-zero.
+  void PushAborts(int64_t at_ns, uint64_t iteration, uint64_t round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
