@@ -127,20 +127,7 @@ class TwoDaemons:
                             "--rendezvous-listen", "127.0.0.1:0",
                             "--rendezvous-port-file", port_file, *auth])
         self.nodes.append(a)
-        deadline = time.monotonic() + 30
-        port = 0
-        while port <= 0:
-            try:
-                with open(port_file) as f:
-                    port = int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                port = 0
-            if port > 0:
-                break
-            if time.monotonic() > deadline or a.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"coordinator wrote no port:\n{a.log()}")
-            time.sleep(0.02)
+        port = wait_port_file(port_file, a, self.stop)
         self.coordinator = f"127.0.0.1:{port}"
         try:
             self.nodes.append(Daemon(binary, ["--node-id", "node-b", "--config", config,
@@ -343,3 +330,21 @@ def rank_threads(world, fn, timeout=60):
         t.join(timeout)
         assert not t.is_alive(), f"rank thread still running after {timeout} s"
     return results, errors
+
+
+def wait_port_file(port_file, daemon, stop, timeout=30):
+    """The port `daemon` wrote to `port_file` (its --rendezvous-port-file);
+    calls stop() and raises when it wrote none within `timeout` s or died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(port_file) as f:
+                port = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            port = 0
+        if port > 0:
+            return port
+        if time.monotonic() > deadline or daemon.proc.poll() is not None:
+            stop()
+            raise RuntimeError(f"coordinator wrote no port:\n{daemon.log()}")
+        time.sleep(0.02)

@@ -34,7 +34,7 @@ from torch import nn
 
 import gradd
 from trainer_procs import TrainerProcs
-from conftest import HERE, Daemon, node_token_args
+from conftest import HERE, Daemon, node_token_args, wait_port_file
 
 sys.path.insert(0, HERE)
 import elastic_worker  # noqa: E402
@@ -61,20 +61,7 @@ class Nodes:
         port_file = os.path.join(self.dir, "coordinator.port")
         self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
                                         "--rendezvous-port-file", port_file])
-        deadline = time.monotonic() + 30
-        port = 0
-        while port <= 0:
-            try:
-                with open(port_file) as f:
-                    port = int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                port = 0
-            if port > 0:
-                break
-            if time.monotonic() > deadline or self.nodes[0].proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"coordinator wrote no port:\n{self.nodes[0].log()}")
-            time.sleep(0.02)
+        port = wait_port_file(port_file, self.nodes[0], self.stop)
         self.coordinator = f"127.0.0.1:{port}"
         try:
             for i in range(1, n):
