@@ -146,6 +146,32 @@ absl::StatusOr<std::shared_ptr<NcclJobSetup>> SetUpNcclBetweenNodes(
   return std::make_shared<NcclJobSetup>(std::move(setup));
 }
 
+std::vector<std::string> NcclJobSetupKeys(const std::string& prefix,
+                                          int num_nodes) {
+  // nccl_job_agreement.h's keys, then round 3's.
+  std::vector<std::string> keys = {absl::StrCat(prefix, "/nccl/id")};
+  for (int k = 0; k < num_nodes; ++k) {
+    keys.push_back(absl::StrCat(prefix, "/nccl/node/", k));
+    keys.push_back(absl::StrCat(prefix, "/nccl/init/", k));
+  }
+  return keys;
+}
+
+absl::StatusOr<std::shared_ptr<NcclJobSetup>> SetUpNcclForGroup(
+    RendezvousStoreInterface& store, NcclJobPlatformInterface& platform,
+    const std::string& job_id, const std::string& prefix,
+    const JobLayout& layout, absl::Duration collective_timeout,
+    const std::vector<int>& rank_devices, absl::Time limit) {
+  NcclJobSetupOptions options;
+  options.job_id = job_id;
+  options.prefix = prefix;
+  options.node_rank = layout.node_rank;
+  options.num_nodes = layout.num_nodes;
+  options.timeout = collective_timeout;
+  return SetUpNcclBetweenNodes(store, platform, std::move(options),
+                               rank_devices, limit);
+}
+
 NcclJobPlatformInterface* DaemonNcclJobPlatform() {
 #if GRADD_HAVE_CUDA
   static NcclJobPlatformInterface* platform = new CudaNcclJobPlatform(

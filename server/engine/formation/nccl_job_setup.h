@@ -22,6 +22,18 @@
 // (they time out waiting for it), rather than one node reducing with NCCL
 // while another stages. Each step is bounded by `timeout`.
 //
+// An elastic job (reformation.h) connects a fresh communicator the same
+// way after every re-formation: the new epoch's nodes, in their new node
+// ranks, agree under the epoch's prefix ("<elastic>/epoch<e>"), so NCCL
+// ranks and the world follow the live membership and no key of an older
+// group is read. The communicator of the previous group is never reused:
+// after a node loss the CUDA reducer's watchdog has already aborted it
+// (ncclCommAbort is how a collective stuck on the dead peer ends), which
+// also rules out ncclCommShrink (NCCL 2.27+), whose parent must be a
+// communicator that was not aborted; an arrival needs a larger group,
+// which only a new communicator gives. One path for loss, arrival and
+// rank restart, tested over the store with fake platforms.
+//
 // Blocking; any thread. The platform (NCCL and the GPUs) is an interface:
 // CudaNcclJobPlatform (cuda/nccl_job_platform.h) on real GPUs, fakes in
 // tests (tests/unit/server/nccl_job_setup_test.cc).
@@ -35,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/engine/formation/nccl_job_agreement.h"
+#include "server/rendezvous/job_formation.h"
 #include "server/rendezvous/store_interface.h"
 
 namespace gradd {
@@ -98,6 +111,22 @@ SetUpNcclBetweenNodes(RendezvousStoreInterface& store,
                       NcclJobPlatformInterface& platform,
                       NcclJobSetupOptions options,
                       const std::vector<int>& rank_devices, absl::Time limit);
+
+// SetUpNcclBetweenNodes for the group `layout` (its node rank and node
+// count) agreed under `prefix`: the formation round's, or after a
+// re-formation the epoch's (Reformed::store_prefix). Each step is bounded
+// by `collective_timeout`.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<NcclJobSetup>> SetUpNcclForGroup(
+    RendezvousStoreInterface& store, NcclJobPlatformInterface& platform,
+    const std::string& job_id, const std::string& prefix,
+    const JobLayout& layout, absl::Duration collective_timeout,
+    const std::vector<int>& rank_devices, absl::Time limit);
+
+// Every key SetUpNcclJob (and its agreement) may write under `prefix` for
+// a group of `num_nodes` nodes: what the closer of a later epoch deletes
+// (reformation.h).
+std::vector<std::string> NcclJobSetupKeys(const std::string& prefix,
+                                          int num_nodes);
 
 // The daemon's platform for SetUpNcclBetweenNodes: the process's NCCL and
 // CUDA driver (CudaNcclJobPlatform) on real GPUs, null in a daemon built

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "gradd/v1/rendezvous.pb.h"
 #include "server/backends/gloo/gloo_backend.h"
+#include "server/engine/formation/nccl_job_setup.h"
 #include "server/engine/formation/node_formation.h"
 #include "spdlog/spdlog.h"
 
@@ -440,6 +441,11 @@ void DeleteEpochKeys(RendezvousStoreInterface& store, const ReformOptions& o,
     }
     for (int64_t n = 1; n <= verdict->arrivals_seen(); ++n) {
       doomed.push_back(ArrivalKey(o.elastic_prefix, n));
+    }
+    // A CUDA job's communicator of that epoch (nccl_job_setup.h).
+    for (std::string& key :
+         NcclJobSetupKeys(keys.prefix, verdict->entrants_size())) {
+      doomed.push_back(std::move(key));
     }
   }
   for (const std::string& key : doomed) (void)store.Delete(job, key);

@@ -94,6 +94,8 @@
 
 namespace gradd {
 
+struct NcclJobSetup;  // nccl_job_setup.h
+
 struct ReformOptions {
   std::string job_id;
   std::string node_id;
@@ -162,6 +164,11 @@ struct Reformed {
   // For an arrival: the job's plan as the running nodes use it (their
   // node rank 0 republishes it under "<store_prefix>/plan").
   std::optional<BucketPlan> plan;
+  // A CUDA job's fresh NCCL communicator among the new group
+  // (SetUpNcclForGroup under store_prefix, nccl_job_setup.h): set by the
+  // JobManager after ReformNodeJob, on every node of the epoch; null for
+  // a job without a device reducer. ReformNodeJob leaves it null.
+  std::shared_ptr<NcclJobSetup> nccl;
 };
 
 // "elastic<k>" for the job's formation round "round<k>".

@@ -147,7 +147,11 @@ struct JobSpec {
   std::chrono::milliseconds collective_timeout{30000};
   // Multi-node CUDA jobs: what the formation set up for the CUDA buckets
   // between the nodes (nccl_job_setup.h): NCCL communicators, or why they
-  // are staged through host memory; null: not set up (staged).
+  // are staged through host memory; null: not set up (staged). Only until
+  // the job's reducer is made: JobManager::Activate leaves it to the
+  // device reducer, and a re-formation hands the new group's to the new
+  // reducer (Reformed::nccl), so the old communicators go with the old
+  // reducer.
   std::shared_ptr<NcclJobSetup> nccl_between_nodes;
   // Rank restart: how long the job waits for a local rank whose session
   // closed without Detach (0: it does not wait, the rank is gone). The

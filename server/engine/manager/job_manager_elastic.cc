@@ -189,10 +189,16 @@ void JobManager::StartReformation(const std::string& job_id,
       job_id, broke.epoch, broke.reason, options.min_nodes,
       rv.reform_settle_ms());
 
+  // A CUDA job connects a fresh NCCL communicator among the new group
+  // (nccl_job_setup.h says why not ncclCommShrink); every node of the
+  // epoch, the arrivals included (job_manager_formation.cc), does.
+  NcclJobPlatformInterface* nccl = UsesDeviceReducer(spec.params, spec.devices)
+                                       ? DaemonNcclJobPlatform()
+                                       : nullptr;
   std::thread([mailbox = mailbox_, selector = coordinators_,
                coordinator = spec.coordinator, advertise = rv.advertise_host(),
                ifname = rv.interface(), options = std::move(options), job_id,
-               generation]() mutable {
+               generation, nccl, rank_devices = spec.rank_devices]() mutable {
     std::unique_ptr<RendezvousClient> client;
     absl::StatusOr<Reformed> result = [&]() -> absl::StatusOr<Reformed> {
       absl::StatusOr<std::string> advertised =
@@ -207,7 +213,17 @@ void JobManager::StartReformation(const std::string& job_id,
       }
       options.advertise_host = *std::move(advertised);
       ASSIGN_OR_RETURN(client, selector->Connect(coordinator, options.timeout));
-      return ReformNodeJob(*client, options);
+      ASSIGN_OR_RETURN(Reformed reformed, ReformNodeJob(*client, options));
+      if (nccl != nullptr) {
+        // Its own budget: the agreement may have used most of the timeout.
+        const absl::Time limit = absl::Now() + options.timeout;
+        ASSIGN_OR_RETURN(
+            reformed.nccl,
+            SetUpNcclForGroup(*client, *nccl, job_id, reformed.store_prefix,
+                              reformed.layout, options.collective_timeout,
+                              rank_devices, limit));
+      }
+      return reformed;
     }();
     absl::MutexLock lock(&mailbox->mu);
     if (mailbox->owner == nullptr) return;
@@ -291,13 +307,13 @@ void JobManager::FinishReformation(
   std::unique_ptr<BucketReducerInterface> reducer =
       MakeNodeReducer(job.spec(), layout, r.store_prefix, std::move(r.backend),
                       std::move(store));
-  // A CUDA job's buckets go through host memory between the nodes after a
-  // re-formation (the NCCL communicators were set up for the old group).
+  // A CUDA job's buckets go over the new group's NCCL communicator (null:
+  // staged through host memory, as its setup says why).
   DeviceJobSpec device = job.spec().device_spec();
   device.node_rank = layout.node_rank;
   device.num_nodes = layout.num_nodes;
   device.world_size = layout.world_size;
-  device.nccl_between_nodes = nullptr;
+  device.nccl_between_nodes = std::move(r.nccl);
   absl::StatusOr<std::unique_ptr<BucketReducerInterface>> wrapped =
       WrapDeviceReducer(device, std::move(reducer));
   if (!wrapped.ok()) {

@@ -142,6 +142,15 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                 "with the agreement"));
           }
           FormedNodes out;
+          if (nccl != nullptr) {
+            // The running nodes connect a fresh communicator of the new
+            // group too (JobManager::StartReformation).
+            ASSIGN_OR_RETURN(
+                out.nccl,
+                SetUpNcclForGroup(*client, *nccl, job_id, reformed.store_prefix,
+                                  reformed.layout, options.collective_timeout,
+                                  spec.rank_devices, limit));
+          }
           out.formation.layout = std::move(reformed.layout);
           out.formation.plan = *std::move(reformed.plan);
           out.formation.backend = std::move(reformed.backend);
@@ -184,15 +193,10 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       }
       FormedNodes out;
       if (formed.ok() && nccl != nullptr) {
-        NcclJobSetupOptions setup;
-        setup.job_id = job_id;
-        setup.prefix = options.prefix;
-        setup.node_rank = formed->layout.node_rank;
-        setup.num_nodes = formed->layout.num_nodes;
-        setup.timeout = options.collective_timeout;
         absl::StatusOr<std::shared_ptr<NcclJobSetup>> set_up =
-            SetUpNcclBetweenNodes(*client, *nccl, std::move(setup),
-                                  spec.rank_devices, limit);
+            SetUpNcclForGroup(*client, *nccl, job_id, options.prefix,
+                              formed->layout, options.collective_timeout,
+                              spec.rank_devices, limit);
         if (set_up.ok()) {
           out.nccl = *std::move(set_up);
         } else {
@@ -295,6 +299,9 @@ void JobManager::Activate(
   if (reducer.ok()) {
     reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));
   }
+  // The device reducer holds the NCCL communicators from here on, so that
+  // replacing it (a re-formation) frees them; the spec keeps no copy.
+  spec.nccl_between_nodes.reset();
   absl::StatusOr<std::unique_ptr<Job>> job =
       reducer.ok() ? Job::Create(std::move(spec), *std::move(reducer))
                    : absl::StatusOr<std::unique_ptr<Job>>(reducer.status());

@@ -7,8 +7,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rendezvous/kv_store.h"
@@ -75,7 +77,8 @@ struct Result {
 
 std::vector<Result> RunNodes(RendezvousStoreInterface& store,
                              std::vector<FakeNode> nodes,
-                             absl::Duration timeout = absl::Seconds(10)) {
+                             absl::Duration timeout = absl::Seconds(10),
+                             const std::string& prefix = "round1") {
   std::vector<Result> out(nodes.size());
   std::vector<std::thread> threads;
   for (size_t k = 0; k < nodes.size(); ++k) {
@@ -85,7 +88,7 @@ std::vector<Result> RunNodes(RendezvousStoreInterface& store,
     threads.emplace_back([&, k] {
       NcclJobSetupOptions o;
       o.job_id = "j";
-      o.prefix = "round1";
+      o.prefix = prefix;
       o.node_rank = static_cast<int>(k);
       o.num_nodes = static_cast<int>(nodes.size());
       o.timeout = timeout;
@@ -189,6 +192,90 @@ TEST(NcclJobSetupTest, ANodeThatNeverReportsFailsTheOthersNamingIt) {
               AllOf(HasSubstr("job 'j' node rank 0"),
                     HasSubstr("waiting for node rank 1 to report")));
   EXPECT_EQ(platform.aborts.load(), 1);
+}
+
+class CountingPlatform final : public NcclJobPlatformInterface {
+ public:
+  explicit CountingPlatform(std::string uuid) : uuid_(std::move(uuid)) {}
+  NcclNodeOffer Offer(const std::vector<int>&, std::string*) override {
+    return NcclNodeOffer{true, {uuid_}};
+  }
+  absl::StatusOr<std::string> MakeUniqueId() override {
+    return absl::StrCat("id-", ++ids);
+  }
+  absl::StatusOr<std::unique_ptr<NcclJobCommsInterface>> Connect(
+      const std::string& unique_id, int world, int first_rank,
+      const std::vector<int>&, absl::Duration, const std::string&) override {
+    connected_with = {unique_id, std::to_string(world),
+                      std::to_string(first_rank)};
+    return std::make_unique<FakeComms>(&aborts);
+  }
+  std::atomic<int> ids{0};
+  std::vector<std::string> connected_with;
+  std::atomic<int> aborts{0};
+
+ private:
+  std::string uuid_;
+};
+
+// Nodes `ids` (by their old node rank) form the group `prefix` in that
+// order, through SetUpNcclForGroup as JobManager calls it.
+void FormGroup(
+    KvStore& store, std::vector<CountingPlatform*> nodes,
+    const std::string& prefix,
+    std::vector<absl::StatusOr<std::shared_ptr<NcclJobSetup>>>* out) {
+  out->assign(nodes.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    threads.emplace_back([&, k] {
+      JobLayout layout;
+      layout.node_rank = static_cast<int>(k);
+      layout.num_nodes = static_cast<int>(nodes.size());
+      (*out)[k] = SetUpNcclForGroup(store, *nodes[k], "j", prefix, layout,
+                                    absl::Seconds(10), {0},
+                                    absl::Now() + absl::Seconds(30));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(NcclJobSetupTest, AReFormedGroupConnectsAFreshCommunicatorOfItsNodes) {
+  // Three nodes form; node 1 is lost; the two others re-form under the
+  // epoch's prefix; then the lost one is admitted back, last.
+  KvStore store;
+  CountingPlatform a(Gpu('a')), b(Gpu('b')), c(Gpu('c'));
+  std::vector<absl::StatusOr<std::shared_ptr<NcclJobSetup>>> r;
+  FormGroup(store, {&a, &b, &c}, "round1", &r);
+  for (auto& s : r) ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(c.connected_with, ElementsAre("id-1", "3", "2"));
+
+  FormGroup(store, {&a, &c}, "elastic1/epoch1", &r);
+  for (auto& s : r) {
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_NE((*s)->comms, nullptr);
+    EXPECT_EQ((*s)->world, 2);
+  }
+  // A new id (not the old group's), the survivors renumbered.
+  EXPECT_THAT(a.connected_with, ElementsAre("id-2", "2", "0"));
+  EXPECT_THAT(c.connected_with, ElementsAre("id-2", "2", "1"));
+
+  FormGroup(store, {&a, &c, &b}, "elastic1/epoch2", &r);
+  for (auto& s : r) ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(b.connected_with, ElementsAre("id-3", "3", "2"));
+  EXPECT_THAT(c.connected_with, ElementsAre("id-3", "3", "1"));
+  EXPECT_EQ(a.aborts.load() + b.aborts.load() + c.aborts.load(), 0);
+}
+
+TEST(NcclJobSetupTest, SetupKeysNameEveryKeyTheSetupWrites) {
+  KvStore store;
+  auto r = RunNodes(store, {{true, "", {Gpu('a')}}, {true, "", {Gpu('b')}}},
+                    absl::Seconds(10), "elastic1/epoch3");
+  for (auto& n : r) ASSERT_TRUE(n.setup.ok()) << n.setup.status();
+  ASSERT_GT(store.NumKeys("j"), 0u);
+  for (const std::string& key : NcclJobSetupKeys("elastic1/epoch3", 2)) {
+    EXPECT_TRUE(store.Delete("j", key).ok()) << key;
+  }
+  EXPECT_EQ(store.NumKeys("j"), 0u);
 }
 
 }  // namespace
