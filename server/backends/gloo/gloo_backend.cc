@@ -314,7 +314,11 @@ absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
   }
   std::string peer;
   if (num_nodes_ == 2) peer = NodeName(1 - node_rank_);
-  if (peer.empty()) {
+  // Without the probe (elastic jobs) no peer is named among three or more:
+  // the address in Gloo's message may be a survivor's that closed its
+  // connections, and the re-formation names the lost nodes.
+  const bool probe = failure_probe_timeout_ > absl::ZeroDuration();
+  if (peer.empty() && probe) {
     std::vector<int> silent = SilentPeers(op_start);
     if (!silent.empty() && static_cast<int>(silent.size()) < num_nodes_ - 1) {
       std::vector<std::string> names;
@@ -322,7 +326,7 @@ absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
       peer = absl::StrJoin(names, ", ");
     }
   }
-  for (int r = 0; r < num_nodes_ && peer.empty(); ++r) {
+  for (int r = 0; r < num_nodes_ && peer.empty() && probe; ++r) {
     for (const std::string& address : peer_addresses_[r]) {
       if (!address.empty() && absl::StrContains(what, address)) {
         peer = NodeName(r);

@@ -29,8 +29,11 @@
 // failure_probe_timeout (never past the collective timeout by more than
 // 200 ms) for the other nodes' marks: nodes that do not mark are the ones
 // gone or hung, and the error names them. Failing that, a peer address
-// found in Gloo's message names the peer. After the first error every later
-// call returns that error again: the job must create a new backend.
+// found in Gloo's message names the peer. A failure_probe_timeout of 0
+// skips both among three or more nodes (elastic jobs, whose re-formation
+// finds and names the lost nodes without them): the error names no peer. After
+// the first error every later call returns that error again: the job must
+// create a new backend.
 //
 // Thread affinity: one thread calls AllreduceSum/Broadcast/Close (the job's
 // network thread); node_rank/num_nodes/NodeName are safe from any thread.
@@ -106,7 +109,8 @@ class GlooBackend final : public CollectiveBackendInterface {
     // slots cost 4 x fused_segment_bytes per backend.
     size_t fused_min_bytes = 512 << 10;
     size_t fused_segment_bytes = 2 << 20;
-    // Longest the post-failure "who is still here" round may take.
+    // Longest the post-failure "who is still here" round may take; 0: no
+    // such round.
     absl::Duration failure_probe_timeout = absl::Seconds(1);
   };
 

@@ -53,6 +53,11 @@ struct NodeFormationOptions {
   std::string advertise_host = "127.0.0.1";
   absl::Duration join_timeout = absl::Seconds(60);
   absl::Duration collective_timeout = absl::Seconds(30);
+  // An elastic job (reformation.h): its Gloo backend runs no failure probe
+  // (GlooBackend::Options::failure_probe_timeout 0), because the
+  // re-formation that follows a failure finds the lost nodes itself, and
+  // the probe would wait its whole timeout for exactly those nodes first.
+  bool elastic = false;
   std::vector<std::string> expected_node_ids;
   std::string prefix = "formation";
 };

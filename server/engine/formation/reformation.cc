@@ -590,6 +590,9 @@ absl::Status ConnectBackend(RendezvousStoreInterface& store,
   gloo.connect_timeout = std::max(Left(deadline), kMinStep);
   gloo.collective_timeout = o.collective_timeout;
   gloo.node_names = out->layout.NodeIds();
+  // No failure probe: the next re-formation finds the lost nodes itself
+  // (NodeFormationOptions::elastic).
+  gloo.failure_probe_timeout = absl::ZeroDuration();
   // As FormNodeJob: bcube between two nodes (measured there).
   if (gloo.num_nodes == 2) gloo.algorithm = GlooBackend::Algorithm::kBcube;
   ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,

@@ -52,6 +52,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   // A peer node waits in the network while a rank of another node restarts.
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
+  options.elastic = IsElasticAcrossNodes(
+      options.num_nodes, spec.min_nodes,
+      static_cast<uint32_t>(spec.rank_restart_grace.count()));
   for (absl::string_view id :
        absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
     options.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
@@ -74,9 +77,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   // shared coordinator selector.
   // An elastic job may be running without this node (it was lost, or is
   // new): the formation thread looks for it first and asks to be admitted.
-  const bool elastic = IsElasticAcrossNodes(
-      options.num_nodes, spec.min_nodes,
-      static_cast<uint32_t>(spec.rank_restart_grace.count()));
+  const bool elastic = options.elastic;
   std::thread([mailbox = mailbox_, options = std::move(options),
                requested = request.coordinator(), selector = coordinators_,
                advertise = rv.advertise_host(), ifname = rv.interface(),

@@ -482,6 +482,38 @@ TEST_F(GlooBackendTest, PeerThatLeavesDuringFusedAverageIsNamed) {
   });
 }
 
+TEST_F(GlooBackendTest, WithoutTheProbeALeavingPeerFailsTheOthersNamingNone) {
+  // Elastic jobs: no "who is still here" round (the re-formation finds the
+  // lost nodes), so no survivor marks the store and none names a peer it
+  // cannot be sure of.
+  base_options_.failure_probe_timeout = absl::ZeroDuration();
+  base_options_.store_prefix = "noprobe";
+  const absl::Duration timeout = absl::Seconds(5);
+  auto backends = Connect(3, timeout);
+  CheckAllreduce<float>(backends, 1000, DType::kFloat32);
+  backends[2].reset();
+  std::vector<absl::Status> status(2);
+  OnEachNode(2, [&](int r) {
+    std::vector<float> data(1 << 16, 1.0f);
+    status[r] =
+        backends[r]->AllreduceSum(data.data(), data.size(), DType::kFloat32);
+  });
+  std::unique_ptr<RendezvousClient> client = NewClient();
+  for (int r = 0; r < 2; ++r) {
+    std::cout << "survivor " << r << ": " << status[r] << "\n";
+    EXPECT_THAT(status[r].code(), AnyOf(absl::StatusCode::kUnavailable,
+                                        absl::StatusCode::kDeadlineExceeded))
+        << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("a peer node"));
+    EXPECT_THAT(std::string(status[r].message()),
+                ::testing::Not(HasSubstr("peer node 'host-")));
+    absl::StatusOr<std::string> mark = client->Get(
+        "job", absl::StrCat("noprobe/failed/", r), absl::Milliseconds(200));
+    EXPECT_EQ(mark.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << "node " << r << " ran the probe";
+  }
+}
+
 TEST_F(GlooBackendTest, PeerThatStopsCallingTimesOut) {
   const absl::Duration timeout = absl::Seconds(2);
   auto backends = Connect(2, timeout);
