@@ -139,6 +139,16 @@ void JobManager::ArrivalSeen(const std::string& job_id, uint64_t generation,
                              int64_t n) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.generation != generation) return;
+  // Seen during a re-formation: that one admits it (or refuses it), or,
+  // when it came too late for it, the watcher posts it again once the
+  // re-formation is over (it counts them). Breaking now would re-form once
+  // more for nothing: the Job keeps a request made while it re-forms for
+  // the next break. Settled by a re-formation since: nothing to do.
+  if (const ElasticState* elastic = it->second.elastic.get();
+      elastic != nullptr &&
+      (elastic->reforming || n < elastic->next_arrival->load())) {
+    return;
+  }
   spdlog::info(
       "job '{}': a node asks to be admitted (arrival {}); breaking "
       "the job's group at the next iteration boundary",
