@@ -12,6 +12,9 @@ by which ranks took part in each applied step, which every rank records
 (``live`` of each attempt), so the test can recompute the parameters
 without gradd (test_elastic_nodes.reference).
 
+GRADD_TEST_DIVIDE_BY_INITIAL=1: the job averages over its initial world
+size (divide_by_initial_world_size=True), not the live one.
+
 GRADD_TEST_PAUSE_AT_STEP=K: before step K's forward this process writes
 OUT_DIR/paused-<rank> and sleeps (the test then SIGKILLs it and its node's
 daemon: the node dies between two of its iterations, so step K is the first
@@ -55,6 +58,7 @@ def main():
     rank = int(os.environ["RANK"])
     pause_at = int(os.environ.get("GRADD_TEST_PAUSE_AT_STEP", "-1"))
     step_sleep = float(os.environ.get("GRADD_TEST_STEP_SLEEP_S", "0"))
+    divide = os.environ.get("GRADD_TEST_DIVIDE_BY_INITIAL") == "1"
     model = make_model()
     report = {"rank": rank, "pid": os.getpid(), "attempts": [], "synced_at": []}
     path = os.path.join(out_dir, f"rank{rank}-{os.getpid()}.json")
@@ -66,7 +70,8 @@ def main():
 
     try:
         ddp = DDP(model, bucket_cap_mb=0.001, first_bucket_cap_mb=0.001,
-                  min_nodes=min_nodes, wait_timeout=30, attach_timeout=60)
+                  min_nodes=min_nodes, divide_by_initial_world_size=divide,
+                  wait_timeout=30, attach_timeout=60)
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         state = {"step": 0}
         ddp.register_state(lambda: dict(state), lambda sd: state.update(sd))

@@ -170,7 +170,8 @@ class Trainers(TrainerProcs):
         full = dict(os.environ)
         for var in ("GRADD_MIN_NODES", "GRADD_RANK_RESTART_GRACE_MS",
                     "GRADD_TEST_PAUSE_AT_STEP", "GRADD_TEST_DIE_AT_STEP",
-                    "GRADD_TEST_STEP_SLEEP_S", "MASTER_ADDR", "MASTER_PORT"):
+                    "GRADD_TEST_STEP_SLEEP_S", "GRADD_TEST_DIVIDE_BY_INITIAL",
+                    "MASTER_ADDR", "MASTER_PORT"):
             full.pop(var, None)
         full.update(self.nodes.rank_env(rank))
         full.update(GRADD_JOB=self.job_id, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -195,16 +196,19 @@ def _wait_for(path, proc, timeout, what):
     return True
 
 
-def reference(live_by_step, world):
+def reference(live_by_step, world, divisor=None):
     """The parameters after the applied steps, recomputed without gradd:
-    step s averages the gradients of the first live_by_step[s] global ranks
-    (a lost node's ranks are the highest here) over that count."""
+    step s sums the gradients of the first live_by_step[s] global ranks (a
+    lost node's ranks are the highest here), or of the global ranks it
+    lists, and averages over their count, or over `divisor`
+    (divide_by_initial_world_size: the initial world size)."""
     model = elastic_worker.make_model()
     params = list(model.parameters())
     for step, live in enumerate(live_by_step):
-        assert 1 <= live <= world
+        ranks = list(range(live)) if isinstance(live, int) else list(live)
+        assert ranks and all(0 <= r < world for r in ranks), ranks
         total = [torch.zeros_like(p) for p in params]
-        for r in range(live):
+        for r in ranks:
             model.zero_grad()
             x, y = elastic_worker.batch(step, r)
             nn.functional.mse_loss(model(x), y).backward()
@@ -212,7 +216,7 @@ def reference(live_by_step, world):
                 t += p.grad
         with torch.no_grad():
             for t, p in zip(total, params):
-                p -= elastic_worker.LR * (t / live)
+                p -= elastic_worker.LR * (t / (divisor or len(ranks)))
     return elastic_worker.flat(model)
 
 
@@ -386,6 +390,63 @@ def test_lost_node_comes_back(nodes_factory, job_id, tmp_path):
         assert rep["final"] == back["final"]
     assert res[0][0]["final"] == res[1][0]["final"]
     assert _close(res[0][0]["final"], reference(_applied_live(res[0][0]), 3))
+
+
+def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, tmp_path):
+    """(c') divide_by_initial_world_size with a node admitted into the
+    running job: 3 nodes, min_nodes 2. node-1 is lost at step K (ranks 0
+    and 2 go on), then, at step K2, node-2 is lost while node-1 is started
+    again and admitted in the same re-formation: the job runs on ranks 0
+    and 1, a live world of 2, while its initial world was 3. The admitted
+    node learns the initial world size from the agreement, so every step on
+    every node averages over 3 and both nodes end bitwise equal, with the
+    recomputation's parameters. (Had node-1 come back to a whole job, the
+    live world would be the initial one again and the divisor the same on
+    a node that did not know it.)
+
+    node-1's new trainer is started as an elastic agent would, with the
+    job's live size (WORLD_SIZE=2): it takes global rank 1, the lowest free
+    one (formation/reformation.h, AssignOffsets)."""
+    steps, k, k2 = 14, 3, 7
+    # Long enough for node-1's trainer to start and ask to be admitted
+    # while node-0 waits in the re-formation for node-2.
+    nodes = nodes_factory(3, reform_settle_ms=10000)
+    require_elastic(nodes, job_id)
+    t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
+    divide = {"GRADD_TEST_DIVIDE_BY_INITIAL": "1"}
+    t.start(0, **divide)
+    t.start(1, **divide, GRADD_TEST_PAUSE_AT_STEP=str(k))
+    t.start(2, **divide, GRADD_TEST_PAUSE_AT_STEP=str(k2))
+    try:
+        assert _wait_for(tmp_path / "paused-1", t.procs[1], 60, "pause"), t.report()
+        t.kill(1)
+        nodes.kill(1)
+        assert _wait_for(tmp_path / "paused-2", t.procs[2], 60, "pause"), t.report()
+        nodes.restart(1)  # its daemon waits idle until its trainer attaches
+        t.kill(2)
+        nodes.kill(2)
+        t.start(1, **divide, WORLD_SIZE="2")
+        for r in (0, 1):
+            _, rc, _, _ = t.wait(r, 120)
+            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+    finally:
+        t.kill_all()
+    res = t.results()
+    back = [rep for rep in res[1] if "final" in rep]
+    assert len(back) == 1, res[1]
+    back = back[0]
+    assert back["rejoined"] is True
+    assert back["synced_at"] == [k2], back
+    rep = res[0][0]
+    assert _applied_live(rep) == [3] * k + [2] * (steps - k), rep["attempts"]
+    aborted = [a["step"] for a in rep["attempts"] if "aborted" in a]
+    # node-1 lost; node-2 lost and node-1 back, one re-formation.
+    assert aborted == [k, k2], rep["attempts"]
+    assert back["final"] == rep["final"]
+    ranks = [[0, 1, 2]] * k + [[0, 2]] * (k2 - k) + [[0, 1]] * (steps - k2)
+    assert _close(rep["final"], reference(ranks, 3, divisor=3))
+    # ... and not what averaging over the live world gives.
+    assert not _close(rep["final"], reference(ranks, 3))
 
 
 # ------------------------------------------- rank restart across two nodes

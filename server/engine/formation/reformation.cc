@@ -105,6 +105,7 @@ v1::ElasticMember MemberOf(const ReformOptions& o) {
   m.set_requested_offset(o.requested_offset);
   for (v1::ParamSpec& p : Fingerprint(o.params)) *m.add_params() = std::move(p);
   m.set_reason(o.reason);
+  m.set_initial_world_size(o.initial_world_size);
   return m;
 }
 
@@ -400,6 +401,12 @@ v1::ElasticMembers Decide(const ReformOptions& o,
     verdict.set_sync_seq(std::max(verdict.sync_seq(), m->sync_seq()));
   }
   verdict.set_sync_seq(verdict.sync_seq() + 1);
+  // The job's initial world size for the arrivals: the largest any entrant
+  // reported (reformation.h "members"; arrivals report 0).
+  for (const v1::ElasticMember& m : entrants) {
+    verdict.set_initial_world_size(
+        std::max(verdict.initial_world_size(), m.initial_world_size()));
+  }
 
   if (static_cast<int>(order.size()) < o.min_nodes) {
     verdict.set_failed(true);
@@ -526,6 +533,7 @@ absl::StatusOr<Reformed> ApplyVerdict(const ReformOptions& o,
   out.lost.assign(verdict.lost().begin(), verdict.lost().end());
   out.admitted.assign(verdict.admitted().begin(), verdict.admitted().end());
   out.arrivals_seen = verdict.arrivals_seen();
+  out.initial_world_size = verdict.initial_world_size();
   JobLayout& layout = out.layout;
   layout.node_rank = -1;
   for (const v1::ElasticEntrant& e : verdict.entrants()) {

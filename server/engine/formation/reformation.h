@@ -47,8 +47,15 @@
 //                          (kept; a returning node id gets its old ones
 //                          when free, a new node the ones after the
 //                          highest), the agreed sync_seq (the largest any
-//                          entrant had, plus one) and max_completed (the
-//                          largest last completed iteration). Fewer than
+//                          entrant had, plus one), max_completed (the
+//                          largest last completed iteration) and the
+//                          job's initial world size (the largest non-zero
+//                          one an entrant reported: arrivals report 0, and
+//                          every node that knows it knows the same value,
+//                          from the job's formation or from the verdict
+//                          that admitted it; the largest makes the verdict
+//                          independent of which entrant closes and of the
+//                          order it read them in). Fewer than
 //                          min_nodes entrants: "members" says the job
 //                          failed, naming the lost nodes, and every node
 //                          fails it.
@@ -122,6 +129,10 @@ struct ReformOptions {
   // -1: any offset (a new node); else the global rank offset this node
   // held before (a returning node id).
   int requested_offset = -1;
+  // The job's initial world size (JobSpec::initial_global_world_size): what
+  // the closer publishes for arrivals (Reformed::initial_world_size). An
+  // arrival reports 0: it does not know it.
+  int initial_world_size = 0;
   // Where the others reach this node's Gloo transport, and the backend's
   // bounds (gloo_backend.h).
   std::string advertise_host = "127.0.0.1";
@@ -169,6 +180,11 @@ struct Reformed {
   // JobManager after ReformNodeJob, on every node of the epoch; null for
   // a job without a device reducer. ReformNodeJob leaves it null.
   std::shared_ptr<NcclJobSetup> nccl;
+  // The job's initial world size as the closer published it (the largest
+  // any entrant reported; 0: none knew). An arrival keeps it in its
+  // JobSpec, so that divide_by_initial_world_size divides by it there as on
+  // the nodes that formed the job.
+  int initial_world_size = 0;
 };
 
 // "elastic<k>" for the job's formation round "round<k>".

@@ -140,6 +140,13 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
   live_.num_nodes = spec_.num_nodes;
   live_.world_size = spec_.global_world_size();
   live_.node_ids = spec_.node_ids;
+  // A node admitted into its running job: the reducer divides by the live
+  // world size it was admitted into; a job that divides by the initial one
+  // says so per bucket from the start, as its other nodes do since their
+  // re-formation (job_elastic.cc).
+  if (spec_.divide_by_initial_world_size && spec_.initial_world_size > 0) {
+    bucket_divisor_ = static_cast<double>(spec_.initial_world_size);
+  }
   for (int r = 0; r < spec_.local_world_size; ++r) {
     rank_state_[r] = kLive;
     restart_since_ns_[r] = 0;
@@ -353,7 +360,8 @@ bool Job::Scan() {
                            "': join (uneven inputs) is not supported after a "
                            "node was lost or admitted (epoch ",
                            epoch(), ", world size ", live_world_size(),
-                           " of the initial ", spec_.global_world_size(), ")"));
+                           " of the initial ",
+                           spec_.initial_global_world_size(), ")"));
       failed_ = true;
       return false;
     }
@@ -625,7 +633,7 @@ absl::Status Job::InstallCommHook() {
   // over with its rebuilt buckets.
   CommHookContext context;
   context.world_size = spec_.divide_by_initial_world_size
-                           ? spec_.global_world_size()
+                           ? spec_.initial_global_world_size()
                            : live_world_size();
   context.params = &spec_.params;
   context.plan = &plan_;

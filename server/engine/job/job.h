@@ -172,9 +172,19 @@ struct JobSpec {
   uint64_t initial_epoch = 0;
   uint64_t initial_sync_seq = 0;
   bool initial_state_behind = false;
+  // The job's initial world size (the global world size it first formed
+  // with), which such a node learns from the agreement that admitted it
+  // (formation/reformation.h "members"): its world_size is the live one.
+  // 0: this node formed with the job, world_size is the initial one.
+  int initial_world_size = 0;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
+  }
+  // What divide_by_initial_world_size divides by, what the snapshot calls
+  // the initial world size and what this node publishes in re-formations.
+  int initial_global_world_size() const {
+    return initial_world_size > 0 ? initial_world_size : global_world_size();
   }
   // What the device reducer is given of the job (reduce/device_reducer.h,
   // WrapDeviceReducer; job_device.cc).
@@ -635,7 +645,8 @@ class Job {
   std::vector<std::pair<int, RejoinDone>> elastic_rejoins_;
   // BucketWork::divisor for plain buckets: 0 (the reducer's: the live world
   // size), or the initial world size (divide_by_initial_world_size) once a
-  // re-formation changed the world. Engine thread.
+  // re-formation changed the world, and from the start on a node admitted
+  // into its running job (JobSpec::initial_world_size). Engine thread.
   double bucket_divisor_ = 0;
   // The job runs on other nodes than it formed with (a node lost or
   // admitted and not back): join rounds and the collectives laid out by

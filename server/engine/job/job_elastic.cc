@@ -276,7 +276,7 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   // The new reducer divides by the live world size; a job that divides by
   // the initial one says so per bucket.
   bucket_divisor_ = spec_.divide_by_initial_world_size
-                        ? static_cast<double>(spec_.global_world_size())
+                        ? static_cast<double>(spec_.initial_global_world_size())
                         : 0;
   // The job's hook, chosen before the break, carries over, but it is
   // settled again with the new group when the next bucket is about to

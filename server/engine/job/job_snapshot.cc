@@ -80,7 +80,7 @@ JobSnapshot Job::Snapshot(bool detail) const {
     s.last_reform_reason = live_.last_reason;
   }
   s.initial_num_nodes = spec_.num_nodes;
-  s.initial_world_size = spec_.global_world_size();
+  s.initial_world_size = spec_.initial_global_world_size();
   s.min_nodes = spec_.min_nodes;
   s.epoch = epoch();
   s.rank_memory_bytes = rank_bytes_;

@@ -92,7 +92,9 @@ struct JobSnapshot {
 
   // Node loss and arrival (control_block.h "Re-formation"): num_nodes,
   // world_size, node_rank and node_ids above are the live ones; the job's
-  // min_nodes (0: not elastic on it), the size it formed with,
+  // min_nodes (0: not elastic on it), the size it formed with (on a node
+  // admitted into the running job: the node count it was admitted into,
+  // but the job's initial world size, learned from the agreement),
   // re-formations so far, every node lost so far and the last
   // re-formation's reason.
   int min_nodes = 0;

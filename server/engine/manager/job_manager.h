@@ -258,6 +258,9 @@ class JobManager final : public NodeHandlerInterface,
     std::string elastic_prefix;
     int64_t arrivals_seen = 0;
     int max_nodes = 1;
+    // The job's initial world size (Reformed::initial_world_size; 0: the
+    // closer did not know it).
+    int initial_world_size = 0;
   };
   // What a formation thread hands back: the backend and the store it uses.
   struct FormedNodes {

@@ -188,6 +188,9 @@ void JobManager::StartReformation(const std::string& job_id,
   options.plan = active.job->plan();
   options.requested_offset =
       elastic.members.at(elastic.node_rank).global_rank_offset;
+  // Published by the closer for the arrivals; a node that was admitted
+  // itself passes on what it learned then (JobSpec::initial_world_size).
+  options.initial_world_size = spec.initial_global_world_size();
   options.settle = absl::Milliseconds(rv.reform_settle_ms());
   options.timeout = absl::Milliseconds(rv.join_timeout_ms());
   options.collective_timeout = InterNodeCollectiveTimeout(

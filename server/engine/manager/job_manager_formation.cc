@@ -163,6 +163,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           a.elastic_prefix = *running;
           a.arrivals_seen = reformed.arrivals_seen;
           a.max_nodes = options.num_nodes;
+          a.initial_world_size = reformed.initial_world_size;
           out.admission = std::move(a);
           out.coordinator = coordinator;
           // "elastic<k>" belongs to formation round "round<k>" (rebuilds
@@ -267,6 +268,9 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     spec.initial_epoch = result->admission->epoch;
     spec.initial_sync_seq = result->admission->sync_seq;
     spec.initial_state_behind = result->admission->behind;
+    // Its world_size is the live one; divide_by_initial_world_size, the
+    // snapshot and its own re-formations use the job's initial one.
+    spec.initial_world_size = result->admission->initial_world_size;
   } else {
     spec.elastic_prefix = ElasticPrefix(result->round_prefix);
   }

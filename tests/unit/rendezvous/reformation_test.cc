@@ -429,6 +429,74 @@ TEST_F(ReformationTest, SyncSeqIsTheLargestPlusOneAndBehindIsFlagged) {
   EXPECT_FALSE(results[1]->behind);
 }
 
+// The closer publishes the job's initial world size; an arrival (which
+// reports 0) learns it from the verdict and, once admitted, passes it on
+// to the arrivals after it.
+TEST_F(ReformationTest, VerdictCarriesTheInitialWorldSizeToArrivals) {
+  // Epoch 1: c is lost; a and b formed the job (world size 4).
+  std::vector<ReformOptions> formed = {Survivor("a", ThreeNodes()),
+                                       Survivor("b", ThreeNodes())};
+  for (ReformOptions& o : formed) o.initial_world_size = 4;
+  auto first = ReformAll(formed);
+  for (const auto& r : first) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->layout.world_size, 3);
+    EXPECT_EQ(r->initial_world_size, 4);
+  }
+
+  // Epoch 2: c comes back and does not know it; nor does b (a node that
+  // reports 0, as a daemon without the field would): a's value is taken.
+  ReformOptions c = Arrival("c");
+  EXPECT_EQ(c.initial_world_size, 0);
+  ASSERT_TRUE(AnnounceArrival(store_, c).ok());
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+  ReformOptions a2 = Survivor("a", running, 2);
+  a2.initial_world_size = 4;
+  ReformOptions b2 = Survivor("b", running, 2);
+  auto second = ReformAll({a2, b2, c});
+  for (const auto& r : second) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_EQ(r->layout.world_size, 4);
+    EXPECT_EQ(r->initial_world_size, 4);
+  }
+  EXPECT_THAT(second[2]->admitted, ElementsAre("c"));
+
+  // Epoch 3: a, the only node that formed the job and knew it, is lost;
+  // c passes on what it learned when admitted, and d arrives.
+  ReformOptions d = Arrival("d");
+  ASSERT_TRUE(AnnounceArrival(store_, d).ok());
+  const std::vector<JobNode> now = second[0]->layout.nodes;
+  ReformOptions c3 = Survivor("c", now, 3);
+  c3.initial_world_size = second[2]->initial_world_size;
+  auto third = ReformAll({Survivor("b", now, 3), c3, d});
+  for (const auto& r : third) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("b", "c", "d"));
+    EXPECT_THAT(r->lost, ElementsAre("a"));
+    EXPECT_EQ(r->layout.world_size, 3);
+    EXPECT_EQ(r->initial_world_size, 4);
+  }
+}
+
+// Entrants that report different initial world sizes: the largest wins,
+// whichever of them closes, so every node gets the same.
+TEST_F(ReformationTest, InitialWorldSizeIsTheLargestReported) {
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  ReformOptions a = Survivor("a", two);
+  a.initial_world_size = 3;
+  ReformOptions b = Survivor("b", two);
+  b.initial_world_size = 5;
+  ReformOptions c = Arrival("c");
+  ASSERT_TRUE(AnnounceArrival(store_, c).ok());
+  auto results = ReformAll({a, b, c});
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->layout.world_size, 3);
+    EXPECT_EQ(r->initial_world_size, 5);
+  }
+}
+
 TEST_F(ReformationTest, BackendsOfTheSurvivorsAllreduce) {
   auto results =
       ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())},

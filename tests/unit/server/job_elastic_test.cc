@@ -183,6 +183,9 @@ struct JobOptions {
   std::chrono::milliseconds grace{0};
   bool divide_by_initial = false;
   bool handler = true;
+  // A node admitted into its running job: the initial world size it
+  // learned (0: it formed with the job).
+  int initial_world_size = 0;
 };
 
 class JobElasticTest : public ::testing::Test {
@@ -200,6 +203,7 @@ class JobElasticTest : public ::testing::Test {
     spec.min_nodes = o.min_nodes;
     spec.rank_restart_grace = o.grace;
     spec.divide_by_initial_world_size = o.divide_by_initial;
+    spec.initial_world_size = o.initial_world_size;
     spec.broadcast_bytes = 4096;
     for (int i = 0; i < 2; ++i) {
       spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
@@ -479,6 +483,43 @@ TEST_F(JobElasticTest, IdleBreakAbortsTheNextIteration) {
   RunIteration(*net2, 3, &next2);
   EXPECT_EQ(net2->divisor(0), 4);  // the initial world size
   EXPECT_EQ(breaks(), 1u);
+}
+
+// (c') A node admitted into its running job (world size 4 now, 6 when the
+// job formed) divides by the initial world size from its first iteration
+// and after its own re-formations, and reports it as the initial one.
+TEST_F(JobElasticTest, AdmittedNodeDividesByTheInitialWorldSize) {
+  MakeJob({.min_nodes = 1, .divide_by_initial = true, .initial_world_size = 6});
+  EXPECT_EQ(header_->world_size.load(), 4u);  // the live one
+  JobSnapshot s = job_->Snapshot(false);
+  EXPECT_EQ(s.world_size, 4);
+  EXPECT_EQ(s.initial_world_size, 6);
+  size_t next = 0;
+  RunIteration(*net_, 1, &next);
+  EXPECT_EQ(net_->divisor(0), 6);
+  EXPECT_EQ(net_->divisor(1), 6);
+
+  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  ASSERT_TRUE(WaitBreaks(1));
+  std::shared_ptr<FakeNet> net2;
+  job_->Reformed(Result(&net2));
+  ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
+  size_t next2 = 0;
+  RunIteration(*net2, 3, &next2);
+  EXPECT_EQ(net2->divisor(0), 6);
+  s = job_->Snapshot(false);
+  EXPECT_EQ(s.world_size, 2);
+  EXPECT_EQ(s.initial_world_size, 6);
+}
+
+// ... and without divide_by_initial_world_size by the live one (the
+// reducer's), while still reporting the job's initial world size.
+TEST_F(JobElasticTest, AdmittedNodeWithoutDivideByInitialDividesByTheLive) {
+  MakeJob({.min_nodes = 1, .initial_world_size = 6});
+  size_t next = 0;
+  RunIteration(*net_, 1, &next);
+  EXPECT_EQ(net_->divisor(0), 0);
+  EXPECT_EQ(job_->Snapshot(false).initial_world_size, 6);
 }
 
 // (d) A re-formation that fails ends the job with its reason.
