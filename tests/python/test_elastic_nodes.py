@@ -404,9 +404,10 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
     live world would be the initial one again and the divisor the same on
     a node that did not know it.)
 
-    node-1's new trainer is started as an elastic agent would, with the
-    job's live size (WORLD_SIZE=2): it takes global rank 1, the lowest free
-    one (formation/reformation.h, AssignOffsets)."""
+    node-1's new trainer is started with the same command as the first
+    (WORLD_SIZE=3, the job's initial size, which the daemon's attach reply
+    also says while the live world is 2): it takes global rank 1, the lowest
+    free one (formation/reformation.h, AssignOffsets)."""
     steps, k, k2 = 14, 3, 7
     # Long enough for node-1's trainer to start and ask to be admitted
     # while node-0 waits in the re-formation for node-2.
@@ -425,7 +426,7 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
         nodes.restart(1)  # its daemon waits idle until its trainer attaches
         t.kill(2)
         nodes.kill(2)
-        t.start(1, **divide, WORLD_SIZE="2")
+        t.start(1, **divide)
         for r in (0, 1):
             _, rc, _, _ = t.wait(r, 120)
             assert rc == 0, f"rank {r} failed:\n{t.report()}"

@@ -214,11 +214,15 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_broadcast_offset(broadcast_offset());
   resp.set_broadcast_bytes(spec_.broadcast_bytes);
   resp.set_global_rank(spec_.global_rank_offset + rank);
+  // Global ranks never change, nor does the world size a trainer is told:
+  // the job's initial one, which is what its launcher says (WORLD_SIZE,
+  // the process group), so a trainer restarted with the same command after
+  // a node loss is not refused; the live world size is in the control
+  // block (ControlHeader::world_size). Node rank and count are the live
+  // layout (a re-formation moves them).
+  resp.set_world_size(spec_.initial_global_world_size());
   {
-    // Global ranks never change; the rest is the live layout (a
-    // re-formation moves it).
     absl::MutexLock lock(&live_mu_);
-    resp.set_world_size(live_.world_size);
     resp.set_node_rank(live_.node_rank);
     resp.set_num_nodes(live_.num_nodes);
   }

@@ -428,7 +428,9 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   EXPECT_THAT(e.lost, ElementsAre("b"));
   const v1::AttachResponse resp = job_->ResponseFor(1);
   EXPECT_EQ(resp.epoch(), 1u);
-  EXPECT_EQ(resp.world_size(), 2);
+  // The job's initial world size (what the launcher says); the live one is
+  // the control block's.
+  EXPECT_EQ(resp.world_size(), 4);
   EXPECT_EQ(resp.num_nodes(), 1);
   EXPECT_EQ(resp.global_rank(), 1);  // global ranks never change
   const JobSnapshot s = job_->Snapshot(false);
