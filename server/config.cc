@@ -47,6 +47,9 @@ constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
 // Elastic jobs: how long a re-formation waits for a node that has not come
 // back (config.proto's reform_settle_ms).
 constexpr uint32_t kDefaultReformSettleMs = 3000;
+// ... and how long a node of the job may be silent before it stops waiting
+// for it (config.proto's reform_silence_ms).
+constexpr uint32_t kDefaultReformSilenceMs = 1000;
 // Well below the fd limit the daemon raises itself to (see main.cc), so idle
 // connections can never use up the descriptors the jobs need.
 constexpr uint32_t kDefaultMaxSessions = 1024;
@@ -374,6 +377,9 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (rv->reform_settle_ms() == 0) {
     rv->set_reform_settle_ms(kDefaultReformSettleMs);
   }
+  if (rv->reform_silence_ms() == 0) {
+    rv->set_reform_silence_ms(kDefaultReformSilenceMs);
+  }
   v1::RendezvousLimits* l = rv->mutable_limits();
   if (l->max_key_bytes() == 0) l->set_max_key_bytes(kDefaultMaxKeyBytes);
   if (l->max_value_bytes() == 0) l->set_max_value_bytes(kDefaultMaxValueBytes);
@@ -474,6 +480,14 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         " is above ", kMaxReformSettleMs,
         " (ten minutes): every node of an elastic job would wait that long "
         "for a lost node at each re-formation"));
+  }
+  if (c.rendezvous().reform_silence_ms() < kMinReformSilenceMs ||
+      c.rendezvous().reform_silence_ms() > kMaxReformSettleMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.reform_silence_ms = ", c.rendezvous().reform_silence_ms(),
+        " is outside ", kMinReformSilenceMs, "..", kMaxReformSettleMs,
+        ": nodes beat every 200 ms, so a shorter silence would take live "
+        "nodes for gone"));
   }
   if (c.timeline_events() > kMaxTimelineEvents) {
     return absl::InvalidArgumentError(

@@ -26,6 +26,8 @@ inline constexpr uint32_t kMaxRankRestartGraceMs = 3'600'000;
 // node count bound; RendezvousConfig.reform_settle_ms).
 inline constexpr uint32_t kMaxMinNodes = 65536;
 inline constexpr uint32_t kMaxReformSettleMs = 600'000;
+// RendezvousConfig.reform_silence_ms: at least two of the 200 ms beats.
+inline constexpr uint32_t kMinReformSilenceMs = 400;
 
 // Parses YAML text onto DaemonConfig field by field (snake_case keys as in
 // config.proto). Unknown keys, wrong types and out-of-range numbers are

@@ -48,13 +48,15 @@ class Nodes:
     hosts global rank i (one trainer per node). A node can be SIGKILLed and
     started again with the same node id."""
 
-    def __init__(self, binary, n, reform_settle_ms=1500):
+    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=None):
         self.binary = binary
         self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
         self.config = os.path.join(self.dir, "gradd.yaml")
         with open(self.config, "w") as f:
             f.write("rendezvous:\n  join_timeout_ms: 30000\n  collective_timeout_ms: 20000\n"
                     f"  reform_settle_ms: {reform_settle_ms}\n")
+            if reform_silence_ms is not None:
+                f.write(f"  reform_silence_ms: {reform_silence_ms}\n")
         self.auth = node_token_args(self.dir)
         self.nodes = [None] * n
         self.metrics_ports = [0] * n
@@ -277,9 +279,13 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     """(a) 3 nodes, min_nodes 2; node-2 (its trainer and daemon) is SIGKILLed
     before step K: ranks 0 and 1 abort step K once, retry it on 2 nodes and
     end equal to each other and to the recomputation; the job's world size
-    shrinks to 2 and the daemons name the lost node."""
+    shrinks to 2 and the daemons name the lost node. The settle is longer
+    than the whole test may take: the survivors stop waiting for node-2
+    because its beat stopped (rendezvous.reform_silence_ms, default 1 s),
+    not because the settle ran out."""
     steps, k = 16, 4
-    nodes = nodes_factory(3)
+    # The settle is capped by the join timeout (30 s here).
+    nodes = nodes_factory(3, reform_settle_ms=60000)
     require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     slow = {"GRADD_TEST_STEP_SLEEP_S": "0.1"}  # time to read the metrics
@@ -292,9 +298,11 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
         t.kill(2)
         nodes.kill(2)
         started = time.monotonic()
+        shrunk_after = None
         while t.procs[0].poll() is None and time.monotonic() - started < 60:
             worlds.add(_metric(nodes.metrics(0), "gradd_job_world_size", job_id))
             if 2.0 in worlds:
+                shrunk_after = time.monotonic() - started
                 break
             time.sleep(0.05)
         for r in (0, 1):
@@ -323,6 +331,9 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     assert 3.0 in worlds and 2.0 in worlds, worlds
     log = nodes.logs()
     assert "node-2" in log, log
+    # Well before the 30 s the settle would have taken.
+    assert "node 'node-2' has been silent" in log, log
+    assert shrunk_after is not None and shrunk_after < 20, shrunk_after
 
 
 def test_below_min_nodes_fails_naming_the_lost_node(nodes_factory, job_id, tmp_path):
@@ -411,7 +422,9 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
     steps, k, k2 = 14, 3, 7
     # Long enough for node-1's trainer to start and ask to be admitted
     # while node-0 waits in the re-formation for node-2.
-    nodes = nodes_factory(3, reform_settle_ms=10000)
+    # (node-2's silence must not end the wait: reform_silence_ms above the
+    # settle leaves only the settle.)
+    nodes = nodes_factory(3, reform_settle_ms=10000, reform_silence_ms=20000)
     require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     divide = {"GRADD_TEST_DIVIDE_BY_INITIAL": "1"}

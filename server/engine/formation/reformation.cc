@@ -72,6 +72,10 @@ std::string ArrivalsKey(const std::string& elastic_prefix) {
 std::string ArrivalKey(const std::string& elastic_prefix, int64_t n) {
   return absl::StrCat(elastic_prefix, "/arrival/", n);
 }
+std::string AliveKey(const std::string& elastic_prefix,
+                     const std::string& node_id) {
+  return absl::StrCat(elastic_prefix, "/alive/", node_id);
+}
 std::string LastEpochKey(const std::string& elastic_prefix) {
   return absl::StrCat(elastic_prefix, "/epoch");
 }
@@ -217,10 +221,24 @@ absl::StatusOr<std::vector<std::string>> ReadSlots(
 }
 
 // Returns once every expected node has a slot or `settle_end` has passed.
+// How often the closer looks at the beats of the nodes it waits for.
+constexpr absl::Duration kPulseStep = absl::Milliseconds(100);
+
 absl::Status AwaitEntrants(RendezvousStoreInterface& store,
                            const ReformOptions& o, const EpochKeys& keys,
                            absl::flat_hash_set<std::string> expected,
                            absl::Time settle_end) {
+  // The beats of the previous epoch's nodes: the count last read and when
+  // it last moved (first read: now). Arrivals do not beat yet.
+  struct Pulse {
+    int64_t beats = -1;
+    absl::Time moved;
+  };
+  absl::flat_hash_map<std::string, Pulse> pulses;
+  const bool watch = o.silence > absl::ZeroDuration();
+  if (watch) {
+    for (const JobNode& node : o.previous) pulses[node.node_id] = Pulse{};
+  }
   int64_t read = 0;
   while (true) {
     ASSIGN_OR_RETURN(int64_t joined, store.Add(o.job_id, keys.Joined(), 0));
@@ -228,9 +246,33 @@ absl::Status AwaitEntrants(RendezvousStoreInterface& store,
                      ReadSlots(store, o.job_id, keys, read, joined));
     read = joined;
     for (const std::string& id : ids) expected.erase(id);
-    if (expected.empty() || absl::Now() >= settle_end) return absl::OkStatus();
-    // Sleep until the next entrant takes its slot (or the settle ends).
-    absl::Status s = store.Wait(o.job_id, {keys.Slot(read)}, Left(settle_end));
+    const absl::Time now = absl::Now();
+    if (expected.empty() || now >= settle_end) return absl::OkStatus();
+    std::vector<std::string> silent;
+    for (const std::string& id : expected) {
+      auto pulse = pulses.find(id);
+      if (pulse == pulses.end()) continue;
+      ASSIGN_OR_RETURN(int64_t beats,
+                       store.Add(o.job_id, AliveKey(o.elastic_prefix, id), 0));
+      if (beats != pulse->second.beats) pulse->second = Pulse{beats, now};
+      if (beats > 0 && now - pulse->second.moved >= o.silence) {
+        silent.push_back(id);
+      }
+    }
+    for (const std::string& id : silent) {
+      spdlog::info(
+          "{}: node '{}' has been silent for {} (its daemon or its part of "
+          "the job is gone); not waiting for it",
+          Where(o), id, absl::FormatDuration(o.silence));
+      expected.erase(id);
+    }
+    if (expected.empty()) return absl::OkStatus();
+    // Sleep until the next entrant takes its slot, the settle ends, or it
+    // is time to look at the beats again.
+    const absl::Time until = watch && !pulses.empty()
+                                 ? std::min(settle_end, now + kPulseStep)
+                                 : settle_end;
+    absl::Status s = store.Wait(o.job_id, {keys.Slot(read)}, Left(until));
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
   }
 }
@@ -269,6 +311,7 @@ std::vector<v1::ParamSpec> ParamsOf(const v1::ElasticMember& m) {
 // it asks for when that range is free; the others go after the highest.
 void AssignOffsets(const ReformOptions& o,
                    const std::vector<const v1::ElasticMember*>& order,
+                   const absl::flat_hash_map<std::string, int>& departed,
                    v1::ElasticMembers* verdict) {
   absl::flat_hash_map<std::string, int> kept;
   for (const JobNode& node : o.previous) {
@@ -294,10 +337,16 @@ void AssignOffsets(const ReformOptions& o,
     auto it = kept.find(order[i]->node_id());
     if (it != kept.end()) place(i, it->second);
   }
+  // A returning node: the offset it asks for (a late survivor), else the
+  // one it held when it was lost (an arriving daemon asks for none).
   for (size_t i = 0; i < order.size(); ++i) {
-    if (!kept.contains(order[i]->node_id())) {
-      place(i, order[i]->requested_offset());
+    if (kept.contains(order[i]->node_id())) continue;
+    int begin = order[i]->requested_offset();
+    if (begin < 0) {
+      auto it = departed.find(order[i]->node_id());
+      if (it != departed.end()) begin = it->second;
     }
+    place(i, begin);
   }
   int highest = 0;
   for (const auto& r : taken) highest = std::max(highest, r.second);
@@ -374,9 +423,11 @@ std::string TooFewNodes(
 }
 
 // The verdict on `entrants` (a pure function of what the closer read).
+// `before`: the previous epoch's verdict (none for epoch 1).
 v1::ElasticMembers Decide(const ReformOptions& o,
                           const std::vector<v1::ElasticMember>& entrants,
-                          int64_t arrivals_seen) {
+                          int64_t arrivals_seen,
+                          const std::optional<v1::ElasticMembers>& before) {
   v1::ElasticMembers verdict;
   verdict.set_epoch(o.epoch);
   verdict.set_arrivals_seen(arrivals_seen);
@@ -394,7 +445,38 @@ v1::ElasticMembers Decide(const ReformOptions& o,
   }
   AdmitArrivals(o, entrants, order.empty() ? nullptr : order.front(), &order,
                 &verdict);
-  AssignOffsets(o, order, &verdict);
+  // The departed: carried from the previous verdict, plus the nodes lost
+  // now; whoever is in the new membership is no longer departed.
+  absl::flat_hash_map<std::string, int> departed;
+  std::vector<v1::ElasticEntrant> departed_order;
+  auto depart = [&](const v1::ElasticEntrant& e) {
+    if (departed.emplace(e.node_id(), e.global_rank_offset()).second) {
+      departed_order.push_back(e);
+    } else {
+      departed[e.node_id()] = e.global_rank_offset();
+      for (v1::ElasticEntrant& d : departed_order) {
+        if (d.node_id() == e.node_id()) d = e;
+      }
+    }
+  };
+  if (before.has_value()) {
+    for (const v1::ElasticEntrant& e : before->departed()) depart(e);
+  }
+  for (const JobNode& node : o.previous) {
+    if (by_id.contains(node.node_id)) continue;
+    v1::ElasticEntrant e;
+    e.set_node_id(node.node_id);
+    e.set_global_rank_offset(node.global_rank_offset);
+    e.set_local_world_size(node.local_world_size);
+    depart(e);
+  }
+  AssignOffsets(o, order, departed, &verdict);
+  for (const v1::ElasticEntrant& e : departed_order) {
+    const bool back =
+        std::any_of(order.begin(), order.end(),
+                    [&](const auto* m) { return m->node_id() == e.node_id(); });
+    if (!back) *verdict.add_departed() = e;
+  }
   for (const v1::ElasticMember* m : order) {
     verdict.set_max_completed(
         std::max(verdict.max_completed(), m->completed_iteration()));
@@ -471,7 +553,9 @@ absl::StatusOr<v1::ElasticMembers> CloseEpoch(RendezvousStoreInterface& store,
                    CloseAndRead(store, o, keys));
   ASSIGN_OR_RETURN(int64_t arrivals_seen,
                    SettledArrivals(store, o, expected.announced, entrants));
-  v1::ElasticMembers verdict = Decide(o, entrants, arrivals_seen);
+  v1::ElasticMembers verdict =
+      Decide(o, entrants, arrivals_seen,
+             StoredVerdict(store, o.job_id, o.elastic_prefix, o.epoch - 1));
   RETURN_IF_ERROR(store.Set(o.job_id, LastEpochKey(o.elastic_prefix),
                             absl::StrCat(o.epoch)));
   RETURN_IF_ERROR(
@@ -748,6 +832,12 @@ absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
     return Prefixed(s, where);
   }
   return *n;
+}
+
+absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
+                  const std::string& elastic_prefix,
+                  const std::string& node_id) {
+  return store.Add(job_id, AliveKey(elastic_prefix, node_id), 1).status();
 }
 
 absl::Status WaitForArrival(RendezvousStoreInterface& store,

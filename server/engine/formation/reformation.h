@@ -20,6 +20,10 @@
 //                               small key per arriving node id, kept)
 //   elastic<k>/epoch            the last epoch closed (written by its
 //                               closer, before "members")
+//   elastic<k>/alive/<node_id>  counter; every running node of the job
+//                               beats it (Beat, Add(1)) every kBeatPeriod
+//                               from its arrival watcher, so a closer can
+//                               tell a dead node from a slow one
 //   elastic<k>/epoch<e>/...     epoch e's agreement (below)
 //
 // Epoch e (e = 1, 2, ...; epoch 0 is the initial formation) is entered by
@@ -37,7 +41,11 @@
 //                          the closer. It closes when every node of epoch
 //                          e - 1 (and every arrival announced before it
 //                          entered) has a slot, or once `settle` has passed
-//                          since it entered: Add(joined, kClosedBias) fixes
+//                          since it entered; it stops waiting for a node
+//                          of epoch e - 1 whose alive counter has not moved
+//                          for `silence` (once it has moved at all: a node
+//                          that never beat gets the settle). Then
+//                          Add(joined, kClosedBias) fixes
 //                          the entrant count n atomically; entrants with a
 //                          slot > n are too late for e (they go to e + 1).
 //   members                written by the closer: the n entrants in the
@@ -45,8 +53,11 @@
 //                          their old node-rank order, then arrivals by
 //                          node id), each with its global rank offset
 //                          (kept; a returning node id gets its old ones
-//                          when free, a new node the ones after the
-//                          highest), the agreed sync_seq (the largest any
+//                          when free -- "departed" below --, a new node
+//                          the ones after the highest), the departed
+//                          (every node lost and not back, with its last
+//                          offset, carried from verdict to verdict), the
+//                          agreed sync_seq (the largest any
 //                          entrant had, plus one), max_completed (the
 //                          largest last completed iteration) and the
 //                          job's initial world size (the largest non-zero
@@ -137,6 +148,9 @@ struct ReformOptions {
   // bounds (gloo_backend.h).
   std::string advertise_host = "127.0.0.1";
   absl::Duration settle = absl::Seconds(3);
+  // The closer stops waiting for a node of `previous` whose beats (Beat)
+  // stopped this long ago; zero: it waits the settle for every node.
+  absl::Duration silence = absl::ZeroDuration();
   absl::Duration timeout = absl::Seconds(60);
   absl::Duration collective_timeout = absl::Seconds(30);
   // Why this node re-forms, for the log and the other nodes' messages.
@@ -213,6 +227,13 @@ absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
 // announced breaks again (Reformed::arrivals_seen).
 absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
                                         const ReformOptions& options);
+// How often a running node beats, and the beat: Add(1) on
+// "<elastic_prefix>/alive/<node_id>".
+inline constexpr absl::Duration kBeatPeriod = absl::Milliseconds(200);
+absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
+                  const std::string& elastic_prefix,
+                  const std::string& node_id);
+
 // The running nodes' watcher: waits up to `timeout` for arrival number
 // `next` (1, 2, ...) to be announced; OK when it was, DEADLINE_EXCEEDED
 // when not yet, another error when the store is gone.

@@ -154,9 +154,12 @@ bool Job::StepNetwork() {
     absl::MutexLock lock(&network_mu_);
     error.swap(network_error_);
     reformed.swap(reformed_);
-    // A request made while the handler re-forms is for the next break:
-    // the membership being agreed may not have seen it.
-    if (net_state_ != NetState::kReforming) request.swap(break_request_);
+    // A request made while a break is under way (draining or re-forming)
+    // is dropped: the only caller is the arrival watcher (JobManager),
+    // which asks again, once the re-formation is over, for an arrival that
+    // the new membership did not settle; keeping the request re-formed the
+    // job once more, with the same members, when it had.
+    request.swap(break_request_);
   }
   if (reformed.has_value()) {
     if (net_state_ == NetState::kReforming) {
@@ -333,12 +336,6 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
 
   net_state_ = NetState::kRunning;
   draining_.store(false);
-  {
-    absl::MutexLock lock(&network_mu_);
-    if (break_request_.has_value()) {
-      network_pending_.store(true, std::memory_order_release);
-    }
-  }
 
   // The ranks whose return caused or met this break: the re-formation's
   // abort and agreed sync_seq are theirs too.

@@ -24,9 +24,10 @@ namespace gradd {
 namespace {
 
 // How long one WaitForArrival of the watcher blocks (its stop flag is read
-// between calls), and how long it waits after the store failed.
-constexpr absl::Duration kArrivalPoll = absl::Seconds(1);
-constexpr absl::Duration kWatcherRetry = absl::Seconds(1);
+// and this node's beat is sent between calls: reformation.h, Beat), and
+// how long it waits after the store failed.
+constexpr absl::Duration kArrivalPoll = kBeatPeriod;
+constexpr absl::Duration kWatcherRetry = kBeatPeriod;
 
 std::string NodeList(const std::vector<std::string>& ids) {
   return absl::StrCat("(", absl::StrJoin(ids, ", "), ")");
@@ -85,17 +86,21 @@ void JobManager::MakeElastic(
         });
       });
 
-  // The watcher: nodes asking to be admitted. It owns its own connection to
-  // the coordinator and stops once the job's ActiveJob is gone.
+  // The watcher: nodes asking to be admitted; and this node's beat, by
+  // which a re-formation's closer tells this node from a dead one. It owns
+  // its own connection to the coordinator and stops once the job's
+  // ActiveJob is gone (so the beat stops when the job ends here).
   const JobSpec& spec = active.job->spec();
   std::thread([mailbox = mailbox_, selector = coordinators_, job_id, generation,
                coordinator = spec.coordinator,
                elastic_prefix = spec.elastic_prefix,
+               node_id = members.at(node_rank).node_id,
                stopped = state->watcher.stopped, next = state->next_arrival,
                reformations = state->reformations]() {
     std::unique_ptr<RendezvousClient> client;
     int64_t broke_for = 0;           // the arrival last broken for
     uint64_t broke_at = UINT64_MAX;  // ...at this many re-formations
+    absl::Time beat_due = absl::InfinitePast();
     while (!stopped->load()) {
       if (client == nullptr) {
         absl::StatusOr<std::unique_ptr<RendezvousClient>> c =
@@ -105,6 +110,14 @@ void JobManager::MakeElastic(
           continue;
         }
         client = *std::move(c);
+      }
+      if (absl::Now() >= beat_due) {
+        if (!gradd::Beat(*client, job_id, elastic_prefix, node_id).ok()) {
+          client.reset();  // the store is gone: connect again
+          absl::SleepFor(kWatcherRetry);
+          continue;
+        }
+        beat_due = absl::Now() + kBeatPeriod;
       }
       const int64_t n = next->load();
       const uint64_t seen = reformations->load();
@@ -192,6 +205,7 @@ void JobManager::StartReformation(const std::string& job_id,
   // itself passes on what it learned then (JobSpec::initial_world_size).
   options.initial_world_size = spec.initial_global_world_size();
   options.settle = absl::Milliseconds(rv.reform_settle_ms());
+  options.silence = absl::Milliseconds(rv.reform_silence_ms());
   options.timeout = absl::Milliseconds(rv.join_timeout_ms());
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));

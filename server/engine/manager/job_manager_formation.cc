@@ -123,7 +123,8 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           admit.max_nodes = options.num_nodes;
           admit.min_nodes = spec.min_nodes;
           admit.params = options.params;
-          admit.requested_offset = -1;  // the agreement knows returning ids
+          // The agreement knows returning ids (ElasticMembers.departed).
+          admit.requested_offset = -1;
           admit.advertise_host = options.advertise_host;
           admit.settle = settle;
           admit.timeout = options.join_timeout;

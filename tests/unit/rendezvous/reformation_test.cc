@@ -2,6 +2,7 @@
 // KvStore (the coordinator's store), Gloo on loopback.
 #include "server/engine/formation/reformation.h"
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <string>
@@ -229,6 +230,75 @@ TEST_F(ReformationTest, AllPresentReformsWithoutWaitingForTheSettle) {
   }
 }
 
+// Node `id` beats its job's store every 50 ms for `beating`, then stops
+// (its daemon died) or, with `beating` infinite, until `stop`.
+std::thread Beater(RendezvousStoreInterface& store, const std::string& id,
+                   absl::Duration beating, const std::atomic<bool>* stop) {
+  return std::thread([&store, id, beating, stop] {
+    const absl::Time until = absl::Now() + beating;
+    while (absl::Now() < until && !stop->load()) {
+      EXPECT_TRUE(Beat(store, kJob, kElastic, id).ok());
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+}
+
+TEST_F(ReformationTest, ASilentNodeIsNotWaitedForTheWholeSettle) {
+  // c beat, then died: a and b close without it once it has been silent
+  // for `silence`, long before the settle.
+  std::atomic<bool> stop{false};
+  std::thread c = Beater(store_, "c", absl::Milliseconds(200), &stop);
+  c.join();
+  std::vector<ReformOptions> nodes;
+  for (const char* id : {"a", "b"}) {
+    nodes.push_back(Survivor(id, ThreeNodes()));
+    nodes.back().settle = absl::Seconds(15);
+    nodes.back().silence = absl::Milliseconds(400);
+  }
+  const absl::Time start = absl::Now();
+  auto results = ReformAll(nodes);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b"));
+    EXPECT_THAT(r->lost, ElementsAre("c"));
+  }
+}
+
+TEST_F(ReformationTest,
+       ABeatingNodeIsWaitedForAndANodeThatNeverBeatGetsTheSettle) {
+  // c beats and enters late (after several silences' worth): it is in the
+  // epoch. d never beat (no verdict on it): the closer waits the settle.
+  std::vector<JobNode> four = ThreeNodes();
+  four.push_back(JobNode{"d", 3, 1, 4});
+  std::atomic<bool> stop{false};
+  std::thread c = Beater(store_, "c", absl::InfiniteDuration(), &stop);
+  std::vector<ReformOptions> nodes;
+  for (const char* id : {"a", "b", "c"}) {
+    nodes.push_back(Survivor(id, four));
+    nodes.back().settle = absl::Seconds(3);
+    nodes.back().silence = absl::Milliseconds(300);
+  }
+  std::vector<absl::StatusOr<Reformed>> results(3);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      if (i == 2) absl::SleepFor(absl::Milliseconds(1200));
+      results[i] = ReformNodeJob(store_, nodes[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop = true;
+  c.join();
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3));  // d's settle
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_THAT(r->lost, ElementsAre("d"));
+  }
+}
+
 TEST_F(ReformationTest, BelowMinNodesFailsEveryEntrantNamingTheLost) {
   std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
                                       Survivor("b", ThreeNodes())};
@@ -285,6 +355,37 @@ TEST_F(ReformationTest, ArrivalsGetNewOrOldOffsetsAndThePlan) {
   EXPECT_GT(Plan().buckets.size(), 1u);
   EXPECT_EQ(results[0]->layout.node_rank, 3);           // d
   EXPECT_EQ(results[3]->layout.global_rank_offset, 3);  // c, as before
+}
+
+TEST_F(ReformationTest, AReturningNodeGetsItsOldRanksEpochsLater) {
+  // Epoch 1: b (ranks 2..2, not the last) is lost.
+  auto first =
+      ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())});
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  EXPECT_THAT(Offsets(first[0]->layout), ElementsAre(0, 3));
+  std::vector<JobNode> running = first[0]->layout.nodes;
+
+  // Epoch 2: a and c re-form again (say, a rank of c restarted).
+  auto second =
+      ReformAll({Survivor("a", running, 2), Survivor("c", running, 2)});
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  running = second[0]->layout.nodes;
+
+  // Epoch 3: b's daemon comes back, asking for no offset as an arriving
+  // daemon does: it gets its ranks of two epochs ago (2), not the ones
+  // after the highest (4).
+  ReformOptions b = Arrival("b");
+  ASSERT_TRUE(AnnounceArrival(store_, b).ok());
+  std::vector<ReformOptions> nodes = {Survivor("a", running, 3),
+                                      Survivor("c", running, 3), b};
+  for (ReformOptions& o : nodes) o.settle = absl::Seconds(10);
+  auto third = ReformAll(nodes);
+  for (const auto& r : third) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "c", "b"));
+    EXPECT_THAT(Offsets(r->layout), ElementsAre(0, 3, 2));
+    EXPECT_EQ(r->layout.world_size, 4);
+  }
 }
 
 TEST_F(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {

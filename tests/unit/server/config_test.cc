@@ -44,6 +44,7 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
   // Node loss and arrival: not elastic by default; 3 s of settling.
   EXPECT_EQ(c->min_nodes(), 0u);
   EXPECT_EQ(c->rendezvous().reform_settle_ms(), 3000u);
+  EXPECT_EQ(c->rendezvous().reform_silence_ms(), 1000u);
 }
 
 TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
@@ -59,6 +60,14 @@ TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
               HasSubstr("rendezvous.reform_settle_ms = 600001 is above "
                         "600000"));
   c->mutable_rendezvous()->set_reform_settle_ms(3000);
+  for (uint32_t bad : {399u, 600001u}) {
+    c->mutable_rendezvous()->set_reform_silence_ms(bad);
+    EXPECT_THAT(Message(ValidateConfig(*c)),
+                HasSubstr(absl::StrCat("rendezvous.reform_silence_ms = ", bad,
+                                       " is outside 400..600000")));
+  }
+  c->mutable_rendezvous()->set_reform_silence_ms(400);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
   c->set_min_nodes(65537);
   EXPECT_THAT(Message(ValidateConfig(*c)),
               HasSubstr("min_nodes = 65537 is above 65536"));

@@ -487,6 +487,31 @@ TEST_F(JobElasticTest, IdleBreakAbortsTheNextIteration) {
   EXPECT_EQ(breaks(), 1u);
 }
 
+// A second request while the first break re-forms (the arrival watcher
+// saw the same arrival before the manager knew the job was re-forming) is
+// dropped: the re-formation under way settles the arrival, and the watcher
+// asks again for one it did not. It used to re-form once more, for nothing.
+TEST_F(JobElasticTest, ABreakRequestedWhileReFormingIsDropped) {
+  MakeJob({.min_nodes = 1});
+  size_t next = 0;
+  RunIteration(*net_, 1, &next);
+  job_->BreakNetwork("node 'c' asks to be admitted");
+  ASSERT_TRUE(WaitBreaks(1));
+  job_->BreakNetwork("node 'c' asks to be admitted");
+  Settle();
+  std::shared_ptr<FakeNet> net2;
+  Job::ReformedNetwork r = Result(&net2);
+  r.sync_seq = 1;
+  job_->Reformed(std::move(r));
+  ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 1; }));
+  size_t next2 = 0;
+  RunIteration(*net2, 3, &next2);
+  Settle();
+  EXPECT_EQ(breaks(), 1u);
+  EXPECT_EQ(job_->epoch(), 1u);
+  EXPECT_TRUE(job_->status().ok());
+}
+
 // (c') A node admitted into its running job (world size 4 now, 6 when the
 // job formed) divides by the initial world size from its first iteration
 // and after its own re-formations, and reports it as the initial one.
