@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -156,6 +157,98 @@ class TwoDaemons:
     def stop(self):
         for n in reversed(self.nodes):
             n.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Nodes:
+    """N daemons on loopback: node-0 is the rendezvous coordinator; node i
+    hosts global rank i (one trainer per node). A node can be SIGKILLed and
+    started again with the same node id."""
+
+    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=None):
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
+        self.config = os.path.join(self.dir, "gradd.yaml")
+        with open(self.config, "w") as f:
+            f.write("rendezvous:\n  join_timeout_ms: 30000\n  collective_timeout_ms: 20000\n"
+                    f"  reform_settle_ms: {reform_settle_ms}\n")
+            if reform_silence_ms is not None:
+                f.write(f"  reform_silence_ms: {reform_silence_ms}\n")
+        self.auth = node_token_args(self.dir)
+        self.nodes = [None] * n
+        self.dead = []  # (i, Daemon) of each killed daemon: its log stays
+        port_file = os.path.join(self.dir, "coordinator.port")
+        self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
+                                        "--rendezvous-port-file", port_file])
+        port = wait_port_file(port_file, self.nodes[0], self.stop)
+        self.coordinator = f"127.0.0.1:{port}"
+        try:
+            for i in range(1, n):
+                self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+        except Exception:
+            self.stop()
+            raise
+
+    def _start(self, i, extra):
+        port_file = os.path.join(self.dir, f"metrics-{i}.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        return Daemon(self.binary, ["--node-id", f"node-{i}", "--config", self.config,
+                                    "--metrics-listen", "127.0.0.1:0",
+                                    "--metrics-port-file", port_file, *self.auth, *extra])
+
+    def metrics(self, i):
+        """Node i's /metrics text ("" when it cannot be read)."""
+        try:
+            with open(os.path.join(self.dir, f"metrics-{i}.port")) as f:
+                port = int(f.read().strip())
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return r.read().decode()
+        except (OSError, ValueError):
+            return ""
+
+    def kill(self, i):
+        """SIGKILL node i's daemon (its trainer is the caller's)."""
+        d = self.nodes[i]
+        d.proc.kill()
+        d.proc.wait()
+        self.dead.append((i, d))
+
+    def restart(self, i):
+        self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+
+    def rank_env(self, rank):
+        return dict(RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                    WORLD_SIZE=str(len(self.nodes)), GROUP_RANK=str(rank),
+                    GRADD_SOCKET=self.nodes[rank].socket,
+                    GRADD_COORDINATOR=self.coordinator)
+
+    def logs(self):
+        return "\n".join(f"--- node-{i}\n{n.log()}" for i, n in enumerate(self.nodes)
+                         if n is not None)
+
+    def save_logs(self, directory):
+        """Copies every daemon's whole log, the killed ones' too, to
+        directory (node-<i>-<n>.log, n counting the node's starts); returns
+        the paths."""
+        paths = []
+        seen = {}
+        for i, d in self.dead + [(i, n) for i, n in enumerate(self.nodes) if n is not None]:
+            seen[i] = seen.get(i, 0) + 1
+            path = os.path.join(directory, f"node-{i}-{seen[i]}.log")
+            try:
+                shutil.copyfile(d.log_path, path)
+                paths.append(path)
+            except OSError:
+                pass
+        return paths
+
+    def stop(self):
+        for n in reversed(self.nodes):
+            if n is not None:
+                n.stop()
+        for _, d in self.dead:
+            d.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -20,13 +20,10 @@ they skip (the probe: a 2-node job attached with min_nodes=1 reports it
 back).
 """
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
 import pytest
 import torch
@@ -34,87 +31,13 @@ from torch import nn
 
 import gradd
 from trainer_procs import TrainerProcs
-from conftest import HERE, Daemon, node_token_args, wait_port_file
+from conftest import HERE, Nodes
 
 sys.path.insert(0, HERE)
 import elastic_worker  # noqa: E402
 
 WORKER = os.path.join(HERE, "elastic_worker.py")
 RESTART_WORKER = os.path.join(HERE, "restart_worker.py")
-
-
-class Nodes:
-    """N daemons on loopback: node-0 is the rendezvous coordinator; node i
-    hosts global rank i (one trainer per node). A node can be SIGKILLed and
-    started again with the same node id."""
-
-    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=None):
-        self.binary = binary
-        self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
-        self.config = os.path.join(self.dir, "gradd.yaml")
-        with open(self.config, "w") as f:
-            f.write("rendezvous:\n  join_timeout_ms: 30000\n  collective_timeout_ms: 20000\n"
-                    f"  reform_settle_ms: {reform_settle_ms}\n")
-            if reform_silence_ms is not None:
-                f.write(f"  reform_silence_ms: {reform_silence_ms}\n")
-        self.auth = node_token_args(self.dir)
-        self.nodes = [None] * n
-        self.metrics_ports = [0] * n
-        port_file = os.path.join(self.dir, "coordinator.port")
-        self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
-                                        "--rendezvous-port-file", port_file])
-        port = wait_port_file(port_file, self.nodes[0], self.stop)
-        self.coordinator = f"127.0.0.1:{port}"
-        try:
-            for i in range(1, n):
-                self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
-        except Exception:
-            self.stop()
-            raise
-
-    def _start(self, i, extra):
-        port_file = os.path.join(self.dir, f"metrics-{i}.port")
-        if os.path.exists(port_file):
-            os.unlink(port_file)
-        return Daemon(self.binary, ["--node-id", f"node-{i}", "--config", self.config,
-                                    "--metrics-listen", "127.0.0.1:0",
-                                    "--metrics-port-file", port_file, *self.auth, *extra])
-
-    def metrics(self, i):
-        """Node i's /metrics text ("" when it cannot be read)."""
-        try:
-            with open(os.path.join(self.dir, f"metrics-{i}.port")) as f:
-                port = int(f.read().strip())
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                return r.read().decode()
-        except (OSError, ValueError):
-            return ""
-
-    def kill(self, i):
-        """SIGKILL node i's daemon (its trainer is the caller's)."""
-        d = self.nodes[i]
-        d.proc.kill()
-        d.proc.wait()
-        self.dead_logs = getattr(self, "dead_logs", []) + [d.log()]
-
-    def restart(self, i):
-        self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
-
-    def rank_env(self, rank):
-        return dict(RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                    WORLD_SIZE=str(len(self.nodes)), GROUP_RANK=str(rank),
-                    GRADD_SOCKET=self.nodes[rank].socket,
-                    GRADD_COORDINATOR=self.coordinator)
-
-    def logs(self):
-        return "\n".join(f"--- node-{i}\n{n.log()}" for i, n in enumerate(self.nodes)
-                         if n is not None)
-
-    def stop(self):
-        for n in reversed(self.nodes):
-            if n is not None:
-                n.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ Leaks: the daemon's open fds, threads and resident memory are read after a
 first job (the baseline: pools and caches warm) and again after the soak's
 job ended; fds and threads must be back to (at most) the baseline within
 30 s, except gRPC's executors, which grow on demand up to 2 x cores and
-keep their threads (bounded, not a leak); memory within 64 MiB of it.
+keep their threads (bounded, not a leak); memory within 64 MiB of it
+(soak_util.Baseline, shared with the multi-node soak test_elastic_soak.py).
 """
-import collections
 import os
 import random
 import re
@@ -29,61 +29,18 @@ import time
 import pytest
 
 from conftest import Daemon
+from soak_util import Baseline, checksums, read, spawn_trainer, trainer_or_skip
 
 TRAINER = os.environ.get("GRADD_EXAMPLE_TRAINER", "")
 WORLD = 3
 PARAMS = 200_000
 STEP_SLEEP_MS = 20
 GRACE_MS = 20_000
-# Thread names (15 characters) of gRPC's executors.
-GRPC_EXECUTORS = ("default-executo", "resolver-execut")
-
-
-def _trainer_or_skip():
-    if not TRAINER or not os.access(TRAINER, os.X_OK):
-        pytest.skip("GRADD_EXAMPLE_TRAINER is not set (run under ctest)")
-    return TRAINER
-
-
-def _proc_stats(pid):
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    threads = len(os.listdir(f"/proc/{pid}/task"))
-    with open(f"/proc/{pid}/status") as f:
-        rss_kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-    return fds, threads, rss_kb
-
-
-def _thread_names(pid):
-    names = collections.Counter()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names[f.read().strip()] += 1
-        except OSError:  # ended between the listing and the read
-            pass
-    return names
 
 
 def _spawn(daemon, job, rank, steps, sleep_ms, log_dir, tag):
-    log = open(os.path.join(log_dir, f"{job}-r{rank}-{tag}.log"), "wb")
-    proc = subprocess.Popen(
-        [
-            TRAINER, "--socket", daemon.socket, "--job", job,
-            "--local-rank", str(rank), "--local-world-size", str(WORLD),
-            "--mode", "train", "--iterations", str(steps),
-            "--params", str(PARAMS), "--rank-restart-grace-ms", str(GRACE_MS),
-            "--step-sleep-ms", str(sleep_ms),
-        ],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    proc.log_path = log.name
-    log.close()
-    return proc
-
-
-def _read(path):
-    with open(path, "rb") as f:
-        return f.read().decode(errors="replace")
+    return spawn_trainer(TRAINER, daemon.socket, job, rank, WORLD, steps, sleep_ms, GRACE_MS,
+                         PARAMS, os.path.join(log_dir, f"{job}-r{rank}-{tag}.log"))
 
 
 def _run_job(daemon, job, steps, sleep_ms, log_dir, timeout):
@@ -91,20 +48,11 @@ def _run_job(daemon, job, steps, sleep_ms, log_dir, timeout):
     deadline = time.monotonic() + timeout
     for p in procs:
         p.wait(timeout=max(1, deadline - time.monotonic()))
-    return [_read(p.log_path) for p in procs], [p.returncode for p in procs]
-
-
-def _checksums(outs):
-    sums = []
-    for out in outs:
-        m = re.search(r"FINAL .*steps=(\d+) checksum=([0-9a-f]+)", out)
-        assert m, f"no FINAL line in:\n{out[-3000:]}"
-        sums.append((int(m.group(1)), m.group(2)))
-    return sums
+    return [read(p.log_path) for p in procs], [p.returncode for p in procs]
 
 
 def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, tmp_path):
-    _trainer_or_skip()
+    trainer_or_skip(pytest)
     seconds = float(os.environ.get("GRADD_SOAK_SECONDS", "15"))
     kills = int(os.environ.get("GRADD_SOAK_KILLS", "3"))
     # Enough steps to outlast the kills at STEP_SLEEP_MS per step, plus a
@@ -116,11 +64,10 @@ def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, t
         # the timing). Also warms the daemon up for the leak baseline.
         outs, codes = _run_job(d, "soak-reference", steps, 0, str(tmp_path), 300)
         assert codes == [0] * WORLD, "\n".join(outs)
-        reference = _checksums(outs)
+        reference = checksums(outs)
         assert len(set(reference)) == 1, reference
         time.sleep(1.0)  # the job's memory goes back (heap trimming)
-        base = _proc_stats(d.proc.pid)
-        base_names = _thread_names(d.proc.pid)
+        base = Baseline(d.proc.pid)
 
         rng = random.Random(int(os.environ.get("GRADD_SOAK_SEED", "23")))
         job = "soak"
@@ -134,7 +81,7 @@ def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, t
             rank = rng.randrange(WORLD)
             victim = procs[rank]
             assert victim.poll() is None, (
-                f"rank {rank} ended before kill {n + 1}:\n{_read(victim.log_path)[-3000:]}\n{d.log()}"
+                f"rank {rank} ended before kill {n + 1}:\n{read(victim.log_path)[-3000:]}\n{d.log()}"
             )
             victim.send_signal(signal.SIGKILL)
             victim.wait()
@@ -149,45 +96,21 @@ def test_random_kills_the_job_finishes_exactly_and_nothing_leaks(gradd_binary, t
                 p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-        outs = [_read(procs[r].log_path) for r in range(WORLD)]
+        outs = [read(procs[r].log_path) for r in range(WORLD)]
         codes = [procs[r].returncode for r in range(WORLD)]
         report = "\n".join(f"--- rank {r}:\n{o[-3000:]}" for r, o in enumerate(outs)) + "\n" + d.log()
         assert done_kills == kills
         assert codes == [0] * WORLD, report
-        assert _checksums(outs) == reference, report
+        assert checksums(outs) == reference, report
         # Every kill made the job wait and come back: the survivors saw
         # at least one aborted iteration or a sync per kill.
-        synced = sum(len(re.findall(r"SYNCED", _read(path))) for r in range(WORLD) for path in logs[r])
+        synced = sum(len(re.findall(r"SYNCED", read(path))) for r in range(WORLD) for path in logs[r])
         assert synced >= kills, report
 
-        # gRPC's executors ("default-executor", "resolver-executor") start
-        # threads on demand up to 2 x cores and keep them for the process's
-        # life (grpc_core::Executor): bounded, not a leak. Its other pools
-        # (event engine, timers) give extra threads back after an idle
-        # while. A leak is a thread of any other name, or an fd, that is
-        # not back to the baseline within 30 s.
-        cap = 2 * (os.cpu_count() or 1)
-
-        def leaked(names):
-            more = names - base_names
-            return {
-                n: c for n, c in more.items()
-                if not (n in GRPC_EXECUTORS and names[n] <= cap)
-            }
-
-        deadline = time.monotonic() + 30
-        while True:
-            fds, threads, rss_kb = _proc_stats(d.proc.pid)
-            names = _thread_names(d.proc.pid)
-            if (fds <= base[0] and not leaked(names)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert fds <= base[0], f"fds {base[0]} -> {fds}"
-        assert not leaked(names), (
-            f"threads {base[1]} -> {threads}: more {dict(names - base_names)}, "
-            f"fewer {dict(base_names - names)}"
-        )
-        assert rss_kb - base[2] < 64 * 1024, f"RSS {base[2]} kB -> {rss_kb} kB"
+        # Back to the baseline within soak_util.SETTLE_S (gRPC's bounded
+        # executors aside; see soak_util).
+        problems, _ = base.leaks()
+        assert not problems, problems
         assert d.proc.poll() is None, d.log()
     finally:
         d.stop()
