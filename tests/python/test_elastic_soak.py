@@ -25,7 +25,10 @@ loss. The summary also lists the RSS of the daemons alive so far after each
 event (a per-event leak shows as a steady climb).
 
 At the end: every trainer exits 0 with the same step count, the same
-parameters (checksum) and the full live world; the daemons that lived
+parameters (checksum) and the full live world, with the global rank it
+started with (a returning node gets its old ranks) and the job's epoch
+equal to the number of re-formations the events make (one per rank
+restart, node loss and arrival: no spurious one); the daemons that lived
 through the whole run leak nothing (soak_util.Baseline):
   - in the run: read when every trainer has applied WARM_STEPS steps, before
     the first event, and again WARM_STEPS steps after the last event's
@@ -45,6 +48,7 @@ each daemon's stays in pytest's tmp_path (printed on a failure).
 import bisect
 import os
 import random
+import re
 import statistics
 import time
 
@@ -61,6 +65,7 @@ GRACE_MS = 20_000
 WARM_STEPS = 20
 RUN_FD_SLACK = 0
 RECOVERY_TIMEOUT_S = 90
+FINAL_RANK = re.compile(r"rank (\d+)/(\d+): FINAL .* epoch=(\d+) ")
 
 
 class Trainer:
@@ -203,13 +208,17 @@ def _plan(rng, events, seconds, per_node):
     if events >= 2 and len(set(kinds)) == 1:
         kinds[rng.randrange(events)] = "node" if kinds[0] == "rank" else "rank"
     times = sorted(rng.uniform(0.05, 0.8) * seconds for _ in range(events))
+    # The nodes lost take turns (from a random one): both the last node and
+    # one in the middle of the membership are lost and come back.
+    turn = rng.randrange(NODES - 1)
     plan = []
     for at, kind in zip(times, kinds):
         if kind == "rank":
             plan.append((at, kind, {"victim": (rng.randrange(NODES), rng.randrange(per_node)),
                                     "pause_s": rng.uniform(0.0, 2.0)}))
         else:
-            plan.append((at, kind, {"node": rng.choice(range(1, NODES)),
+            turn += 1
+            plan.append((at, kind, {"node": 1 + turn % (NODES - 1),
                                     "daemon_first": rng.random() < 0.5,
                                     "down_s": rng.uniform(2.0, 5.0)}))
     return plan
@@ -274,13 +283,13 @@ def test_elastic_soak_job_survives_rank_and_node_failures(gradd_binary, tmp_path
             when = time.monotonic() - start
             if kind == "rank":
                 node, local = ev["victim"]
-                what = f"event {n} (rank restart of rank {node * per_node + local} on node-{node})"
+                what = f"event {n} (rank restart of trainer {node * per_node + local} on node-{node})"
                 t_kill = time.monotonic_ns()
                 job.kill((node, local))
                 time.sleep(ev["pause_s"])
                 job.start(node, local)
                 ms = job.wait_recovered(t_kill, what, world)
-                desc = f"rank restart: rank {node * per_node + local} on node-{node}, " \
+                desc = f"rank restart: trainer {node * per_node + local} on node-{node}, " \
                     f"back after {ev['pause_s']:.1f} s"
                 say(f"{n:>3} {when:6.1f}s  {desc:<52} {ms:6.0f} ms")
                 recovery["rank restart"].append(ms)
@@ -309,6 +318,7 @@ def test_elastic_soak_job_survives_rank_and_node_failures(gradd_binary, tmp_path
                 recovery["node loss"].append(lost_ms)
                 recovery["node arrival"].append(back_ms)
             for i in sorted(survivors):
+                assert nodes.nodes[i].proc.poll() is None, f"{what}: node-{i} died:\n{nodes.logs()}"
                 rss_by_event[i].append(proc_stats(nodes.nodes[i].proc.pid)[2])
         job.wait_steps(WARM_STEPS, "after the last event")
         say("recovery, min / median / max: " + "; ".join(
@@ -321,6 +331,7 @@ def test_elastic_soak_job_survives_rank_and_node_failures(gradd_binary, tmp_path
                 + " ".join(f"{kb / 1024:.1f}" for kb in rss_by_event[i]))
         leaks = []
         for i in sorted(survivors):
+            assert nodes.nodes[i].proc.poll() is None, f"node-{i} died:\n{nodes.logs()}"
             problems, now = run_base[i].leaks(fd_slack=RUN_FD_SLACK)
             b = run_base[i]
             say(f"  node-{i} running: {_fmt_stats((b.fds, b.threads, b.rss_kb))} -> "
@@ -347,6 +358,22 @@ def test_elastic_soak_job_survives_rank_and_node_failures(gradd_binary, tmp_path
         assert all(live == world for live, _, _ in fin.values()), f"live world at the end: {fin}"
         for i in range(NODES):
             assert nodes.nodes[i].proc.poll() is None, f"node-{i} died:\n{nodes.logs()}"
+        # Global ranks never change (a returning node gets its old ones:
+        # docs/operations.md), and each event is one re-formation: the
+        # job's epoch at the end is their count.
+        wrong = []
+        want_epoch = len(recovery["rank restart"]) + 2 * len(recovery["node loss"])
+        for r, (_, out) in sorted(res.items()):
+            m = FINAL_RANK.search(out)
+            got_rank, got_world, got_epoch = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            if got_rank != r or got_world != world:
+                wrong.append(f"trainer {r} (node-{r // per_node} local rank {r % per_node}) "
+                             f"is global rank {got_rank} of {got_world}")
+            if got_epoch != want_epoch:
+                wrong.append(f"trainer {r}: epoch {got_epoch} at the end, {want_epoch} "
+                             f"re-formations expected (one per rank restart, node loss, arrival)")
+        for w in wrong:
+            say(f"  WRONG: {w}")
 
         time.sleep(1.0)
         for i in sorted(survivors):
@@ -355,7 +382,7 @@ def test_elastic_soak_job_survives_rank_and_node_failures(gradd_binary, tmp_path
             say(f"  node-{i} idle:    {_fmt_stats((b.fds, b.threads, b.rss_kb))} -> "
                 f"{_fmt_stats(now)}" + (f"  LEAK: {problems}" if problems else ""))
             leaks += [f"node-{i} (idle): {p}" for p in problems]
-        assert not leaks, f"leaks: {leaks}"
+        assert not leaks and not wrong, f"leaks: {leaks}; wrong: {wrong}"
     except BaseException as e:
         failure = e
         raise
