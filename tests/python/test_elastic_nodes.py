@@ -153,6 +153,21 @@ def _applied_live(rep):
     return [a["live"] for a in rep["attempts"] if "aborted" not in a]
 
 
+def _all_succeed(t, ranks, timeout):
+    """Waits for the trainers of `ranks`; each must exit 0."""
+    for r in ranks:
+        _, rc, _, _ = t.wait(r, timeout)
+        assert rc == 0, f"rank {r} failed:\n{t.report()}"
+
+
+def _returned(res, rank):
+    """The one final report of the trainer that came back at `rank`."""
+    back = [rep for rep in res[rank] if "final" in rep]
+    assert len(back) == 1, res[rank]
+    assert back[0]["rejoined"] is True
+    return back[0]
+
+
 def _metric(text, family, job):
     for line in text.splitlines():
         if line.startswith(family + "{") and f'job_id="{job}"' in line:
@@ -228,9 +243,7 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
                 shrunk_after = time.monotonic() - started
                 break
             time.sleep(0.05)
-        for r in (0, 1):
-            _, rc, _, _ = t.wait(r, 90)
-            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+        _all_succeed(t, (0, 1), 90)
         took = time.monotonic() - started
     finally:
         t.kill_all()
@@ -303,16 +316,11 @@ def test_lost_node_comes_back(nodes_factory, job_id, tmp_path):
         time.sleep(2.0)  # the survivors go on on 2 nodes for a while
         nodes.restart(2)
         t.start(2, **slow)
-        for r in range(3):
-            _, rc, _, _ = t.wait(r, 120)
-            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+        _all_succeed(t, range(3), 120)
     finally:
         t.kill_all()
     res = t.results()
-    back = [rep for rep in res[2] if "final" in rep]
-    assert len(back) == 1, res[2]
-    back = back[0]
-    assert back["rejoined"] is True
+    back = _returned(res, 2)
     assert back["synced_at"] and back["synced_at"][0] > k, back
     for r in (0, 1):
         rep = res[r][0]
@@ -363,16 +371,11 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
         t.kill(2)
         nodes.kill(2)
         t.start(1, **divide)
-        for r in (0, 1):
-            _, rc, _, _ = t.wait(r, 120)
-            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+        _all_succeed(t, (0, 1), 120)
     finally:
         t.kill_all()
     res = t.results()
-    back = [rep for rep in res[1] if "final" in rep]
-    assert len(back) == 1, res[1]
-    back = back[0]
-    assert back["rejoined"] is True
+    back = _returned(res, 1)
     assert back["synced_at"] == [k2], back
     rep = res[0][0]
     assert _applied_live(rep) == [3] * k + [2] * (steps - k), rep["attempts"]
@@ -406,9 +409,7 @@ def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path):
         _, rc, _, _ = t.wait(1, 90)
         assert rc == -signal.SIGKILL, f"the victim did not die by SIGKILL:\n{t.report()}"
         t.start(1)
-        for r in (0, 1):
-            _, rc, _, _ = t.wait(r, 90)
-            assert rc == 0, f"rank {r} failed:\n{t.report()}"
+        _all_succeed(t, (0, 1), 90)
     finally:
         t.kill_all()
     res = t.results()
