@@ -31,9 +31,10 @@ trainer of --mib MiB per node, each node's own daemon):
 
   node drop      3 nodes, min_nodes 2: SIGKILLs node 2's daemon and trainer;
                  recovery = the kill -> rank 0's next applied step (the
-                 survivors notice the broken network, wait reform_settle_ms
-                 for node 2, re-form on 2 nodes, abort and retry the step
-                 after the state sync). The node is started again between
+                 survivors notice the broken network, wait for node 2 until
+                 it has been silent for reform_silence_ms (1 s; at most
+                 reform_settle_ms), re-form on 2 nodes, abort and retry the
+                 step after the state sync). The node is started again between
                  rounds (not timed).
   2-node rank restart
                  2 nodes, grace set: SIGKILLs node 1's trainer and starts it
