@@ -165,7 +165,11 @@ class Nodes:
     hosts global rank i (one trainer per node). A node can be SIGKILLed and
     started again with the same node id."""
 
-    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=None):
+    # reform_silence_ms: 3 s rather than the daemon's 1 s default, so that a
+    # daemon starved of CPU on a loaded CI machine (sanitizers) is not
+    # taken for a silent one, which would re-form the job once more than a
+    # test expects.
+    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=3000):
         self.binary = binary
         self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
         self.config = os.path.join(self.dir, "gradd.yaml")
