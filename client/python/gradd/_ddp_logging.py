@@ -78,6 +78,21 @@ def _backend_name(ddp) -> str:
         return "gradd"
 
 
+def _group_options(group):
+    """The options (Gloo's: ``_threads``) a process group was made with:
+    torch 1.13's group is the backend and has them; torch 2's
+    ProcessGroup wraps one backend per device type, which has them."""
+    options = getattr(group, "options", None)
+    if options is not None or not hasattr(group, "_get_backend"):
+        return options
+    try:
+        import torch
+
+        return getattr(group._get_backend(torch.device("cpu")), "options", None)
+    except Exception:  # no CPU backend in this group
+        return None
+
+
 def sample_runtime_stats(ddp) -> None:
     """Called by a synced forward before it counts its iteration, where
     torch's logger records runtime stats: iterations 1..10, then every
@@ -140,7 +155,7 @@ def logging_data(ddp) -> dict:
         # As torch's logger for a Gloo group: its environment and threads.
         data["gloo_socket_ifname"] = _env("GLOO_SOCKET_IFNAME")
         data["gloo_device_transport"] = _env("GLOO_DEVICE_TRANSPORT")
-        threads = getattr(getattr(ddp.process_group, "options", None), "_threads", None)
+        threads = getattr(_group_options(ddp.process_group), "_threads", None)
         if threads is not None:
             data["gloo_num_threads"] = int(threads)
     # torch's logger: has_error (and the message) once DDP raised an error it
