@@ -1,6 +1,7 @@
-"""Runs torch 1.13's own DDP tests (torch/testing/_internal/distributed/
-distributed_test.py, shipped by Debian's python3-torch) with torch's
-DistributedDataParallel or with gradd's swapped in.
+"""Runs torch's own DDP tests (torch/testing/_internal/distributed/
+distributed_test.py, shipped by Debian's python3-torch: 1.13 on Debian 12,
+2.6 on Debian 13) with torch's DistributedDataParallel or with gradd's
+swapped in.
 
 Used by test_torch_ddp_suite.py; one run is one implementation at one world
 size::
@@ -81,13 +82,17 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 IMPL = os.environ.get("GRADD_TORCH_SUITE_IMPL", "torch")
 START = os.environ.get("GRADD_TORCH_SUITE_START", "fork")
 
-# torch's harness (TestDistBackend._run) turns on DDP's experimental
-# ReplicatedTensor interop in every rank process; with it, torch's DDP
-# imports torch.distributed._shard, which torch 1.13 can't import on Python
-# 3.11 (a dataclass with a mutable default), so torch's own DDP would fail
-# every test. The rank processes keep DDP's default (off) instead.
-_rt_utils = importlib.import_module("torch.nn.parallel._replicated_tensor_ddp_utils")
-_rt_utils._set_ddp_with_replicated_tensor = lambda value: None
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
+
+if TORCH_MAJOR == 1:
+    # torch 1.13's harness (TestDistBackend._run) turns on DDP's experimental
+    # ReplicatedTensor interop in every rank process; with it, torch's DDP
+    # imports torch.distributed._shard, which torch 1.13 can't import on
+    # Python 3.11 (a dataclass with a mutable default), so torch's own DDP
+    # would fail every test. The rank processes keep DDP's default (off)
+    # instead. (torch 2 has no such interop.)
+    _rt_utils = importlib.import_module("torch.nn.parallel._replicated_tensor_ddp_utils")
+    _rt_utils._set_ddp_with_replicated_tensor = lambda value: None
 
 # Every test gets the same bound (torch raises it to 400 s for one test).
 for _name in list(common_distributed.TIMEOUT_OVERRIDE):
