@@ -19,8 +19,6 @@
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
-#include "gloo/transport/tcp/address.h"
-#include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
 #include "server/auth/pair_handshake.h"
@@ -204,14 +202,19 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   GlooStore gloo_store(&store, options.job_id, mesh_prefix,
                        ToMillis(options.connect_timeout));
   try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options.advertise_host;
     PairAuthOptions auth;
     auth.key = *std::move(pair_key);
     auth.job_id = options.job_id;
     auth.node_names = backend->node_names_;
-    backend->device_ = CreateAuthenticatedTcpDevice(attr, std::move(auth),
-                                                    backend->pair_auth_);
+    absl::StatusOr<std::shared_ptr<gloo::transport::Device>> device =
+        CreateAuthenticatedTcpDevice(options.advertise_host, std::move(auth),
+                                     backend->pair_auth_);
+    if (!device.ok()) {
+      return absl::Status(device.status().code(),
+                          absl::StrCat("gloo backend of job '", options.job_id,
+                                       "': ", device.status().message()));
+    }
+    backend->device_ = *std::move(device);
     auto context = std::make_shared<gloo::rendezvous::Context>(
         options.node_rank, options.num_nodes);
     // Pairs take their I/O timeout from the context when they are created.
@@ -224,8 +227,9 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
                      "': connecting the full mesh failed: ", e.what()));
   }
 
-  // 4. Learn how Gloo's errors will name each peer: the listening address
-  //    that peer published for its pair with us.
+  // 4. Learn how the transport's errors will name each peer: the listening
+  //    address that peer published for its pair with us (authenticated_tcp.h
+  //    names a pair's peer by it, whichever end connected).
   for (int r = 0; r < options.num_nodes; ++r) {
     if (r == me) continue;
     std::optional<std::vector<char>> all =
@@ -234,20 +238,10 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
     const size_t per = all->size() / (options.num_nodes - 1);
     const size_t index = me > r ? me - 1 : me;
     if (per == 0 || (index + 1) * per > all->size()) continue;
-    try {
-      std::vector<char> bytes(all->begin() + index * per,
-                              all->begin() + (index + 1) * per);
-      gloo::transport::tcp::Address address(bytes);
-      std::string text = address.str();
-      backend->peer_addresses_[r].push_back(text);
-      // str() may append a sequence number ("[h]:p$seq"); match on host:port.
-      const size_t dollar = text.find('$');
-      if (dollar != std::string::npos) {
-        backend->peer_addresses_[r].push_back(text.substr(0, dollar));
-      }
-    } catch (const std::exception&) {
-      // Best effort: errors then name no peer.
-    }
+    absl::StatusOr<PairAddress> address = PairAddress::Parse(std::vector<char>(
+        all->begin() + index * per, all->begin() + (index + 1) * per));
+    // Best effort: without it errors name no peer.
+    if (address.ok()) backend->peer_addresses_[r].push_back(address->str());
   }
   return backend;
 }
@@ -317,20 +311,19 @@ absl::Status GlooBackend::Fail(absl::string_view op, const std::string& what,
   // Without the probe (elastic jobs) no peer is named among three or more:
   // the address in Gloo's message may be a survivor's that closed its
   // connections, and the re-formation names the lost nodes.
-  const bool probe = failure_probe_timeout_ > absl::ZeroDuration();
-  if (peer.empty() && probe) {
+  if (peer.empty() && failure_probe_timeout_ > absl::ZeroDuration()) {
     std::vector<int> silent = SilentPeers(op_start);
     if (!silent.empty() && static_cast<int>(silent.size()) < num_nodes_ - 1) {
       std::vector<std::string> names;
       for (int r : silent) names.push_back(NodeName(r));
       peer = absl::StrJoin(names, ", ");
     }
-  }
-  for (int r = 0; r < num_nodes_ && peer.empty() && probe; ++r) {
-    for (const std::string& address : peer_addresses_[r]) {
-      if (!address.empty() && absl::StrContains(what, address)) {
-        peer = NodeName(r);
-        break;
+    for (int r = 0; r < num_nodes_ && peer.empty(); ++r) {
+      for (const std::string& address : peer_addresses_[r]) {
+        if (!address.empty() && absl::StrContains(what, address)) {
+          peer = NodeName(r);
+          break;
+        }
       }
     }
   }

@@ -7,11 +7,12 @@
 //      (node rank 0 first publishes a fresh random pair key under
 //      "<prefix>/pairkey"; every node reads it);
 //   2. gloo::rendezvous::Context::connectFullMesh through a GlooStore under
-//      "<prefix>/mesh" on Gloo's TCP transport bound to advertise_host, with
-//      a membership proof on every pair (authenticated_tcp.h): both ends of
-//      each connection prove they hold the pair key before Gloo reads a
-//      byte of it; a stranger's connection to a pair's port is refused,
-//      logged and counted, and the pair waits for its real peer;
+//      "<prefix>/mesh" on gradd's own TCP transport behind Gloo's transport
+//      interface (authenticated_tcp.h), listening on advertise_host, with
+//      a membership proof on every connection: both ends prove they hold
+//      the pair key before a byte of Gloo traffic crosses it; a stranger's
+//      connection to the pair port is refused, logged and counted, and the
+//      pair waits for its real peer;
 //   3. the context's timeout is the collective timeout from then on.
 // Use a fresh `store_prefix` every time a job re-creates its backend.
 //
@@ -31,9 +32,9 @@
 // gone or hung, and the error names them. Failing that, a peer address
 // found in Gloo's message names the peer. A failure_probe_timeout of 0
 // skips both among three or more nodes (elastic jobs, whose re-formation
-// finds and names the lost nodes without them): the error names no peer. After
-// the first error every later call returns that error again: the job must
-// create a new backend.
+// finds and names the lost nodes without them): the error names no peer.
+// After the first error every later call returns that error again: the job
+// must create a new backend.
 //
 // Thread affinity: one thread calls AllreduceSum/Broadcast/Close (the job's
 // network thread); node_rank/num_nodes/NodeName are safe from any thread.
