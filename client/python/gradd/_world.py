@@ -367,8 +367,10 @@ def _agent_store_job_id(rank: int) -> Optional[str]:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     n = _jobs.next_model_index(f"agent-store/{run}/{restart}", rank)
     key = f"gradd/job_id/{run}/{restart}/{n}"
-    store = dist.TCPStore(addr, int(port), is_master=False,
-                          timeout=datetime.timedelta(seconds=60))
+    from gradd import _torch_compat  # USE_LIBUV, and Debian's torch 2.6 without libuv
+
+    store = _torch_compat.tcp_store(addr, int(port), is_master=False,
+                                    timeout=datetime.timedelta(seconds=60))
     candidate = fresh_job_id()
     winner = store.compare_set(key, "", candidate)
     return winner.decode() if isinstance(winner, bytes) else str(winner)

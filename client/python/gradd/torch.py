@@ -46,6 +46,10 @@ import warnings
 from typing import List, Optional, Sequence
 
 import torch  # the real torch: this module is gradd.torch, imports are absolute
+
+# First: an unsupported torch fails here, naming its version, before any
+# other torch API is used or a C++ extension built against torch is loaded.
+from gradd import _torch_compat  # isort: skip
 from torch.distributed.algorithms.join import Joinable
 
 import gradd._C as _C
@@ -69,11 +73,26 @@ _DTYPES = {
 _MiB = 1 << 20
 
 
+def _refuse_unsupported(**args) -> None:
+    """torch 2.x constructor arguments gradd does not support: only their
+    defaults are accepted; anything else is refused naming the argument."""
+    for name, value in args.items():
+        if value is not None:
+            raise NotImplementedError(
+                f"gradd.torch.DistributedDataParallel does not support torch's "
+                f"{name}= argument (got {type(value).__name__}); leave it None or use "
+                "torch.nn.parallel.DistributedDataParallel"
+            )
+
+
 class DistributedDataParallel(torch.nn.Module, Joinable):
     """Data parallelism through the node's gradd daemon.
 
-    Takes torch DDP's constructor arguments and follows torch 1.13's
-    semantics:
+    Takes torch DDP's constructor arguments (torch 1.13's and 2.6's, see
+    docs/torch2.md: ``device_mesh`` (1-D), ``init_sync``, ``bucket_cap_mb=None``;
+    ``delay_all_reduce_named_params``, ``param_to_hook_all_reduce`` and
+    ``mixed_precision`` are refused by name) and follows torch's semantics
+    (torch 2.x's where 1.13 differs):
 
     * gradients: torch's ``.grad`` rules exactly, with or without
       ``find_unused_parameters`` (a parameter some rank used ends with the
@@ -186,12 +205,19 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         dim: int = 0,
         broadcast_buffers: bool = True,
         process_group=None,
-        bucket_cap_mb: float = 25,
+        bucket_cap_mb: Optional[float] = None,  # None: 25, as torch
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        # torch 2.x's, in its order (only their defaults are supported but
+        # device_mesh's: see _refuse_unsupported)
+        delay_all_reduce_named_params=None,
+        param_to_hook_all_reduce=None,
+        mixed_precision=None,
+        device_mesh=None,
         *,
+        init_sync: bool = True,  # torch 2.7's: False skips the initial broadcast
         socket: Optional[str] = None,
         job_id: Optional[str] = None,
         rank: Optional[int] = None,
@@ -215,6 +241,24 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._divide_by_initial_world_size = True
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        _refuse_unsupported(
+            delay_all_reduce_named_params=delay_all_reduce_named_params,
+            param_to_hook_all_reduce=param_to_hook_all_reduce,
+            mixed_precision=mixed_precision,
+        )
+        # torch 2.x: a 1-D device mesh means its process group.
+        process_group = _torch_compat.device_mesh_group(device_mesh, process_group)
+        if device_mesh is not None:
+            self.device_mesh = device_mesh
+        if check_reduction:
+            warnings.warn(
+                "The `check_reduction` argument in `DistributedDataParallel` "
+                "module is deprecated. Please avoid using it.",
+                FutureWarning,
+                stacklevel=2,
+            )
+        # torch.compile(ddp): gradd's package runs eagerly, the module compiled.
+        _torch_compat.prepare_compile()
         ignore = _state_sync.ignored_names(module)
         named = [
             (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in ignore
@@ -254,7 +298,30 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.output_device = output_device
         self.dim = dim
         self.broadcast_buffers = broadcast_buffers
+        # torch 2.x: None means the default 25 MiB (bucket_bytes_cap_default;
+        # dynamo's DDPOptimizer reads bucket_bytes_cap).
+        self.bucket_bytes_cap_default = bucket_cap_mb is None
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25
         self.bucket_cap_mb = bucket_cap_mb
+        self.bucket_bytes_cap = int(bucket_cap_mb * _MiB)
+        self.broadcast_bucket_size = int(250 * _MiB)  # torch's attribute; see broadcast_chunk_mb
+        # torch 2.x's attributes that user code and torch read.
+        self.device = self._device
+        self.device_type = self.device.type
+        self.is_multi_device_module = False
+        self.mixed_precision = None
+        self._delay_all_reduce_params: List[torch.nn.Parameter] = []
+        self._delay_all_reduce_all_params = False
+        self._module_parameters = [
+            p for n, p in module.named_parameters() if n not in ignore
+        ]
+        self._comm_hooks: list = []
+        self._use_python_reducer = False
+        self._accum_grad_hooks: list = []
+        self._lazy_init_ran = False
+        self._ddp_sink_clone = True
+        self._in_backward_params: List[torch.nn.Parameter] = []
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = False
@@ -296,6 +363,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             coordinator=coordinator,
             first_bucket_cap_mb=first_bucket_cap_mb,
             broadcast_chunk_mb=broadcast_chunk_mb,
+            init_sync=bool(init_sync),
             connect_timeout=connect_timeout,
             attach_timeout=attach_timeout,
             wait_timeout=wait_timeout,
@@ -390,7 +458,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # -- every rank starts from rank 0's state -------------------------
         # (not a restarted rank: the survivors are not in this broadcast; it
         # gets the job's state at its first forward's state sync)
-        if self.world_size > 1 and not self._restart.rejoined:
+        # init_sync=False (torch 2.7's): the user made the ranks equal.
+        if self.world_size > 1 and not self._restart.rejoined and opts.get("init_sync", True):
             self._broadcast_tensors(state)
 
         # -- gradient views and autograd hooks -----------------------------
@@ -446,6 +515,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # live objects (an optimizer) of this process.
     _NOT_PICKLED = (
         "_client", "_reducer", "process_group", "_failure", "_gradd_comm_hook", "_restart",
+        "_comm_hooks", "_in_backward_params",
     )
 
     def __getstate__(self):
@@ -466,6 +536,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         super().__setstate__(state)
         self.__dict__.setdefault("require_forward_param_sync", True)
         self.__dict__.setdefault("require_backward_grad_sync", True)
+        self.__dict__["_comm_hooks"] = []  # comm hooks are not kept, as torch's
+        self.__dict__["_lazy_init_ran"] = False
+        self.__dict__["_in_backward_params"] = []
         self._client = None
         self._reducer = None
         self._failure = None
@@ -701,8 +774,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             # As torch's DDP: inputs go to the module's device.
             inputs = _cuda.to_device(inputs, self._device)
             kwargs = _cuda.to_device(kwargs, self._device)
+        if not self._lazy_init_ran:
+            self._lazy_init()
         t0 = time.monotonic_ns()
-        output = self.module(*inputs, **kwargs)
+        with _torch_compat.inside_ddp_forward(self):  # torch.compile's DDPOptimizer
+            output = self.module(*inputs, **kwargs)
         if grad_sync:
             self.require_forward_param_sync = True
             self._reducer.prepare_for_backward(t0)
@@ -732,6 +808,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         from gradd import _comm_hooks
 
         _comm_hooks.register_comm_hook(self, state, hook)
+        self.__dict__.setdefault("_comm_hooks", []).append((hook, state))  # torch 2.x's record
 
     def _register_builtin_comm_hook(self, comm_hook_type):
         from gradd import _comm_hooks
@@ -814,6 +891,55 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 "`_set_static_graph`."
             )
 
+    # ------------------------------------------------ torch 2.x's internals
+    # What user code and torch itself touch on a torch 2.x DDP. gradd has
+    # no c10d ``reducer`` (``ddp.reducer`` is deliberately absent: code that
+    # drives torch's Reducer directly cannot drive gradd's daemon; gradd's
+    # own is ``_reducer``), no mixed precision and no delayed all-reduce.
+    @classmethod
+    def _get_active_ddp_module(cls):
+        """torch's: the DDP (torch's or gradd's) whose module is running,
+        for dynamo's DDPOptimizer."""
+        return getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
+
+    @staticmethod
+    def _get_data_parallel_params(module, named_params=False):
+        """torch's: the parameters a DDP manages (not ``_ddp_ignored``)."""
+        for param in module.parameters() if not named_params else module.named_parameters():
+            if not hasattr(param, "_ddp_ignored"):
+                yield param
+
+    def will_sync_module_buffers(self) -> bool:
+        """torch's: whether the next forward broadcasts the buffers."""
+        return bool(
+            self.require_forward_param_sync
+            and self.broadcast_buffers
+            and _state_sync.module_buffers(self.module)
+        )
+
+    def _set_ddp_sink_clone(self, val: bool) -> None:
+        """torch 2.x's switch; gradd's sink always clones the outputs
+        (in-place changes of the loss stay allowed), so only recorded."""
+        self._ddp_sink_clone = bool(val)
+
+    def _check_reducer_finalized(self) -> None:
+        """torch's: raises when a synced backward is still in progress."""
+        reducer = self.__dict__.get("_reducer")
+        if reducer is not None and reducer.backward_in_progress:
+            self._log_and_throw(
+                RuntimeError,
+                "Expected to have finished reduction in the prior iteration before "
+                f"starting a new one (gradd job '{self.job_id}', rank {self.rank})",
+            )
+
+    def _update_process_group(self, new_process_group):
+        """torch 2.x's; gradd re-forms a job's network itself (min_nodes)."""
+        raise NotImplementedError(
+            "gradd.torch.DistributedDataParallel does not support _update_process_group(); "
+            "a gradd job re-forms after a node loss by itself (min_nodes=, see "
+            "docs/operations.md)"
+        )
+
     # ---------------------------------------------------------------- close
     def shutdown(self) -> None:
         """Detaches from the daemon. Gradients stay readable (the memory stays
@@ -854,8 +980,18 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         raise error
 
     def _backward_done(self) -> None:
-        """A synced backward completed (the reducer's end): commit again."""
+        """A synced backward completed (the reducer's end): commit again;
+        the optimizers in backward step on the averaged gradients."""
         _restart.on_backward_done(self)
+        if self._in_backward_params:
+            _torch_compat.step_in_backward_optimizers(self._in_backward_params)
+
+    def _lazy_init(self) -> None:
+        """torch 2.x's, at the first forward: parameters given optimizers by
+        ``torch.distributed.optim._apply_optimizer_in_backward`` step after
+        their gradients are averaged, not on the local ones."""
+        self._in_backward_params = _torch_compat.take_in_backward_optimizers(self._params)
+        self._lazy_init_ran = True
 
     def _log_and_throw(self, err_type, err_msg: str):
         """As torch's: the error is kept for _get_ddp_logging_data()

@@ -1,0 +1,236 @@
+"""What differs between the torch versions gradd.torch runs under: the one
+place that knows (gradd/torch.py and its _*.py modules ask here, never
+``torch.__version__`` themselves).
+
+Supported torch: 1.13 and 2.0 through 2.6. Tested: Debian 12's torch 1.13
+(Python 3.11) and Debian 13's torch 2.6 (Python 3.13); 2.0 to 2.5 are
+accepted because every 2.x difference gradd depends on is checked by
+feature, not by version.
+
+Decision for other versions, made at import (``import gradd.torch`` runs
+:func:`check_version` before anything else touches torch or loads a C++
+extension built against it):
+
+* older than 1.13, or 3.0 and newer: ``ImportError`` naming the version
+  found and the supported range. torch 1.12's DDP internals and a future
+  major's API are not what gradd mirrors, and a C++ extension built against
+  another torch must not be loaded into it.
+* a 2.x newer than 2.6: a ``GraddTorchVersionWarning`` (a UserWarning),
+  not an error. torch keeps DDP's public API across 2.x minors and gradd
+  checks the features it uses; a new constructor argument it does not know
+  is refused by Python itself with the argument's name.
+
+torch-version differences handled here: the device mesh (2.2+), the
+optimizer-in-backward registry (2.x), and torch.compile (2.0+): gradd's
+package is skipped by dynamo as torch's DDP module is, and torch's DDP
+class is told which DDP is running its module so that dynamo's DDPOptimizer
+splits graphs at gradd's bucket size (see :func:`prepare_compile`).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = [
+    "GraddTorchVersionWarning",
+    "SUPPORTED",
+    "TESTED_NEWEST",
+    "TORCH_VERSION",
+    "check_version",
+    "device_mesh_group",
+    "has_compile",
+    "inside_ddp_forward",
+    "prepare_compile",
+]
+
+#: The supported range, as error messages and the docs say it.
+SUPPORTED = "torch 1.13 or 2.0 through 2.6"
+#: The newest torch gradd was tested with; newer 2.x warns.
+TESTED_NEWEST = (2, 6)
+
+
+class GraddTorchVersionWarning(UserWarning):
+    """gradd.torch runs under a torch 2.x newer than it was tested with."""
+
+
+def parse_version(version: str) -> Tuple[int, int]:
+    """(major, minor) of a torch version string ("2.6.0+debian",
+    "1.13.0a0", "2.7.0.dev20250101")."""
+    m = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    if not m:
+        raise ImportError(
+            f"gradd.torch: cannot read the version of the torch found ({version!r}); "
+            f"gradd supports {SUPPORTED}"
+        )
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_version(version: str) -> Tuple[int, int]:
+    """Raises ImportError for a torch gradd does not support, warns for a 2.x
+    newer than tested (see the module doc); returns (major, minor)."""
+    major, minor = parse_version(version)
+    if (major, minor) < (1, 13) or major >= 3:
+        raise ImportError(
+            f"gradd.torch does not support torch {version} (found at "
+            f"{getattr(torch, '__file__', '?')}); gradd supports {SUPPORTED}"
+        )
+    if major == 2 and (major, minor) > TESTED_NEWEST:
+        warnings.warn(
+            f"gradd.torch was tested with torch up to "
+            f"{TESTED_NEWEST[0]}.{TESTED_NEWEST[1]}; torch {version} is newer and untested "
+            f"(gradd supports {SUPPORTED})",
+            GraddTorchVersionWarning,
+            stacklevel=3,
+        )
+    return major, minor
+
+
+TORCH_VERSION = check_version(getattr(torch, "__version__", "unknown"))
+
+
+# ------------------------------------------------------------- device mesh
+def device_mesh_group(device_mesh, process_group):
+    """torch 2.x DDP's ``device_mesh=``: the process group of a 1-D mesh
+    (same rules and messages as torch's constructor)."""
+    if device_mesh is None:
+        return process_group
+    if process_group is not None:
+        raise RuntimeError("Cannot specify both process_group and device_mesh arguments.")
+    if getattr(device_mesh, "ndim", None) != 1:
+        raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
+    return device_mesh.get_group(mesh_dim=0)
+
+
+# ------------------------------------------------------------ torch.compile
+def has_compile() -> bool:
+    return hasattr(torch, "compile") and hasattr(torch, "_dynamo")
+
+
+_compile_prepared = False
+
+
+def prepare_compile() -> None:
+    """Makes ``torch.compile(gradd_ddp)`` treat gradd's DDP as torch's DDP:
+    dynamo does not trace gradd's package (as torch's DDP module is not
+    traced: DDP's bookkeeping, the C++ client and the autograd hooks run
+    eagerly, a graph break around them) and compiles the wrapped module's
+    forward. The gradients then come from the compiled backward into the
+    parameters' gradient accumulators, whose hooks gradd installed, so the
+    values are those of the eager module. Once per process (the first DDP
+    constructed); torch 2.x's own DDP constructor imports dynamo too."""
+    global _compile_prepared
+    if _compile_prepared or not has_compile():
+        return
+    _compile_prepared = True
+    try:
+        from torch._dynamo import trace_rules
+    except Exception:  # a torch without dynamo's trace rules: nothing to skip
+        return
+    add = getattr(trace_rules, "add", None)
+    if add is not None:
+        add("gradd")
+
+
+def _optimize_ddp_mode() -> Optional[str]:
+    try:
+        import torch._dynamo.config as dynamo_config
+    except Exception:
+        return None
+    get = getattr(dynamo_config, "_get_optimize_ddp_mode", None)
+    if get is not None:
+        return get()
+    return "ddp_optimizer" if getattr(dynamo_config, "optimize_ddp", False) else None
+
+
+@contextlib.contextmanager
+def inside_ddp_forward(ddp):
+    """While gradd's DDP runs its module: torch's DDP class names it as the
+    active DDP module, as torch's DDP does for itself, so that dynamo's
+    DDPOptimizer (torch._dynamo.backends.distributed) splits the compiled
+    graph at ``ddp.bucket_bytes_cap`` and the buckets' gradients become
+    ready during backward. Only while dynamo is imported (a user who never
+    compiles pays nothing)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules or _optimize_ddp_mode() != "ddp_optimizer":
+        yield
+        return
+    cls = torch.nn.parallel.DistributedDataParallel
+    if not hasattr(cls, "_active_ddp_module"):
+        yield
+        return
+    old = cls._active_ddp_module
+    cls._active_ddp_module = ddp
+    try:
+        yield
+    finally:
+        cls._active_ddp_module = old
+
+
+# ------------------------------------------------- optimizer in backward
+def take_in_backward_optimizers(params) -> list:
+    """torch 2.x's ``torch.distributed.optim._apply_optimizer_in_backward``
+    gives parameters ``_in_backward_optimizers`` and a hook that steps them
+    on the local gradient. Under DDP the step must follow the average: as
+    torch's DDP does (``_setup_in_backward_optimizers``), the hooks are
+    removed and the DDP steps them (:func:`step_in_backward_optimizers`).
+    Returns the parameters that have such optimizers."""
+    params = [p for p in params if hasattr(p, "_in_backward_optimizers")]
+    if not params:
+        return []
+    try:
+        from torch.distributed.optim import apply_optimizer_in_backward as aoib
+    except ImportError:  # torch without the registry (1.13): nothing registered
+        return params
+    handles = getattr(aoib, "param_to_optim_hook_handle_map", None)
+    if handles is not None:
+        for p in params:
+            for handle in handles.get(p, []):
+                handle.remove()
+    torch._C._log_api_usage_once("ddp.optimizer_in_backward")
+    return params
+
+
+def step_in_backward_optimizers(params) -> None:
+    """After a synced backward: each parameter's optimizers step on its
+    averaged gradient, then the gradient is set to None, as torch's
+    ``_apply_optim_in_backward_hook`` does for DDP-managed parameters."""
+    for p in params:
+        if p.grad is not None:
+            for optim in p._in_backward_optimizers:
+                optim.step()
+    for p in params:
+        p.grad = None
+
+
+# ---------------------------------------------------------------- TCPStore
+def tcp_store(host: str, port: int, **kwargs):
+    """A ``torch.distributed.TCPStore`` client as torch's own rendezvous
+    makes it: torch 2.4+ uses libuv unless ``USE_LIBUV=0`` (which torch's
+    env:// and tcp:// rendezvous honour but a direct TCPStore does not), and
+    Debian's torch 2.6 is built without libuv, where use_libuv=True is an
+    error. So: USE_LIBUV as torch reads it, and without libuv when this
+    torch has none. torch 1.13's TCPStore has no use_libuv."""
+    import inspect
+    import os
+
+    import torch.distributed as dist
+
+    want = os.environ.get("USE_LIBUV", "1") == "1"
+    try:
+        takes = "use_libuv" in (dist.TCPStore.__init__.__doc__ or "") or (
+            "use_libuv" in inspect.signature(dist.TCPStore.__init__).parameters)
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        return dist.TCPStore(host, port, **kwargs)
+    try:
+        return dist.TCPStore(host, port, use_libuv=want, **kwargs)
+    except RuntimeError as e:
+        if want and "libuv" in str(e):
+            return dist.TCPStore(host, port, use_libuv=False, **kwargs)
+        raise
