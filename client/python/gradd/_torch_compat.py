@@ -160,7 +160,11 @@ def inside_ddp_forward(ddp):
         yield
         return
     cls = torch.nn.parallel.DistributedDataParallel
-    if not hasattr(cls, "_active_ddp_module"):
+    # DDPOptimizer asserts that the first bucket (1 MiB) is not larger than
+    # the others: a smaller bucket_cap_mb would crash the compile (torch's
+    # DDP too); gradd then compiles one graph (same values, less overlap).
+    first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    if not hasattr(cls, "_active_ddp_module") or ddp.bucket_bytes_cap < first:
         yield
         return
     old = cls._active_ddp_module
