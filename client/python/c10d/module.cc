@@ -1,6 +1,12 @@
 // gradd._c10d: ProcessGroupGradd for Python (a subclass of torch's
-// torch.distributed.ProcessGroup), created by gradd/distributed.py's
-// backend creator once the ranks agreed on a job through torch's store.
+// torch.distributed.ProcessGroup on torch 1.13, of its c10d Backend on torch
+// 2.x: see torch_compat.h), created by gradd/distributed.py's backend
+// creator once the ranks agreed on a job through torch's store.
+//
+// Importing it under a torch other than the one it was built against (major
+// and minor version) raises ImportError before any torch class is touched:
+// torch's C++ classes change layout between versions, so the extension would
+// crash rather than fail.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
@@ -13,6 +19,7 @@
 
 #include "gradd/client.h"
 #include "process_group_gradd.h"
+#include "torch_compat.h"
 
 namespace py = pybind11;
 
@@ -65,18 +72,47 @@ c10::intrusive_ptr<ProcessGroupGradd> Create(
   return c10::make_intrusive<ProcessGroupGradd>(std::move(*client), job_id);
 }
 
+// Throws ImportError unless the running torch's major.minor version is the
+// one this extension was built against.
+void CheckTorchVersion() {
+  const std::string built = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                            std::to_string(TORCH_VERSION_MINOR) + ".";
+  const std::string running =
+      py::str(py::module_::import("torch").attr("__version__"));
+  if (running.compare(0, built.size(), built) != 0) {
+    throw py::import_error(
+        "gradd._c10d was built against torch " + std::string(TORCH_VERSION) +
+        " but torch " + running +
+        " is running; rebuild gradd's Python client (scripts/setup) with "
+        "this torch's libtorch-dev");
+  }
+  if (!py::module_::import("torch.distributed")
+           .attr("is_available")()
+           .cast<bool>()) {
+    throw py::import_error(
+        "gradd._c10d: this torch is built without torch.distributed");
+  }
+}
+
 }  // namespace
 }  // namespace gradd::c10d_backend
 
 PYBIND11_MODULE(_c10d, m) {
   using gradd::c10d_backend::ProcessGroupGradd;
   m.doc() = "gradd's torch.distributed process group (backend \"gradd\")";
-  // Registers torch's ProcessGroup type with pybind11 first.
-  py::object base =
-      py::module_::import("torch.distributed").attr("ProcessGroup");
+  gradd::c10d_backend::CheckTorchVersion();
+  // Registers torch's ProcessGroup / Backend type with pybind11 first.
+  namespace compat = gradd::c10d_backend::compat;
+  py::object base = py::module_::import(compat::kPythonBaseModule)
+                        .attr(compat::kPythonBaseClass);
   py::class_<ProcessGroupGradd, c10::intrusive_ptr<ProcessGroupGradd>>(
       m, "ProcessGroupGradd", base)
       .def_property_readonly("job_id", &ProcessGroupGradd::job_id);
+  // The torch built against, and whether ProcessGroupGradd is a c10d
+  // Backend under torch's own ProcessGroup (2.x) or the group itself
+  // (1.13): for diagnostics and tests.
+  m.attr("TORCH_VERSION") = TORCH_VERSION;
+  m.attr("IS_BACKEND") = TORCH_VERSION_MAJOR >= 2;
   m.def("create", &gradd::c10d_backend::Create, py::arg("rank"),
         py::arg("size"), py::kw_only(), py::arg("job_id"), py::arg("socket"),
         py::arg("local_rank"), py::arg("local_world_size"),

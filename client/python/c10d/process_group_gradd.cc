@@ -123,6 +123,86 @@ absl::Status BroadcastBytes(gradd::Client* client, void* data, size_t bytes,
   return absl::OkStatus();
 }
 
+// One output / input pair of an _into_tensor collective: the contiguous
+// input, the contiguous buffer the result lands in, and the output (when
+// the buffer is a copy, the result is copied into it).
+struct IntoTensor {
+  at::Tensor src;
+  at::Tensor dst;
+  at::Tensor output;
+  int32_t dtype;
+};
+
+IntoTensor MakeInto(at::Tensor& output, at::Tensor& input, const char* what) {
+  return IntoTensor{input.contiguous(),
+                    output.is_contiguous() ? output : output.contiguous(),
+                    output, GraddDtype(output.scalar_type(), what)};
+}
+
+// The output holds `size` inputs.
+IntoTensor MakeAllgatherInto(at::Tensor& output, at::Tensor& input, int size,
+                             const char* what) {
+  CheckTensor(input, what);
+  CheckTensor(output, what);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
+                  output.numel() == input.numel() * size,
+              "gradd backend: ", what, " output must hold group size (", size,
+              ") x ", input.numel(), " elements of ", input.scalar_type(),
+              ", got ", output.numel(), " x ", output.scalar_type());
+  return MakeInto(output, input, what);
+}
+
+// The input holds `size` outputs.
+IntoTensor MakeReduceScatterInto(at::Tensor& output, at::Tensor& input,
+                                 int size, const char* what) {
+  CheckTensor(input, what);
+  CheckTensor(output, what);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
+                  input.numel() == output.numel() * size,
+              "gradd backend: ", what, " input must hold group size (", size,
+              ") x ", output.numel(), " elements of ", output.scalar_type(),
+              ", got ", input.numel(), " x ", input.scalar_type());
+  return MakeInto(output, input, what);
+}
+
+void CheckPairs(const std::vector<at::Tensor>& outputs,
+                const std::vector<at::Tensor>& inputs, const char* what) {
+  TORCH_CHECK(!inputs.empty(), "gradd backend: ", what,
+              " needs at least one tensor");
+  TORCH_CHECK(outputs.size() == inputs.size(), "gradd backend: ", what,
+              " needs one output per input, got ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+}
+
+absl::Status AllgatherInto(gradd::Client* client, IntoTensor& p) {
+  if (absl::Status s =
+          client->Allgather(p.src.data_ptr(), p.src.nbytes(), p.dst.data_ptr());
+      !s.ok()) {
+    return s;
+  }
+  if (!p.dst.is_same(p.output)) p.output.copy_(p.dst);
+  return absl::OkStatus();
+}
+
+absl::Status ReduceScatterInto(gradd::Client* client, IntoTensor& p,
+                               gradd::ReduceOp op) {
+  if (absl::Status s = client->ReduceScatter(p.src.data_ptr(), p.dst.data_ptr(),
+                                             static_cast<size_t>(p.dst.numel()),
+                                             p.dtype, op);
+      !s.ok()) {
+    return s;
+  }
+  if (!p.dst.is_same(p.output)) p.output.copy_(p.dst);
+  return absl::OkStatus();
+}
+
+[[noreturn]] void Unsupported(const char* what) {
+  TORCH_CHECK(false, "gradd backend: ", what,
+              " is not supported; gradd runs all_reduce, broadcast, "
+              "all_gather, reduce_scatter, reduce, gather, scatter and "
+              "barrier (use a Gloo group for the others)");
+}
+
 absl::Status FromException(const char* what) {
   try {
     throw;
@@ -300,7 +380,7 @@ struct ProcessGroupGradd::State {
 
 ProcessGroupGradd::ProcessGroupGradd(std::unique_ptr<gradd::Client> client,
                                      std::string job_id)
-    : c10d::ProcessGroup(client->global_rank(), client->world_size()),
+    : compat::BackendBase(client->global_rank(), client->world_size()),
       state_(std::make_shared<State>(std::move(client))),
       client_(state_->client.get()),
       job_id_(std::move(job_id)) {
@@ -313,7 +393,7 @@ ProcessGroupGradd::~ProcessGroupGradd() {
   std::unique_lock<std::mutex> lock(s->mu);
   s->stopping = true;
   s->work_cv.notify_all();
-  const bool finalizing = Py_IsInitialized() && _Py_IsFinalizing();
+  const bool finalizing = Py_IsInitialized() && compat::PythonFinalizing();
   const bool on_own_thread = std::any_of(
       s->threads.begin(), s->threads.end(),
       [](std::thread& t) { return t.get_id() == std::this_thread::get_id(); });
@@ -516,26 +596,83 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
-  CheckTensor(input, "_allgather_base");
-  CheckTensor(output, "_allgather_base");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
-                  output.numel() == input.numel() * size_,
-              "gradd backend: _allgather_base output must hold group size (",
-              size_, ") x ", input.numel(), " elements of ",
-              input.scalar_type(), ", got ", output.numel(), " x ",
-              output.scalar_type());
-  at::Tensor src = input.contiguous();
-  at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
-  return Enqueue("_allgather_base", {output},
-                 [client = client_, src, dst, output]() mutable {
-                   if (absl::Status s = client->Allgather(
-                           src.data_ptr(), src.nbytes(), dst.data_ptr());
-                       !s.ok()) {
-                     return s;
-                   }
-                   if (!dst.is_same(output)) output.copy_(dst);
-                   return absl::OkStatus();
-                 });
+  IntoTensor p = MakeAllgatherInto(output, input, size_, "_allgather_base");
+  return Enqueue("_allgather_base", {output}, [client = client_, p]() mutable {
+    return AllgatherInto(client, p);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists,
+    std::vector<at::Tensor>& input_tensors, const c10d::AllgatherOptions&) {
+  // output_lists[r][i] receives rank r's input_tensors[i] (torch's and
+  // Gloo's layout).
+  const char* what = "allgather_coalesced";
+  TORCH_CHECK(!input_tensors.empty(), "gradd backend: ", what,
+              " needs at least one tensor");
+  TORCH_CHECK(static_cast<int>(output_lists.size()) == size_,
+              "gradd backend: ", what, " needs ", size_,
+              " output lists (the group size), got ", output_lists.size());
+  std::vector<at::Tensor> srcs;
+  for (const at::Tensor& in : input_tensors) {
+    CheckTensor(in, what);
+    srcs.push_back(in.contiguous());
+  }
+  std::vector<at::Tensor> all_outs;  // rank-major, as output_lists
+  for (const std::vector<at::Tensor>& list : output_lists) {
+    TORCH_CHECK(list.size() == input_tensors.size(), "gradd backend: ", what,
+                " needs one output per input (", input_tensors.size(),
+                ") in every output list, got ", list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const at::Tensor& o = list[i];
+      const at::Tensor& in = input_tensors[i];
+      CheckTensor(o, what);
+      TORCH_CHECK(
+          o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+          "gradd backend: ", what,
+          " output tensors must match their input's size and dtype (",
+          in.numel(), " x ", in.scalar_type(), "), got ", o.numel(), " x ",
+          o.scalar_type());
+      all_outs.push_back(o);
+    }
+  }
+  return Enqueue(
+      what, all_outs,
+      [client = client_, size = size_, srcs, all_outs]() mutable {
+        const size_t n = srcs.size();
+        for (size_t i = 0; i < n; ++i) {
+          const at::Tensor& src = srcs[i];
+          at::Tensor all = at::empty({size, src.numel()}, src.options());
+          if (absl::Status s = client->Allgather(src.data_ptr(), src.nbytes(),
+                                                 all.data_ptr());
+              !s.ok()) {
+            return s;
+          }
+          for (int r = 0; r < size; ++r) {
+            at::Tensor& o = all_outs[r * n + i];
+            o.copy_(all[r].view(o.sizes()));
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupGradd::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions&) {
+  const char* what = "allgather_into_tensor_coalesced";
+  CheckPairs(outputs, inputs, what);
+  std::vector<IntoTensor> pairs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    pairs.push_back(MakeAllgatherInto(outputs[i], inputs[i], size_, what));
+  }
+  return Enqueue(what, outputs, [client = client_, pairs]() mutable {
+    for (IntoTensor& p : pairs) {
+      if (absl::Status s = AllgatherInto(client, p); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::gather(
@@ -665,37 +802,66 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
-  CheckTensor(input, "_reduce_scatter_base");
-  CheckTensor(output, "_reduce_scatter_base");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
-                  input.numel() == output.numel() * size_,
-              "gradd backend: _reduce_scatter_base input must hold group "
-              "size (",
-              size_, ") x ", output.numel(), " elements of ",
-              output.scalar_type(), ", got ", input.numel(), " x ",
-              input.scalar_type());
-  const int32_t dtype =
-      GraddDtype(output.scalar_type(), "_reduce_scatter_base");
-  const gradd::ReduceOp op = GraddOp(opts.reduceOp, "_reduce_scatter_base");
-  at::Tensor src = input.contiguous();
-  at::Tensor dst = output.is_contiguous() ? output : output.contiguous();
-  return Enqueue("_reduce_scatter_base", {output},
-                 [client = client_, src, dst, output, dtype, op]() mutable {
-                   if (absl::Status s = client->ReduceScatter(
-                           src.data_ptr(), dst.data_ptr(),
-                           static_cast<size_t>(dst.numel()), dtype, op);
-                       !s.ok()) {
-                     return s;
-                   }
-                   if (!dst.is_same(output)) output.copy_(dst);
-                   return absl::OkStatus();
-                 });
+  const char* what = "_reduce_scatter_base";
+  IntoTensor p = MakeReduceScatterInto(output, input, size_, what);
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, what);
+  return Enqueue(what, {output}, [client = client_, p, op]() mutable {
+    return ReduceScatterInto(client, p, op);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupGradd::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* what = "reduce_scatter_tensor_coalesced";
+  CheckPairs(outputs, inputs, what);
+  std::vector<IntoTensor> pairs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    pairs.push_back(MakeReduceScatterInto(outputs[i], inputs[i], size_, what));
+  }
+  const gradd::ReduceOp op = GraddOp(opts.reduceOp, what);
+  return Enqueue(what, outputs, [client = client_, pairs, op]() mutable {
+    for (IntoTensor& p : pairs) {
+      if (absl::Status s = ReduceScatterInto(client, p, op); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::barrier(
     const c10d::BarrierOptions&) {
   return Enqueue("barrier", {},
                  [client = client_] { return client->Barrier(); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::send(std::vector<at::Tensor>&,
+                                                       int, int) {
+  Unsupported("send (point-to-point)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::recv(std::vector<at::Tensor>&,
+                                                       int, int) {
+  Unsupported("recv (point-to-point)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::recvAnysource(
+    std::vector<at::Tensor>&, int) {
+  Unsupported("recv from any source (point-to-point)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::alltoall_base(
+    at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
+    const c10d::AllToAllOptions&) {
+  Unsupported("all_to_all_single (alltoall_base)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradd::alltoall(
+    std::vector<at::Tensor>&, std::vector<at::Tensor>&,
+    const c10d::AllToAllOptions&) {
+  Unsupported("all_to_all (alltoall)");
 }
 
 }  // namespace gradd::c10d_backend

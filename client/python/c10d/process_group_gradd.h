@@ -1,8 +1,11 @@
-// ProcessGroupGradd: a torch.distributed (c10d) process group whose
-// collectives are run by the node's gradd daemon, so that
+// ProcessGroupGradd: a torch.distributed (c10d) backend whose collectives
+// are run by the node's gradd daemon, so that
 // dist.init_process_group("gradd"), dist.all_reduce and torch's own
 // unmodified DistributedDataParallel work over gradd (gradd/distributed.py
-// registers it as the backend "gradd").
+// registers it as the backend "gradd"). On torch 1.13 it is a
+// c10d::ProcessGroup, on torch 2.x a c10d::Backend that torch's own
+// ProcessGroup routes CPU tensors to (torch_compat.h holds the
+// differences).
 //
 // Owns one collective-only gradd::Client (a job of zero parameters with a
 // shared collective area) and a small pool of threads. Every collective is
@@ -35,8 +38,13 @@
 // Tensors: CPU, one per call (no multi-device lists), float32/64, float16,
 // bfloat16, int32/64, uint8, int8; a non-contiguous tensor is reduced in a
 // contiguous copy that is copied back. Anything else throws c10::Error at
-// the call (nothing is queued). Ranks are the group's ranks, which are the
-// gradd job's global ranks (distributed.py places them so).
+// the call (nothing is queued), and so do the operations gradd does not run
+// (point-to-point send/recv, all_to_all), naming the operation. A coalesced
+// call (allreduce_coalesced, allgather_coalesced, and torch 2.x's
+// allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced) is one
+// queued item: its parts run back to back and complete one future. Ranks are
+// the group's ranks, which are the gradd job's global ranks (distributed.py
+// places them so).
 //
 // Thread safety: the collectives may be called from any thread, future
 // callbacks included; calls from several threads at once are queued in the
@@ -58,16 +66,14 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "gradd/client.h"
+#include "torch_compat.h"
 
 namespace gradd::c10d_backend {
 
-class ProcessGroupGradd : public c10d::ProcessGroup {
+class ProcessGroupGradd : public compat::BackendBase {
  public:
   // Takes an attached client; rank and size must be its global rank and
   // world size.
@@ -116,6 +122,38 @@ class ProcessGroupGradd : public c10d::ProcessGroup {
           c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  // Coalesced: the i-th output / input pair is one call of the single
+  // version; all of them are one item (one future).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists,
+      std::vector<at::Tensor>& input_tensors,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions())
+      GRADD_TORCH2_OVERRIDE;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions())
+      GRADD_TORCH2_OVERRIDE;
+
+  // Not run by gradd: each throws c10::Error naming the operation.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
+                                      int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
+                                      int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes,
+      std::vector<int64_t>& input_split_sizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& output_tensors,
+      std::vector<at::Tensor>& input_tensors,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
 
  private:
   // Runs on a pool thread holding the runner role: the client's blocking

@@ -17,10 +17,19 @@ locally and then between nodes (Gloo), as they do gradient buckets.
 
 Supported: CPU tensors of float32/64, float16, bfloat16, int32/64, uint8,
 int8; all_reduce (SUM, AVG, MIN, MAX), all_reduce_coalesced, broadcast,
-all_gather (+ all_gather_into_tensor / _all_gather_base), reduce_scatter
-(+ _reduce_scatter_base), reduce, gather, scatter, barrier. Not supported
-(clear errors): point-to-point send/recv, all_to_all, other reduce ops,
-CUDA tensors.
+all_gather (+ all_gather_into_tensor / _all_gather_base,
+all_gather_coalesced), reduce_scatter (+ reduce_scatter_tensor /
+_reduce_scatter_base), reduce, gather, scatter, barrier; on torch 2.x also
+the coalesced forms torch's ``_coalescing_manager`` issues
+(allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced). Not
+supported (RuntimeError naming the operation): point-to-point send/recv
+(so batch_isend_irecv), all_to_all, other reduce ops, CUDA tensors.
+
+torch 1.13 and 2.x (the ProcessGroup / Backend split: there the backend
+serves the device "cpu" of torch's own ProcessGroup); the differences are in
+gradd/_c10d_compat.py and c10d/torch_compat.h. An extension built for
+another torch refuses to import (``available()`` is False, the reason in
+``unavailable_reason()``) instead of crashing.
 
 Environment: GRADD_SOCKET (this node's daemon), GRADD_COORDINATOR (else
 MASTER_ADDR) for multi-node jobs, LOCAL_RANK / LOCAL_WORLD_SIZE for the
@@ -36,7 +45,7 @@ import uuid
 
 import torch.distributed as dist
 
-from gradd import _world
+from gradd import _c10d_compat, _world
 
 try:
     from gradd import _c10d
@@ -48,12 +57,17 @@ else:
 
 BACKEND = "gradd"
 
-__all__ = ["BACKEND", "available", "register"]
+__all__ = ["BACKEND", "available", "register", "unavailable_reason"]
 
 
 def available() -> bool:
-    """Whether the backend's extension (gradd._c10d) was built."""
+    """Whether the backend's extension (gradd._c10d) was built for this torch."""
     return _c10d is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why gradd._c10d cannot be used (None when it can)."""
+    return None if _c10d is not None else str(_IMPORT_ERROR)
 
 
 def _node_key() -> str:
@@ -99,12 +113,15 @@ def _layout(store, rank, size):
     return members[me].index(rank), local_size, nodes.index(me), len(nodes)
 
 
-def _create(store, rank, size, timeout):
-    """torch.distributed's creator for the backend "gradd" (see module doc)."""
+def _create(*args):
+    """torch.distributed's creator for the backend "gradd" (see module doc):
+    (store, rank, size, timeout); on torch 2.x it returns the c10d Backend
+    that torch's own ProcessGroup wraps."""
+    store, rank, size, timeout = _c10d_compat.creator_args(args)
     if _c10d is None:
-        raise RuntimeError(
-            f"gradd backend unavailable: gradd._c10d was not built ({_IMPORT_ERROR}); "
-            "install libtorch-dev and rebuild")
+        hint = ("; install libtorch-dev and rebuild"
+                if isinstance(_IMPORT_ERROR, ModuleNotFoundError) else "")
+        raise RuntimeError(f"gradd backend unavailable: {_IMPORT_ERROR}{hint}")
     if rank == 0:
         store.set("gradd/job", f"torch-{uuid.uuid4().hex}")
     job_id = store.get("gradd/job").decode()
@@ -131,7 +148,7 @@ def register() -> None:
     """Registers the backend "gradd" with torch.distributed (idempotent)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create)
+    _c10d_compat.register(BACKEND, _create)
 
 
 register()
