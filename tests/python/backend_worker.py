@@ -10,7 +10,19 @@ Modes (each prints "OK <mode>" at the end; any failed check raises):
   mismatch     ranks issue different allreduces: a clear error, not a hang
   ddp          torch's own DistributedDataParallel over the default group
                "gradd" and over a Gloo group, parameters equal every step
+  into_tensor  all_gather_into_tensor / reduce_scatter_tensor (flat and
+               stacked forms, non-contiguous output, async)
+  coalesced    all_reduce_coalesced, all_gather_coalesced, and torch 2.x's
+               _coalescing_manager fast paths (allreduce_coalesced,
+               allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced)
+  split        the group objects: get_backend, size / rank, new_group with
+               backend "gradd"; on torch 2.x the Backend under torch's
+               ProcessGroup for the device "cpu"
+  unsupported  point-to-point (send/recv, batch_isend_irecv), all_to_all,
+               non-CPU tensors: a RuntimeError naming the operation, and the
+               group still works afterwards
 """
+import inspect
 import os
 import sys
 import time
@@ -208,13 +220,217 @@ def ddp(rank, world, steps=4):
     print(f"WORST {worst:.3g}")
 
 
+def into_tensor(rank, world):
+    n = 5
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        want = torch.cat([data(r, n, dtype) for r in range(world)])
+        out = torch.empty(world * n, dtype=dtype)
+        dist.all_gather_into_tensor(out, data(rank, n, dtype))
+        expect_equal(out, want, f"all_gather_into_tensor {dtype}")
+        # the stacked form: output [world, n]
+        out = torch.empty(world, n, dtype=dtype)
+        dist.all_gather_into_tensor(out, data(rank, n, dtype))
+        expect_equal(out.view(-1), want, f"all_gather_into_tensor stacked {dtype}")
+        # rank r's block b is data(r, n) + b
+        ins = torch.cat([data(rank, n, dtype) + b for b in range(world)])
+        out = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(out, ins)
+        want_rs = (sum(data(r, n, dtype).double() + rank for r in range(world))).to(dtype)
+        expect_equal(out, want_rs, f"reduce_scatter_tensor {dtype}")
+        out = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(out, ins.view(world, n))  # stacked input
+        expect_equal(out, want_rs, f"reduce_scatter_tensor stacked {dtype}")
+    # MAX, async, and a non-contiguous output (reduced into a copy)
+    ins = torch.cat([torch.full((4,), float(rank * 10 + b)) for b in range(world)])
+    holder = torch.zeros(4, 2)
+    out = holder[:, 0]
+    assert not out.is_contiguous()
+    work = dist.reduce_scatter_tensor(out, ins, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()
+    expect_equal(holder[:, 0], torch.full((4,), float((world - 1) * 10 + rank)),
+                 "reduce_scatter_tensor MAX async non-contiguous")
+    expect_equal(holder[:, 1], torch.zeros(4), "reduce_scatter_tensor left the rest alone")
+    fut = dist.all_gather_into_tensor(torch.empty(world * 3), torch.full((3,), float(rank)),
+                                      async_op=True).get_future()
+    got = fut.wait()[0]
+    expect_equal(got, torch.arange(world, dtype=torch.float32).repeat_interleave(3),
+                 "all_gather_into_tensor future")
+    # a wrongly sized output is refused at the call
+    try:
+        dist.all_gather_into_tensor(torch.empty(world * n + 1), torch.ones(n))
+    except (RuntimeError, ValueError) as e:
+        assert "all" in str(e).lower() and "gather" in str(e).lower(), str(e)
+    else:
+        raise AssertionError("a wrongly sized all_gather_into_tensor output was accepted")
+
+
+def has_coalescing_manager():
+    """torch 2.x's dist._coalescing_manager(group, device, async_ops) with the
+    fast paths (1.13 has another one, for NCCL's point-to-point only)."""
+    cm = getattr(dist, "_coalescing_manager", None)
+    return cm is not None and "async_ops" in inspect.signature(cm).parameters
+
+
+def coalesced(rank, world):
+    # all_reduce_coalesced: several shapes, one dtype; MAX too
+    ts = [data(rank, 7, torch.float64), data(rank, 6, torch.float64).view(2, 3)]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.MAX)
+    expect_equal(ts[0], reduced(world, 7, torch.float64, dist.ReduceOp.MAX), "coalesced MAX 0")
+    expect_equal(ts[1].view(-1), reduced(world, 6, torch.float64, dist.ReduceOp.MAX),
+                 "coalesced MAX 1")
+    # all_gather_coalesced (deprecated): outs[r][i] is rank r's input i
+    if hasattr(dist, "all_gather_coalesced"):
+        import warnings
+        ins = [data(rank, 3, torch.float32), data(rank, 4, torch.float32).view(2, 2)]
+        outs = [[torch.empty(3), torch.empty(2, 2)] for _ in range(world)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.all_gather_coalesced(outs, ins)
+        for r in range(world):
+            expect_equal(outs[r][0], data(r, 3, torch.float32), f"all_gather_coalesced 0 {r}")
+            expect_equal(outs[r][1].view(-1), data(r, 4, torch.float32),
+                         f"all_gather_coalesced 1 {r}")
+    if not has_coalescing_manager():
+        print("SKIP coalescing_manager (this torch has none)")
+        return
+    # torch 2.x: the coalescing manager's fast paths, synchronous ...
+    a, b = data(rank, 5, torch.float32), data(rank, 9, torch.float32)
+    with dist._coalescing_manager():
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    expect_equal(a, reduced(world, 5, torch.float32, dist.ReduceOp.SUM), "cm all_reduce a")
+    expect_equal(b, reduced(world, 9, torch.float32, dist.ReduceOp.SUM), "cm all_reduce b")
+    outs = [torch.empty(world * 4, dtype=torch.int64), torch.empty(world * 2, dtype=torch.float64)]
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(outs[0], data(rank, 4, torch.int64))
+        dist.all_gather_into_tensor(outs[1], data(rank, 2, torch.float64))
+    expect_equal(outs[0], torch.cat([data(r, 4, torch.int64) for r in range(world)]),
+                 "cm all_gather_into_tensor 0")
+    expect_equal(outs[1], torch.cat([data(r, 2, torch.float64) for r in range(world)]),
+                 "cm all_gather_into_tensor 1")
+    # ... and asynchronous
+    outs = [torch.empty(3), torch.empty(2, dtype=torch.int32)]
+    ins = [torch.cat([data(rank, 3, torch.float32) + k for k in range(world)]),
+           torch.cat([data(rank, 2, torch.int32) * (k + 1) for k in range(world)])]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(outs[0], ins[0])
+        dist.reduce_scatter_tensor(outs[1], ins[1])
+    cm.wait()
+    expect_equal(outs[0], (sum(data(r, 3, torch.float32) for r in range(world)) + world * rank),
+                 "cm reduce_scatter_tensor 0")
+    expect_equal(outs[1], sum(data(r, 2, torch.int32) for r in range(world)) * (rank + 1),
+                 "cm reduce_scatter_tensor 1")
+    print("COALESCING_MANAGER ok")
+
+
+def split(rank, world):
+    assert dist.get_backend() == "gradd", dist.get_backend()
+    assert dist.get_rank() == rank and dist.get_world_size() == world
+    world_group = dist.group.WORLD
+    assert world_group.rank() == rank and world_group.size() == world, (
+        world_group.rank(), world_group.size())
+    import gradd._c10d as c10d
+    if hasattr(world_group, "_get_backend"):
+        # torch 2.x: torch's own ProcessGroup over gradd's Backend for "cpu"
+        backend = world_group._get_backend(torch.device("cpu"))
+        assert isinstance(backend, c10d.ProcessGroupGradd), type(backend)
+        assert not isinstance(world_group, c10d.ProcessGroupGradd)
+        assert backend.rank() == rank and backend.size() == world
+        assert backend.job_id.startswith("torch-"), backend.job_id
+        print("SPLIT backend", c10d.TORCH_VERSION)
+    else:
+        assert isinstance(world_group, c10d.ProcessGroupGradd), type(world_group)
+        print("SPLIT process_group", c10d.TORCH_VERSION)
+    # a subgroup of the higher ranks, in reverse order of creation on purpose
+    members = list(range(world - 1, 0, -1)) if world > 2 else [0, 1]
+    sub = dist.new_group(members, backend="gradd")
+    if rank in members:
+        assert dist.get_backend(sub) == "gradd", dist.get_backend(sub)
+        want_rank = sorted(members).index(rank)
+        assert sub.rank() == want_rank and sub.size() == len(members), (sub.rank(), sub.size())
+        assert dist.get_rank(sub) == want_rank
+        t = torch.full((3,), float(rank))
+        dist.all_reduce(t, group=sub)
+        expect_equal(t, torch.full((3,), float(sum(members))), "subgroup all_reduce")
+        out = torch.empty(len(members))
+        dist.all_gather_into_tensor(out, torch.tensor([float(rank)]), group=sub)
+        expect_equal(out, torch.tensor([float(m) for m in sorted(members)]),
+                     "subgroup all_gather_into_tensor")
+    else:
+        assert sub == dist.GroupMember.NON_GROUP_MEMBER
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((2,), float(world)), "world after subgroup")
+
+
+def expect_error(fn, *words, what):
+    try:
+        fn()
+    except RuntimeError as e:
+        msg = str(e)
+        for w in words:
+            assert w.lower() in msg.lower(), f"{what}: {w!r} not in {msg!r}"
+        print(f"REFUSED {what}: {msg.splitlines()[0][:200]}")
+    else:
+        raise AssertionError(f"{what} did not raise")
+
+
+def unsupported(rank, world):
+    peer = (rank + 1) % world
+    expect_error(lambda: dist.send(torch.ones(2), dst=peer), "gradd", "send", what="send")
+    expect_error(lambda: dist.recv(torch.ones(2), src=peer), "gradd", "recv", what="recv")
+    expect_error(lambda: dist.isend(torch.ones(2), dst=peer), "gradd", "send", what="isend")
+    ops = [dist.P2POp(dist.isend, torch.ones(2), peer),
+           dist.P2POp(dist.irecv, torch.empty(2), (rank - 1) % world)]
+    expect_error(lambda: dist.batch_isend_irecv(ops), "gradd", "point-to-point",
+                 what="batch_isend_irecv")
+    expect_error(lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world)),
+                 "gradd", "all_to_all", what="all_to_all_single")
+    expect_error(lambda: dist.all_to_all([torch.empty(1) for _ in range(world)],
+                                         [torch.ones(1) for _ in range(world)]),
+                 "gradd", "all_to_all", what="all_to_all")
+    # a tensor on another device: refused by torch (2.x: gradd serves "cpu"
+    # only; a meta tensor finds no c10d kernel) or by gradd (1.13), naming
+    # the device either way
+    expect_error(lambda: dist.all_reduce(torch.ones(2, device="meta")), "meta",
+                 what="all_reduce on meta")
+    pg = dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu")) if hasattr(pg, "_get_backend") else pg
+    # the group object's own method: torch 2.x's Backend binding calls gradd
+    # straight away, 1.13's ProcessGroup binding goes through the dispatcher
+    try:
+        backend.allreduce([torch.ones(2, device="meta")]).wait()
+    except RuntimeError as e:
+        msg = str(e)
+        assert "meta" in msg.lower(), msg
+        if "gradd backend" in msg:
+            assert "CPU tensors only" in msg, msg
+        print(f"REFUSED backend allreduce on meta: {msg.splitlines()[0][:200]}")
+    else:
+        raise AssertionError("backend allreduce on meta did not raise")
+    # a sparse CPU tensor reaches gradd on both (1.13: allreduce refuses the
+    # layout; 2.x: allreduce_sparse is not gradd's)
+    sparse = torch.ones(2).to_sparse()
+    expect_error(lambda: dist.all_reduce(sparse), "gradd", "sparse", what="sparse all_reduce")
+    if torch.cuda.is_available():
+        expect_error(lambda: dist.all_reduce(torch.ones(2, device="cuda")), "cuda",
+                     what="all_reduce on cuda")
+        expect_error(lambda: backend.allreduce([torch.ones(2, device="cuda")]),
+                     "gradd backend", "CPU tensors only", what="backend allreduce on cuda")
+    # nothing was queued: the group still runs collectives
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((3,), float(world)), "all_reduce after refusals")
+
+
 def main():
     mode, init_file = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gradd", init_method=f"file://{init_file}", rank=rank, world_size=world)
     {"collectives": collectives, "logging": logging_loop, "subgroup": subgroup,
-     "mismatch": mismatch, "ddp": ddp}[mode](rank, world)
+     "mismatch": mismatch, "ddp": ddp, "into_tensor": into_tensor, "coalesced": coalesced,
+     "split": split, "unsupported": unsupported}[mode](rank, world)
     if mode != "mismatch":
         dist.destroy_process_group()
     print(f"OK {mode}", flush=True)
