@@ -238,3 +238,19 @@ def tcp_store(host: str, port: int, **kwargs):
         if want and "libuv" in str(e):
             return dist.TCPStore(host, port, use_libuv=False, **kwargs)
         raise
+
+
+# ------------------------------------------------ construction-time sync
+def init_syncs_buffers(broadcast_buffers: bool) -> bool:
+    """Whether DDP's construction broadcasts rank 0's buffers: torch 2.x's
+    ``_sync_module_states`` does so only with ``broadcast_buffers=True``;
+    torch 1.13's always does."""
+    if broadcast_buffers:
+        return True
+    import inspect
+
+    try:
+        from torch.distributed.utils import _sync_module_states
+    except ImportError:
+        return True
+    return "broadcast_buffers" not in inspect.signature(_sync_module_states).parameters
