@@ -36,6 +36,18 @@ gradd's coordinator host: the daemon there serves the rendezvous on
 demand); --gloo-ifname sets GLOO_SOCKET_IFNAME for torch's workers;
 --comm-hook gives the gradd daemons a default_comm_hook (e.g. bf16_compress;
 torch DDP stays uncompressed, as DDP runs by default).
+--compile on runs every mode with the DDP model under torch.compile
+(torch 2: `torch.compile(DistributedDataParallel(model))`, torch's and
+gradd's alike, dynamo's DDPOptimizer splitting the graph at the buckets;
+no_comm compiles the plain model); --compile both runs each mode eager and
+compiled ("<mode>+compile") in the same rounds. Under torch 1.x (no
+torch.compile) the compiled variants are reported as not available.
+
+Platforms: under scripts/debian13 (torch 2.6, Python 3.13) the defaults
+follow $GRADD_BUILD_DIR (build-debian13/: its client/python and
+server/gradd). --socket PATH uses a gradd already running there instead of
+starting one (one node), e.g. a daemon built on the host serving the
+Debian 13 root through a socket under the repository.
 Benchmarks are not tests: nothing here asserts.
 """
 import argparse
@@ -66,6 +78,12 @@ def worker(args):
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.compiled:
+        # The compiled graphs' first steps (warm-up) build their kernels: one
+        # thread each, like the training itself, and no compile workers.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.manual_seed(0)
     model = build_model(torch)
@@ -87,6 +105,9 @@ def worker(args):
         import gradd.torch
 
         model = gradd.torch.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    ddp = model
+    if args.compiled:  # torch's recipe: compile the DDP-wrapped model
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=args.momentum)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 1024, generator=g)
@@ -105,11 +126,12 @@ def worker(args):
         step()
     elapsed = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"rank": rank, "steps_per_s": args.steps / elapsed, "params": params}))
+    print(json.dumps({"rank": rank, "steps_per_s": args.steps / elapsed, "params": params,
+                      "torch": torch.__version__}))
     if args.mode in ("torch_ddp", "torch_ddp_gradd"):
         torch.distributed.destroy_process_group()
     elif args.mode == "gradd":
-        model.shutdown()
+        ddp.shutdown()
 
 
 def free_port():
@@ -137,7 +159,7 @@ def thp_mode():
         return "unknown"
 
 
-def run_mode(mode, args, env_extra, sockets=None):
+def run_mode(mode, args, env_extra, sockets=None, compiled=False):
     procs = []
     port = free_port()
     world = args.procs * args.nodes
@@ -161,7 +183,7 @@ def run_mode(mode, args, env_extra, sockets=None):
                "--port", str(port), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--threads", str(args.threads),
                "--bucket-cap-mb", str(args.bucket_cap_mb), "--momentum", str(args.momentum),
-               "--master-addr", args.master_addr]
+               "--master-addr", args.master_addr] + (["--compiled"] if compiled else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     results = []
     for p in procs:
@@ -170,13 +192,27 @@ def run_mode(mode, args, env_extra, sockets=None):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise SystemExit(f"{mode}: timed out after {args.timeout} s")
+            raise SystemExit(f"{mode_key(mode, compiled)}: timed out after {args.timeout} s")
         if p.returncode != 0:
             for q in procs:
                 q.kill()
-            raise SystemExit(f"{mode}: worker failed ({p.returncode}):\n{err.decode()[-3000:]}")
+            raise SystemExit(f"{mode_key(mode, compiled)}: worker failed ({p.returncode}):\n"
+                             f"{err.decode()[-3000:]}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return min(r["steps_per_s"] for r in results), results[0]["params"]
+    return min(r["steps_per_s"] for r in results), results[0]["params"], results[0]["torch"]
+
+
+def mode_key(mode, compiled):
+    return f"{mode}+compile" if compiled else mode
+
+
+def torch_has_compile():
+    """(torch's version, whether it has torch.compile), asked of the
+    interpreter the workers run."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__, hasattr(torch, 'compile'))"],
+        check=True, stdout=subprocess.PIPE).stdout.decode().split()
+    return out[0], out[1] == "True"
 
 
 def node_prefix(args, node):
@@ -248,8 +284,14 @@ def backend_built(pythonpath):
     return any(glob.glob(os.path.join(d, "gradd", "_c10d*.so")) for d in pythonpath.split(":") if d)
 
 
+def build_dir():
+    """The platform's build directory: $GRADD_BUILD_DIR (scripts/debian13
+    sets it), else build/."""
+    return os.environ.get("GRADD_BUILD_DIR") or os.path.join(REPO, "build")
+
+
 def find_gradd(arg):
-    for cand in (arg, os.environ.get("GRADD_BINARY"), os.path.join(REPO, "build/server/gradd"),
+    for cand in (arg, os.environ.get("GRADD_BINARY"), os.path.join(build_dir(), "server/gradd"),
                  shutil.which("gradd")):
         if cand and os.access(cand, os.X_OK):
             return cand
@@ -285,32 +327,53 @@ def main():
                     help="the gradd daemons' default_comm_hook (e.g. bf16_compress)")
     ap.add_argument("--malloc", choices=("thp", "glibc"), default="thp",
                     help="allocator setting for every mode (see the module docstring)")
+    ap.add_argument("--compile", choices=("off", "on", "both"), default="off",
+                    help="torch.compile the (DDP) model: off, on, or both variants of each mode")
+    ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--socket", default="",
+                    help="a running gradd's socket to use instead of starting one (one node)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
 
+    if args.socket and (args.nodes != 1 or args.comm_hook or args.reduce_threads):
+        raise SystemExit("--socket: one node, and the running daemon's own configuration")
     tmp = tempfile.mkdtemp(prefix="gradd-bench-")
     daemons, sockets, logs = ([], [], [])
+    variants = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    notes = {}
+    if True in variants:
+        version, has_compile = torch_has_compile()
+        if not has_compile:
+            notes["compile"] = f"torch {version} has no torch.compile"
+            print(f"# compiled variants not available: {notes['compile']}", file=sys.stderr)
+            variants = [v for v in variants if not v]
     try:
         if {"gradd", "torch_ddp_gradd"} & set(args.modes.split(",")):
-            daemons, sockets, logs = start_daemons(args, tmp)
+            if args.socket:
+                sockets = [args.socket]
+            else:
+                daemons, sockets, logs = start_daemons(args, tmp)
         pythonpath = os.environ.get("PYTHONPATH", "")
         if not pythonpath:
-            pythonpath = os.path.join(REPO, "build/client/python")
+            pythonpath = os.path.join(build_dir(), "client/python")
         env = {"GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
         modes = args.modes.split(",")
         if "torch_ddp_gradd" in modes and not backend_built(pythonpath):
-            print("# torch_ddp_gradd skipped: gradd._c10d (the torch.distributed backend) "
-                  "is not built", file=sys.stderr)
+            notes["torch_ddp_gradd"] = ("gradd._c10d (the torch.distributed backend) "
+                                        "is not built")
+            print(f"# torch_ddp_gradd skipped: {notes['torch_ddp_gradd']}", file=sys.stderr)
             modes.remove("torch_ddp_gradd")
-        rates, params = {}, 0
+        rates, params, torch_version = {}, 0, ""
         # Modes alternate over rounds and each keeps its best round, so a
         # burst of load from elsewhere does not decide the ratio.
         for rnd in range(args.rounds):
-            for mode in modes:
-                env["GRADD_JOB"] = f"compare-ddp-{mode}-{rnd}"
-                rate, params = run_mode(mode, args, env, sockets)
-                rates[mode] = max(rates.get(mode, 0.0), rate)
+            for compiled in variants:
+                for mode in modes:
+                    key = mode_key(mode, compiled)
+                    env["GRADD_JOB"] = f"compare-ddp-{key.replace('+', '-')}-{rnd}"
+                    rate, params, torch_version = run_mode(mode, args, env, sockets, compiled)
+                    rates[key] = max(rates.get(key, 0.0), rate)
     finally:
         stop_daemons(daemons, logs)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -319,14 +382,23 @@ def main():
         "params": params, "procs": args.procs, "nodes": args.nodes,
         "comm_hook": args.comm_hook or "allreduce", "batch": args.batch, "threads": args.threads,
         "steps": args.steps, "rounds": args.rounds, "steps_per_s": rates,
-        "malloc": args.malloc, "thp": thp_mode(),
+        "malloc": args.malloc, "thp": thp_mode(), "torch": torch_version,
+        "python": sys.version.split()[0],
     }
-    if "gradd" in rates and "torch_ddp" in rates:
-        summary["gradd_over_torch_ddp"] = rates["gradd"] / rates["torch_ddp"]
-    if "torch_ddp_gradd" in rates and "torch_ddp" in rates:
-        summary["torch_ddp_gradd_over_torch_ddp"] = rates["torch_ddp_gradd"] / rates["torch_ddp"]
-    if "no_comm" in rates and "torch_ddp" in rates:
-        summary["ceiling_over_torch_ddp"] = rates["no_comm"] / rates["torch_ddp"]
+    if notes:
+        summary["not_available"] = notes
+    ratios = (("gradd_over_torch_ddp", "gradd", "gradd / torch DDP"),
+              ("torch_ddp_gradd_over_torch_ddp", "torch_ddp_gradd",
+               "torch DDP over the gradd backend / torch DDP over Gloo"),
+              ("ceiling_over_torch_ddp", "no_comm", "no-communication / torch DDP (ceiling)"))
+    lines = []
+    for compiled in variants:
+        for name, mode, text in ratios:
+            num, den = mode_key(mode, compiled), mode_key("torch_ddp", compiled)
+            if num in rates and den in rates:
+                key = f"compile_{name}" if compiled else name
+                summary[key] = rates[num] / rates[den]
+                lines.append(f"{text}{' (torch.compile)' if compiled else ''}: {summary[key]:.2f}x")
     if args.json:
         print(json.dumps(summary))
         return
@@ -334,17 +406,15 @@ def main():
           f"{args.nodes} node(s) x {args.procs} processes x {args.threads} thread(s), "
           f"gradd hook {summary['comm_hook']}, {args.steps} steps after "
           f"{args.warmup} warm-up, best of {args.rounds} round(s)")
-    print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()})")
-    print(f"{'mode':<16}{'steps/s':>10}")
+    print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()}); "
+          f"torch {torch_version}, Python {summary['python']}")
+    print(f"{'mode':<24}{'steps/s':>10}")
     for mode, r in rates.items():
-        print(f"{mode:<16}{r:>10.2f}")
-    if "gradd_over_torch_ddp" in summary:
-        print(f"gradd / torch DDP: {summary['gradd_over_torch_ddp']:.2f}x")
-    if "torch_ddp_gradd_over_torch_ddp" in summary:
-        print("torch DDP over the gradd backend / torch DDP over Gloo: "
-              f"{summary['torch_ddp_gradd_over_torch_ddp']:.2f}x")
-    if "ceiling_over_torch_ddp" in summary:
-        print(f"no-communication / torch DDP (ceiling): {summary['ceiling_over_torch_ddp']:.2f}x")
+        print(f"{mode:<24}{r:>10.2f}")
+    for line in lines:
+        print(line)
+    for what, why in notes.items():
+        print(f"not available: {what}: {why}")
 
 
 if __name__ == "__main__":
