@@ -242,7 +242,13 @@ struct PostedRecv {
 struct EarlyMessage {
   std::unique_ptr<char[]> data;
   size_t nbytes = 0;
+  size_t capacity = 0;
 };
+
+// Buffers of messages that arrived before their receive, kept for the next
+// ones: a fresh allocation of a segment-sized buffer costs an mmap and a
+// page fault per page, which showed at 25 MiB.
+constexpr size_t kSpareBuffers = 4;
 
 class TcpBuffer final : public gloo::transport::UnboundBuffer {
  public:
@@ -384,7 +390,8 @@ class TcpPair final : public gloo::transport::Pair {
   std::string recv_error_;
   absl::flat_hash_map<uint64_t, std::deque<PostedRecv>> posted_;
   absl::flat_hash_map<uint64_t, std::deque<EarlyMessage>> early_;
-  TcpBuffer* recv_busy_ = nullptr;  // The reader is writing into it.
+  std::vector<EarlyMessage> spare_;  // At most kSpareBuffers.
+  TcpBuffer* recv_busy_ = nullptr;   // The reader is writing into it.
 
   std::mutex send_mu_;
   std::condition_variable send_cv_;
@@ -735,6 +742,7 @@ void TcpPair::Fail(const std::string& why) {
     }
     posted_.clear();
     early_.clear();
+    spare_.clear();
     recv_cv_.notify_all();
   }
   {
@@ -896,6 +904,10 @@ void TcpPair::PostRecv(TcpBuffer* buf, uint64_t slot, char* data,
   }
   std::memcpy(data, message.data.get(), nbytes);
   buf->Done(/*recv=*/true, peer_);
+  std::lock_guard<std::mutex> relock(recv_mu_);
+  if (spare_.size() < kSpareBuffers && recv_error_.empty()) {
+    spare_.push_back(std::move(message));
+  }
 }
 
 void TcpPair::ReadLoop() {
@@ -965,8 +977,27 @@ void TcpPair::ReadLoop() {
     }
     // Nobody asked yet: keep it until the receive is posted.
     EarlyMessage message;
+    {
+      std::lock_guard<std::mutex> lock(recv_mu_);
+      // The smallest spare buffer that fits.
+      size_t best = spare_.size();
+      for (size_t i = 0; i < spare_.size(); ++i) {
+        if (spare_[i].capacity >= nbytes &&
+            (best == spare_.size() ||
+             spare_[i].capacity < spare_[best].capacity)) {
+          best = i;
+        }
+      }
+      if (best < spare_.size()) {
+        message = std::move(spare_[best]);
+        spare_.erase(spare_.begin() + best);
+      }
+    }
     message.nbytes = nbytes;
-    message.data.reset(new (std::nothrow) char[std::max<size_t>(nbytes, 1)]);
+    if (message.data == nullptr) {
+      message.capacity = std::max<size_t>(nbytes, 1);
+      message.data.reset(new (std::nothrow) char[message.capacity]);
+    }
     if (message.data == nullptr) {
       Fail(absl::StrCat("Out of memory for a message of ", nbytes,
                         " bytes from ", PeerText()));
@@ -998,6 +1029,7 @@ void TcpPair::ReadLoop() {
     }
     std::memcpy(target.data, message.data.get(), nbytes);
     target.buf->Done(/*recv=*/true, peer_);
+    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(message));
   }
 }
 
