@@ -35,7 +35,9 @@ def _save_and_copy(rank, world, port, sock):
         torch.save(ddp, buf)
         blobs.append(buf.getvalue())
     t0 = time.monotonic()
-    ref2, ours2 = (torch.load(io.BytesIO(b)) for b in blobs)
+    # The wrapper is a pickled module, not tensors: weights_only=False
+    # (torch 2.6's default is True; 1.13's is False).
+    ref2, ours2 = (torch.load(io.BytesIO(b), weights_only=False) for b in blobs)
     out["load_s"] = time.monotonic() - t0
     out["loaded_type"] = type(ours2).__name__
     out["loaded_state_equal"] = max_err(ours.module, ours2.module, grads=False) == 0
@@ -79,7 +81,7 @@ def _load_only(rank, world, port, sock, path):
     if rank == 1:
         # Only this rank loads, to look at the weights: nothing is collective.
         t0 = time.monotonic()
-        loaded = torch.load(path)
+        loaded = torch.load(path, weights_only=False)
         out["keys"] = list(loaded.state_dict())
         out["logging_rank"] = loaded._get_ddp_logging_data()["rank"]
         del loaded

@@ -250,5 +250,9 @@ def _sync_once(ddp, client, restart: RestartState) -> None:
             buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
         _state_sync.broadcast_tensors(client, [buf], chunk, on_error, root=root)
         if load:
-            load_state_dict_fn(torch.load(io.BytesIO(buf.numpy().tobytes())))
+            # The job's own state_dict_fn() output, any picklable object:
+            # weights_only=False (torch 2.6's torch.load defaults to True and
+            # refuses non-tensor objects; 1.13 has the argument, False).
+            load_state_dict_fn(
+                torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=False))
     restart.unsynced = False
