@@ -180,8 +180,13 @@ def test_job_id_from_torchrun_agent_store(monkeypatch):
     constructions in this process, the attach captured)."""
     import datetime
 
+    from gradd import _torch_compat
+
     gt, seen = _capture_attach_patched(monkeypatch)
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    # As torch's rendezvous makes it (no libuv where this torch has none:
+    # Debian's torch 2.6).
+    server = _torch_compat.tcp_store("127.0.0.1", 0, world_size=1, is_master=True,
+                                     timeout=datetime.timedelta(seconds=10))
     clean_env_patched(monkeypatch, {
         "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "run-x",
         "TORCHELASTIC_RESTART_COUNT": "0", "MASTER_ADDR": "127.0.0.1",
