@@ -229,7 +229,11 @@ def test_ddp_comm_hook_type_wrappers_register(daemon, job_id):
     for i, kind in enumerate([DDPCommHookType.FP16_COMPRESS, DDPCommHookType.POWER_SGD,
                               DDPCommHookType.BATCHED_POWER_SGD_RANK2]):
         ddp = make(0, 1, daemon, f"{job_id}-{i}")
-        kind.value(model=ddp, state=None)
+        # Python 3.11: an enum member whose .value is the functools.partial;
+        # Python 3.13: the partial itself (a partial is a method descriptor
+        # there, so Enum leaves it a plain class attribute, and torch's own
+        # register_ddp_comm_hook, which reads .value, fails).
+        getattr(kind, "value", kind)(model=ddp, state=None)
         with pytest.raises(RuntimeError, match="only be called once"):
             ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         step(ddp)
