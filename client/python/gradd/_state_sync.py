@@ -5,7 +5,9 @@ What torch's DDP broadcasts (torch 1.13 ``_sync_module_states`` and
 
 * at construction: every parameter (trainable or not) and every buffer of
   ``module.named_buffers()`` -- persistent and non-persistent alike -- except
-  the names in ``module._ddp_params_and_buffers_to_ignore``;
+  the names in ``module._ddp_params_and_buffers_to_ignore`` (torch 2.x:
+  the buffers only with ``broadcast_buffers=True``,
+  ``_torch_compat.init_syncs_buffers``);
 * before each forward, with ``broadcast_buffers=True`` and
   ``require_forward_param_sync`` (the previous forward ran with gradient
   sync): the same buffers, looked up again (a module may reassign them).
@@ -33,8 +35,10 @@ def module_buffers(module: torch.nn.Module) -> List[torch.Tensor]:
     return out
 
 
-def module_states(module: torch.nn.Module) -> List[torch.Tensor]:
-    """Parameters then buffers, as torch's _sync_module_states sends them."""
+def module_states(module: torch.nn.Module, buffers: bool = True) -> List[torch.Tensor]:
+    """Parameters then (with ``buffers``) buffers, as torch's
+    _sync_module_states sends them (torch 2.x leaves the buffers out with
+    ``broadcast_buffers=False``)."""
     ignore = ignored_names(module)
     seen, out = set(), []
     for name, p in module.named_parameters():
@@ -42,6 +46,8 @@ def module_states(module: torch.nn.Module) -> List[torch.Tensor]:
             continue
         seen.add(id(p))
         out.append(p.detach())
+    if not buffers:
+        return out
     for b in module_buffers(module):
         if id(b) not in seen:
             seen.add(id(b))

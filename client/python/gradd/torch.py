@@ -462,8 +462,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if self.world_size > 1 and not self._restart.rejoined and opts.get("init_sync", True):
             if not _torch_compat.init_syncs_buffers(self.broadcast_buffers):
                 # torch 2.x with broadcast_buffers=False: parameters only.
-                buffers = {id(b) for b in _state_sync.module_buffers(self.module)}
-                state = [t for t in state if id(t) not in buffers]
+                state = _state_sync.module_states(self.module, buffers=False)
             self._broadcast_tensors(state)
 
         # -- gradient views and autograd hooks -----------------------------
