@@ -49,20 +49,22 @@ def _single(daemon, job_id, module, **kwargs):
 
 
 # ------------------------------------------------------- import-time check
+@pytest.mark.parametrize("module", ["gradd.torch", "gradd.distributed"])
 @pytest.mark.parametrize("version", ["1.12.1", "3.0.0", "0.4.1"])
-def test_import_refuses_an_unsupported_torch(tmp_path, version):
+def test_import_refuses_an_unsupported_torch(tmp_path, version, module):
     """A fake torch with that version first on sys.path: `import gradd.torch`
-    fails with one ImportError naming the version and the supported range,
-    before any C++ extension built against torch is loaded."""
+    (or `import gradd.distributed` alone) fails with one ImportError naming
+    the version and the supported range, before any C++ extension built
+    against torch is loaded."""
     fake = tmp_path / "torch"
     fake.mkdir()
     (fake / "__init__.py").write_text(f"__version__ = {version!r}\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
-    code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import sys
         try:
-            import gradd.torch
+            import {module}
         except ImportError as e:
             print("IMPORT-ERROR:", e)
             print("C10D-LOADED:", "gradd._c10d" in sys.modules)

@@ -43,6 +43,9 @@ import os
 import socket as _socket
 import uuid
 
+# First: an unsupported torch fails here, naming its version, before any
+# other torch API is used or gradd._c10d (built against torch) is loaded.
+from gradd import _torch_compat  # noqa: F401  isort: skip
 import torch.distributed as dist
 
 from gradd import _c10d_compat, _world
