@@ -278,6 +278,13 @@ TEST(GlooPairAuthTest, StrangerRacingStockGlooPairsBreaksTheMesh) {
   RacingGlooStore store(&strangers, 2);
   std::vector<Formed> mesh = FormMesh(
       2, store, [](int) { return Stock(); }, std::chrono::seconds(3));
+  if (strangers.connections() == 0) {
+    // Debian 13's Gloo (0.0~git20231202) connects its TCP pairs through
+    // one device-wide listener and its own store keys: the race below is
+    // Debian 12's Gloo's. gradd's transport is raced the same way on both.
+    GTEST_SKIP() << "this Gloo's TCP transport did not publish per-pair "
+                    "addresses under the rank keys";
+  }
   EXPECT_GE(strangers.connections(), 2);
   bool formed = true;
   for (const Formed& f : mesh) formed = formed && f.context != nullptr;
