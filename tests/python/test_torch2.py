@@ -140,6 +140,43 @@ def test_torch2_attributes(daemon, job_id):
     small.shutdown()
 
 
+def test_compiled_autograd_is_refused_clearly(daemon, job_id):
+    """docs/torch2.md: compiled autograd is not supported. gradd says so
+    (NotImplementedError naming the setting) at construction, and at a
+    forward once it is turned on (before anything collective: the DDP
+    trains again once it is off)."""
+    try:
+        import torch._dynamo.config as cfg
+    except ImportError:
+        cfg = None
+    if cfg is None or not hasattr(cfg, "compiled_autograd") or not hasattr(cfg, "patch"):
+        pytest.skip("this torch has no compiled autograd")
+    x = torch.randn(2, 4)
+    with cfg.patch(optimize_ddp="python_reducer"):
+        with pytest.raises(NotImplementedError,
+                           match=r"compiled autograd \(torch._dynamo.config.optimize_ddp is "
+                                 r"'python_reducer'\)"):
+            _single(daemon, job_id, nn.Linear(4, 3))
+    ddp = _single(daemon, job_id + "-b", nn.Linear(4, 3))
+    for setting, named in (({"compiled_autograd": True}, "compiled_autograd is True"),
+                           ({"optimize_ddp": "python_reducer_without_compiled_forward"},
+                            "python_reducer_without_compiled_forward")):
+        with cfg.patch(**setting):
+            with pytest.raises(NotImplementedError, match=f"forward: .*{named}"):
+                ddp(x)
+    import torch._dynamo.compiled_autograd as ca
+
+    if hasattr(ca, "_enable"):  # around the backward alone: the first hook says so
+        loss = ddp(x).sum()
+        with ca._enable(lambda gm: gm):
+            with pytest.raises(NotImplementedError, match="backward: .*compiled autograd"):
+                loss.backward()
+    ddp(x).sum().backward()  # off again: trains
+    assert ddp.module.weight.grad is not None
+    assert ddp.num_iterations >= 1
+    ddp.shutdown()
+
+
 def test_check_reduction_is_deprecated_as_in_torch(daemon, job_id):
     with pytest.warns(FutureWarning, match="check_reduction"):
         ddp = _single(daemon, job_id, nn.Linear(4, 3), check_reduction=True)

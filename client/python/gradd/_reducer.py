@@ -58,7 +58,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils import _pytree
 
-from gradd import _cuda
+from gradd import _cuda, _torch_compat
 
 _MARKED_TWICE = (
     "Expected to mark a variable ready only once. This error is caused by one of the "
@@ -92,6 +92,8 @@ class _Sink(torch.autograd.Function):
     def backward(ctx, *grads):
         reducer = ctx.reducer_ref()
         if reducer is not None:
+            if _torch_compat.in_compiled_autograd():  # see _make_hook
+                _torch_compat.refuse_compiled_autograd("backward")
             reducer.queue_finish()
         return (None, *grads)
 
@@ -456,6 +458,10 @@ def _make_hook(reducer_ref, index: int):
     def hook(*unused):
         reducer = reducer_ref()
         if reducer is not None:
+            if _torch_compat.in_compiled_autograd():
+                # A backward run by compiled autograd (enabled around the
+                # backward only, so the forward's check did not see it).
+                _torch_compat.refuse_compiled_autograd("backward")
             reducer.on_grad_ready(index)
 
     return hook

@@ -24,7 +24,9 @@ torch-version differences handled here: the device mesh (2.2+), the
 optimizer-in-backward registry (2.x), and torch.compile (2.0+): gradd's
 package is skipped by dynamo as torch's DDP module is, and torch's DDP
 class is told which DDP is running its module so that dynamo's DDPOptimizer
-splits graphs at gradd's bucket size (see :func:`prepare_compile`).
+splits graphs at gradd's bucket size (see :func:`prepare_compile`);
+compiled autograd (2.x) is refused with one clear error
+(:func:`refuse_compiled_autograd`).
 """
 from __future__ import annotations
 
@@ -41,10 +43,13 @@ __all__ = [
     "TESTED_NEWEST",
     "TORCH_VERSION",
     "check_version",
+    "compiled_autograd_reason",
     "device_mesh_group",
     "has_compile",
+    "in_compiled_autograd",
     "inside_ddp_forward",
     "prepare_compile",
+    "refuse_compiled_autograd",
 ]
 
 #: The supported range, as error messages and the docs say it.
@@ -173,6 +178,60 @@ def inside_ddp_forward(ddp):
         yield
     finally:
         cls._active_ddp_module = old
+
+
+# ------------------------------------------------------- compiled autograd
+_PYTHON_REDUCER_MODES = ("python_reducer", "python_reducer_without_compiled_forward")
+
+
+def compiled_autograd_reason() -> Optional[str]:
+    """Why compiled autograd is (or is meant to be) in use, or None. torch
+    2.x's DDP runs under compiled autograd with its Python reducer
+    (``optimize_ddp="python_reducer"``) and functional collectives traced
+    into the backward graph; gradd's reduction is its autograd hooks, the
+    daemon client and an engine callback, which compiled autograd does not
+    run as eager autograd does. Only looked at while dynamo is imported."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return None
+    mode = _optimize_ddp_mode()
+    if mode in _PYTHON_REDUCER_MODES:
+        return f"torch._dynamo.config.optimize_ddp is {mode!r}"
+    config = sys.modules.get("torch._dynamo.config")
+    if getattr(config, "compiled_autograd", False) is True:
+        return "torch._dynamo.config.compiled_autograd is True"
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    if ca is not None and (getattr(ca, "compiled_autograd_enabled", False)
+                           or getattr(ca, "in_compiled_autograd_region", False)):
+        return "compiled autograd is enabled (torch._dynamo.compiled_autograd._enable)"
+    return None
+
+
+def in_compiled_autograd() -> bool:
+    """Whether the running backward is compiled autograd's (its graph runs
+    gradd's autograd hooks with this flag set). Cheap: called per hook."""
+    import sys
+
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(getattr(ca, "in_compiled_autograd_region", False))
+
+
+def refuse_compiled_autograd(what: str) -> None:
+    """NotImplementedError naming the setting when compiled autograd is in
+    use (see :func:`compiled_autograd_reason`); ``what`` is the caller, for
+    the message."""
+    reason = compiled_autograd_reason()
+    if reason is None:
+        return
+    raise NotImplementedError(
+        f"{what}: gradd.torch.DistributedDataParallel does not support compiled "
+        f"autograd ({reason}). torch's DDP runs it with its Python reducer and "
+        "functional collectives, which gradd does not implement. Leave compiled "
+        "autograd off and torch._dynamo.config.optimize_ddp at True "
+        "(\"ddp_optimizer\", the default) or False; torch.compile of the DDP "
+        "model is supported (docs/torch2.md)."
+    )
 
 
 # ------------------------------------------------- optimizer in backward

@@ -259,6 +259,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             )
         # torch.compile(ddp): gradd's package runs eagerly, the module compiled.
         _torch_compat.prepare_compile()
+        # Compiled autograd: unsupported, said at once (and at each forward).
+        _torch_compat.refuse_compiled_autograd("gradd.torch.DistributedDataParallel()")
         ignore = _state_sync.ignored_names(module)
         named = [
             (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in ignore
@@ -739,6 +741,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # --------------------------------------------------------------- forward
     def forward(self, *inputs, **kwargs):
         self._raise_if_failed()
+        # Before anything collective: every rank of a job refuses alike.
+        _torch_compat.refuse_compiled_autograd("forward")
         if self._client is None and self.__dict__.get("_needs_attach"):
             self._attach_again()  # an unpickled copy: see __setstate__
         if self._client is None:
