@@ -63,6 +63,8 @@ def _default_group_worker(rank, init_file):
     b = gt.DistributedDataParallel(torch.nn.Linear(3, 2))  # the n-th model
     a.shutdown()
     c = gt.DistributedDataParallel(torch.nn.Linear(3, 2))  # a second training
+    dist.barrier()
+    dist.destroy_process_group()
     return {"attach": seen, "ddp": (a.rank, a.world_size, a.local_rank, a.local_world_size),
             "ids": [a.job_id, b.job_id, c.job_id]}
 
