@@ -2,6 +2,7 @@
 // memory both count against max_job_memory_bytes.
 #include "server/engine/manager/job_memory.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
