@@ -348,9 +348,17 @@ TEST_F(DaemonAuthTest, AStrangersRefusedRequestsDoNotStayInTheCoordinator) {
     }
     for (std::thread& t : senders) t.join();
   }
-  // The trimmer runs every 2 s.
-  absl::SleepFor(absl::Seconds(3));
-  const long after = RssMiB(coordinator.pid);
+  // The trimmer runs every 2 s; gRPC frees a refused call's buffers when
+  // the call and its connection are torn down, which on Debian 13's gRPC
+  // may come after the first trim that follows the last refusal (seen: 1
+  // run in 5 still at 510-563 MiB 3 s after). What must not happen is that
+  // the memory stays: wait up to 5 trims for it to go.
+  long after = RssMiB(coordinator.pid);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (after - start >= 400 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(500));
+    after = RssMiB(coordinator.pid);
+  }
   EXPECT_LT(after - start, 400)
       << "coordinator RSS " << start << " MiB -> " << after << " MiB";
   Stop(coordinator);
