@@ -139,29 +139,31 @@ IntoTensor MakeInto(at::Tensor& output, at::Tensor& input, const char* what) {
                     output, GraddDtype(output.scalar_type(), what)};
 }
 
+// `whole` (the collective's `whole_name`: "output" or "input") must hold
+// group size x `part`'s elements, of `part`'s type.
+void CheckHoldsGroup(const at::Tensor& whole, const at::Tensor& part, int size,
+                     const char* what, const char* whole_name) {
+  CheckTensor(whole, what);
+  CheckTensor(part, what);
+  TORCH_CHECK(whole.scalar_type() == part.scalar_type() &&
+                  whole.numel() == part.numel() * size,
+              "gradd backend: ", what, " ", whole_name,
+              " must hold group size (", size, ") x ", part.numel(),
+              " elements of ", part.scalar_type(), ", got ", whole.numel(),
+              " x ", whole.scalar_type());
+}
+
 // The output holds `size` inputs.
 IntoTensor MakeAllgatherInto(at::Tensor& output, at::Tensor& input, int size,
                              const char* what) {
-  CheckTensor(input, what);
-  CheckTensor(output, what);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
-                  output.numel() == input.numel() * size,
-              "gradd backend: ", what, " output must hold group size (", size,
-              ") x ", input.numel(), " elements of ", input.scalar_type(),
-              ", got ", output.numel(), " x ", output.scalar_type());
+  CheckHoldsGroup(output, input, size, what, "output");
   return MakeInto(output, input, what);
 }
 
 // The input holds `size` outputs.
 IntoTensor MakeReduceScatterInto(at::Tensor& output, at::Tensor& input,
                                  int size, const char* what) {
-  CheckTensor(input, what);
-  CheckTensor(output, what);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
-                  input.numel() == output.numel() * size,
-              "gradd backend: ", what, " input must hold group size (", size,
-              ") x ", output.numel(), " elements of ", output.scalar_type(),
-              ", got ", input.numel(), " x ", input.scalar_type());
+  CheckHoldsGroup(input, output, size, what, "input");
   return MakeInto(output, input, what);
 }
 
