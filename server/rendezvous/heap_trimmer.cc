@@ -18,6 +18,11 @@ HeapTrimmer::~HeapTrimmer() {
 
 void HeapTrimmer::TrimNow() { malloc_trim(0); }
 
+void HeapTrimmer::FixMallocThresholds() {
+  mallopt(M_MMAP_THRESHOLD, kMmapBytes);
+  mallopt(M_TRIM_THRESHOLD, kTrimBytes);
+}
+
 void HeapTrimmer::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {

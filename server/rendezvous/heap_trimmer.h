@@ -8,10 +8,12 @@
 // keeps the pages in its arenas. Measured on the coordinator (token, no
 // TLS): a stranger sending 16 concurrent 31 MiB requests, each refused,
 // six times over, left its RSS at 940 MB (from 22 MB) without trimming and
-// between 60 and 230 MB with it; with mutual TLS, where strangers fail the
-// handshake, it stayed at 24 MB. So the coordinator's memory follows what
-// it holds (the store, bounded by rendezvous.limits.max_total_bytes, and
-// the requests in flight), not what it once received.
+// up to 495 MB with it while glibc's thresholds were dynamic (see
+// FixMallocThresholds), 24-39 MB with both; with mutual TLS, where
+// strangers fail the handshake, it stayed at 24 MB. So the coordinator's memory
+// follows what it holds (the store, bounded by
+// rendezvous.limits.max_total_bytes, and the requests in flight), not what it
+// once received.
 //
 // Thread-safety: the constructor starts the trimming thread (the trims run
 // there, off every gRPC and engine thread); the destructor stops and joins
@@ -36,6 +38,22 @@ class HeapTrimmer {
 
   // Trims now (also what the thread does every period).
   static void TrimNow();
+
+  // Fixes glibc's mmap and trim thresholds for the whole process; call
+  // once, before any thread starts (the daemon's main). Why: glibc raises
+  // both thresholds on its own the first time a large mmapped block is
+  // freed (up to 32 MiB and 64 MiB), after which a freed 31 MiB request
+  // stays as the top chunk of a thread's arena, which malloc_trim never
+  // shrinks outside the main arena. Seen: 16 strangers' refused 31 MiB
+  // requests left 13 arenas holding 15-60 MiB each (495 MiB RSS) with the
+  // trimmer running. With fixed thresholds, a block of kMmapBytes or more
+  // is its own mapping, unmapped when freed, and an arena's free top over
+  // kTrimBytes goes back at once. The data path is not affected: its
+  // buffers (shared memory, reducer scratch, transport buffers) live for
+  // the job, not for an iteration.
+  static constexpr int kMmapBytes = 4 << 20;
+  static constexpr int kTrimBytes = 8 << 20;
+  static void FixMallocThresholds();
 
  private:
   void Loop();
