@@ -59,6 +59,7 @@ import torch
 from torch.utils import _pytree
 
 from gradd import _cuda, _torch_compat
+from gradd._C import IterationAbortedError
 
 _MARKED_TWICE = (
     "Expected to mark a variable ready only once. This error is caused by one of the "
@@ -130,6 +131,10 @@ class Reducer:
         self._fail = fail
         # Called at the end of every synced backward that completed.
         self._done = done
+        # gradd.torch.OptimizerWrapper: an iteration aborted by a rank
+        # restart ends backward() normally (the wrapper's step() skips it)
+        # instead of raising IterationAbortedError out of it.
+        self.abort_quietly = False
         # Sparse parameters (gradd/_sparse.py): reduced after the dense
         # buckets of every synced backward, outside the bucket machinery.
         self.sparse = sparse
@@ -384,7 +389,14 @@ class Reducer:
                     self._hand_over(i)  # used locally: counts, contributes
                 else:
                     self._mark_unused(i)
-        self._call(self.comm.wait_all, _cuda.stream_handle(self.device))
+        try:
+            self._call(self.comm.wait_all, _cuda.stream_handle(self.device))
+        except IterationAbortedError:
+            if self.abort_quietly:
+                # _fail -> _restart.on_aborted has reset this iteration and
+                # marked it uncommitted; _done is not called, so it stays so.
+                return
+            raise
         if self.sparse is not None and len(self.sparse):
             self._call(self.sparse.reduce)
         t_done = time.monotonic_ns()

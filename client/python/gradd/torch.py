@@ -61,7 +61,7 @@ from gradd._reducer import Reducer
 from gradd._sparse import SparseReducer, sparse_parameter_ids
 from gradd._trainer_hooks import TrainerComm
 
-__all__ = ["DistributedDataParallel", "GraddError", "IterationAbortedError"]
+__all__ = ["DistributedDataParallel", "GraddError", "IterationAbortedError", "OptimizerWrapper"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -499,6 +499,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         )
         if self.static_graph:  # re-attached after unpickling
             self._reducer.static_graph = True
+        self._reducer.abort_quietly = bool(self.__dict__.get("_abort_quietly", False))
         self._needs_attach = False
 
     # ------------------------------------------------------------- pickling
@@ -1011,3 +1012,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             raise RuntimeError(
                 f"gradd job '{self.job_id}' (rank {self.rank}) failed earlier: {self._failure}"
             ) from self._failure
+
+
+# The rank restart pattern inside the optimizer (after the class it checks for).
+from gradd._optim import OptimizerWrapper  # noqa: E402
