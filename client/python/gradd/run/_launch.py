@@ -308,15 +308,17 @@ class NodeLaunch:
         if self.store is None:
             return
         try:
-            self.store.set(f"{_KEY}/failed",
+            self.store.set(f"{_KEY}/failed_msg",
                            f"rank {w.global_rank} on node rank {self.l.node_rank} failed")
+            self.store.add(f"{_KEY}/failed", 1)
         except RuntimeError:
             pass
 
     def _other_node_failed(self) -> Optional[str]:
         try:
-            if self.store.check([f"{_KEY}/failed"]):
-                v = self.store.get(f"{_KEY}/failed")
+            # (add 0: a read that does not wait; torch 1.13's TCPStore has no check())
+            if self.store.add(f"{_KEY}/failed", 0) > 0:
+                v = self.store.get(f"{_KEY}/failed_msg")
                 return v.decode() if isinstance(v, bytes) else str(v)
         except RuntimeError as e:
             if self.l.node_rank != 0:
