@@ -1,6 +1,8 @@
 # What `cmake --install <build> [--prefix P]` puts where (GNUInstallDirs):
 #
 #   bin/gradd, bin/graddctl                     the daemon and its admin CLI
+#   libexec/gradd/gradd                         the daemon again, for the wheel's
+#                                               `gradd` command (gradd run)
 #   lib*/libgradd_client.so.N[.M.P] (+ .so)      the trainer library
 #   include/gradd/{client,gradd,version}.h      its public headers
 #   lib*/cmake/gradd/                           find_package(gradd) ->
@@ -17,6 +19,11 @@ include(CMakePackageConfigHelpers)
 set(GRADD_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/gradd)
 
 install(TARGETS gradd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        COMPONENT Runtime)
+# The same daemon where the Python package's `gradd` command (gradd run's
+# dispatcher, client/python/gradd/run/cli.py) finds it should a pip install
+# into this prefix replace bin/gradd with that command.
+install(TARGETS gradd RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/gradd
         COMPONENT Runtime)
 # graddctl comes with the admin service (tools/graddctl).
 if(TARGET graddctl)

@@ -361,3 +361,19 @@ def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_p
     for (rank, restart), s in starts.items():
         assert not alive(s["pid"])
         assert daemons_on(s["socket"]) == []
+
+
+# ------------------------------------------------------------ the command
+def test_gradd_command_dispatches_run_and_execs_the_daemon_otherwise(run_env):
+    """The wheel's `gradd` console script (gradd.run.cli:main)."""
+    cli = [sys.executable, "-m", "gradd.run.cli"]
+    p = subprocess.run(cli + ["--version"], env=run_env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("gradd "), p.stderr  # the daemon's
+    p = subprocess.run(cli + ["run", "--nproc-per-node", "1", WORKER], capture_output=True,
+                       text=True, timeout=120, env=dict(run_env, GRADD_TEST_STEPS="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[rank0]:rank 0 done: 1 steps, 0 skipped" in p.stdout
+    p = subprocess.run(cli + ["run", "--nproc-per-node", "0", WORKER], env=run_env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "gradd run: error: argument --nproc-per-node" in p.stderr
