@@ -2,23 +2,21 @@
 """Data-parallel PyTorch training through the node's gradd daemon.
 
 gradd.torch.DistributedDataParallel is a drop-in for torch's: no
-init_process_group, the daemon averages the gradients. Start a daemon, then
-one process per rank with torchrun's environment variables:
+init_process_group, the daemon averages the gradients. Launch it with
+`gradd run` (torchrun's flags and environment; it starts a daemon for the
+launch when none runs on the node, and stops it at the end):
 
-    build/server/gradd --socket /tmp/gradd/gradd.sock &
-    for r in 0 1; do
-      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 \\
-      MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 GRADD_SOCKET=/tmp/gradd/gradd.sock \\
-      PYTHONPATH=build/client/python \\
-      /usr/bin/python3 examples/pytorch/train.py --steps 100 &
-    done; wait
+    gradd run --nproc-per-node 2 examples/pytorch/train.py --steps 100
+    # from the build tree, without the wheel's `gradd` command:
+    PYTHONPATH=build/client/python /usr/bin/python3 -m gradd.run \\
+        --nproc-per-node 2 examples/pytorch/train.py --steps 100
 
-(torchrun --nproc_per_node=2 --master_port=29500 --redirects 1 --tee 1
---log_dir /tmp/torchrun-logs examples/pytorch/train.py sets the same
-variables; Debian's torch 1.13 torchrun crashes on Python 3.11 before it
-starts the workers unless it is given --redirects/--tee of 1 or 2: 0 and 3
-crash too. Across machines see docs/operations.md, "Multi-node jobs".) The job id defaults to torch-MASTER_ADDR:MASTER_PORT,
-so all ranks of one launch meet in the daemon; GRADD_JOB overrides it.
+(Any launcher that sets torchrun's variables works too: RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/MASTER_PORT or GRADD_JOB, and
+GRADD_SOCKET for a daemon off its default path. Across machines see
+docs/operations.md, "Multi-node jobs".) gradd run draws a fresh job id for
+each launch (GRADD_JOB); without it the id defaults to
+torch-MASTER_ADDR:MASTER_PORT, so all ranks of one launch meet in the daemon.
 
 Each rank trains a small MLP regression on its own shard of a synthetic data
 set (each step's batch a function of the step and the rank); rank 0 prints
@@ -26,21 +24,20 @@ the loss, every rank prints a checksum of its parameters at the end, which
 must be the same on all ranks.
 
 --restart-safe: the rank restart loop (client/python/README.md, "Rank
-restart"). With a grace (--rank-restart-grace-ms, or
-GRADD_RANK_RESTART_GRACE_MS, or the daemon's setting) and an explicit job id
-(GRADD_JOB), a rank whose process dies may be started again by its
-supervisor with the same RANK / LOCAL_RANK / GRADD_JOB: it re-attaches,
-receives the parameters, the optimizer state and the step from the others,
-and the others retry the batch of the iteration its death aborted:
+restart"), written out by hand; gradd.torch.OptimizerWrapper does the same
+inside the optimizer (tests/python/run_worker.py is torch's DDP tutorial
+loop with it). With a grace and an explicit job id -- which `gradd run
+--max-restarts N` sets (GRADD_RANK_RESTART_GRACE_MS, GRADD_JOB) -- a rank
+whose process is killed is started again by the launcher alone, with the
+same RANK / LOCAL_RANK / GRADD_JOB: it re-attaches, receives the
+parameters, the optimizer state and the step from the others, and the
+others retry the batch of the iteration its death aborted:
 
-    for r in 0 1; do
-      ( export RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GRADD_JOB=demo \
-               GRADD_SOCKET=/tmp/gradd/gradd.sock PYTHONPATH=build/client/python
-        until /usr/bin/python3 examples/pytorch/train.py --steps 2000 --restart-safe \
-              --rank-restart-grace-ms 30000; do echo "rank $r died; restarting"; done ) &
-    done; wait
+    gradd run --nproc-per-node 2 --max-restarts 3 \\
+        examples/pytorch/train.py --steps 2000 --restart-safe
 
-(kill -9 one of the trainers: the other pauses and goes on.)
+(kill -9 one of the trainers: the launcher restarts it, the other pauses and
+goes on.)
 
 --min-nodes N (or GRADD_MIN_NODES; with --restart-safe and GRADD_JOB): a
 multi-node job goes on when a node dies as long as N nodes are left, and
