@@ -101,7 +101,11 @@ def main():
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
 
     if rank == 0 or ddp.rejoined:
-        print(f"job {ddp.job_id}: {ddp.world_size} ranks, {ddp.num_buckets} bucket(s), "
+        # graddctl counts the plan's buckets, gradd's used-parameter map
+        # (find_unused_parameters) among them; num_buckets only the model's.
+        used_map = ddp.client.num_buckets > ddp.num_buckets
+        print(f"job {ddp.job_id}: {ddp.world_size} ranks, {ddp.num_buckets} bucket(s)"
+              f"{' + the used-parameter map' if used_map else ''}, "
               f"{sum(p.numel() for p in model.parameters())} parameters"
               + (f"; rank {rank} rejoined at iteration {ddp.rejoin_iteration}"
                  if ddp.rejoined else ""), flush=True)

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "prometheus/text_serializer.h"
 #include "server/logging.h"
@@ -39,6 +40,11 @@ std::string CodeLabel(absl::StatusCode code) {
 }  // namespace
 
 std::string ReformReasonLabel(const NetworkReformEvent& event) {
+  // The closer's decision, the same on every node; a closer that did not
+  // say (an older daemon): what this node can tell.
+  if (event.cause != ReformCause::kUnknown) {
+    return std::string(ReformCauseName(event.cause));
+  }
   if (!event.lost.empty()) return "node_lost";
   if (!event.admitted.empty()) return "node_admitted";
   if (absl::StrContains(event.reason, "rejoined")) return "rank_rejoined";
@@ -51,7 +57,7 @@ std::string ReformReasonLabel(const NetworkReformEvent& event) {
 class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
  public:
   JobMetrics(DaemonMetrics* daemon, const JobInfo& job)
-      : daemon_(daemon), memory_(job.shared_memory_bytes) {
+      : daemon_(daemon), memory_(job.shared_memory_bytes), job_id_(job.job_id) {
     daemon_->jobs_.Increment();
     daemon_->shared_memory_bytes_.Increment(static_cast<double>(memory_));
     if (daemon_->job_series_.fetch_add(1) >= kMaxJobSeries) {
@@ -71,6 +77,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     overlap_ratio_ = &daemon_->overlap_ratio_.Add(labels);
     world_size_ = &daemon_->job_world_size_.Add(labels);
     world_size_->Set(job.world_size);
+    SetNodes(job.node_ids, job.lost_node_ids);
   }
 
   ~JobMetrics() override {
@@ -84,6 +91,8 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->overlapped_seconds_.Remove(overlapped_);
     daemon_->overlap_ratio_.Remove(overlap_ratio_);
     daemon_->job_world_size_.Remove(world_size_);
+    for (const auto& [id, gauge] : node_up_)
+      daemon_->job_node_up_.Remove(gauge);
     daemon_->job_series_.fetch_sub(1);
   }
 
@@ -127,7 +136,11 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
 
   void OnRankRejoined(const RankRestartEvent& e) override {
     daemon_->rank_restarts_.Increment();
-    if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
+    // A rank's return in a multi-node job is one re-formation, whose
+    // aborted iteration OnNetworkReformed counts.
+    if (e.aborted_iteration != 0 && !e.with_reformation) {
+      daemon_->iterations_aborted_.Increment();
+    }
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
   }
 
@@ -136,9 +149,26 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->nodes_lost_.Increment(static_cast<double>(e.lost.size()));
     if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
+    if (buckets_ != nullptr) SetNodes(e.node_ids, e.lost_node_ids);
   }
 
  private:
+  // The job's nodes as the event says: live ones 1, lost ones 0 (a node's
+  // series stays while the job runs).
+  void SetNodes(const std::vector<std::string>& live,
+                const std::vector<std::string>& lost) {
+    auto node = [&](const std::string& id) -> Gauge& {
+      Gauge*& gauge = node_up_[id];
+      if (gauge == nullptr) {
+        gauge =
+            &daemon_->job_node_up_.Add({{"job_id", job_id_}, {"node_id", id}});
+      }
+      return *gauge;
+    };
+    for (const std::string& id : live) node(id).Set(1);
+    for (const std::string& id : lost) node(id).Set(0);
+  }
+
   DaemonMetrics* const daemon_;
   const uint64_t memory_;
   Counter* buckets_ = nullptr;
@@ -148,6 +178,8 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   Counter* overlapped_ = nullptr;
   Gauge* overlap_ratio_ = nullptr;
   Gauge* world_size_ = nullptr;
+  const std::string job_id_;
+  absl::flat_hash_map<std::string, Gauge*> node_up_;
 };
 
 namespace {
@@ -236,6 +268,11 @@ DaemonMetrics::DaemonMetrics()
           BuildGauge(), *registry_, "gradd_job_world_size",
           "Ranks of the job taking part now (its world size on every node, "
           "less this node's ranks away restarting), per active job")),
+      job_node_up_(Register(
+          BuildGauge(), *registry_, "gradd_job_node_up",
+          "A node of a multi-node job: 1 while it takes part, 0 once it is "
+          "lost and until it is admitted again (the same on every node), "
+          "per active job and node id")),
       phase_seconds_(Register(
           BuildHistogram(), *registry_, "gradd_phase_seconds",
           "Time per bucket in each reduce phase (local_reduce: sum across "

@@ -88,6 +88,8 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Counter>& overlapped_seconds_;
   prometheus::Family<prometheus::Gauge>& overlap_ratio_;
   prometheus::Family<prometheus::Gauge>& job_world_size_;
+  // A multi-node job's nodes: 1 live, 0 lost (and not back).
+  prometheus::Family<prometheus::Gauge>& job_node_up_;
   // Daemon-wide histograms.
   prometheus::Family<prometheus::Histogram>& phase_seconds_;
   prometheus::Histogram& local_reduce_seconds_;

@@ -236,12 +236,18 @@ std::string FormatJob(const v1::JobDetail& d) {
   absl::StrAppend(&out, "\nnodes\n", Table({"RANK", "ID"}, rows, 2));
 
   const v1::PlanInfo& plan = d.plan();
-  absl::StrAppend(&out, "\nplan: ", plan.buckets_size(), " buckets, ",
-                  HumanBytes(s.bucket_bytes()), " of gradients per rank (",
-                  HumanBytes(plan.rank_memory_bytes()),
-                  " shared memory); caps: first ",
-                  HumanBytes(plan.first_bucket_cap_bytes()), ", then ",
-                  HumanBytes(plan.bucket_cap_bytes()), "\n");
+  // gradd's used-parameter map is a bucket of the plan but not of the
+  // model: say so, as the trainer counts only the model's (train.py).
+  absl::StrAppend(
+      &out, "\nplan: ", plan.buckets_size(), " buckets",
+      d.used_map() ? absl::StrCat(" (", plan.buckets_size() - 1,
+                                  " of the model's and gradd's "
+                                  "used-parameter map)")
+                   : std::string(),
+      ", ", HumanBytes(s.bucket_bytes()), " of gradients per rank (",
+      HumanBytes(plan.rank_memory_bytes()), " shared memory); caps: first ",
+      HumanBytes(plan.first_bucket_cap_bytes()), ", then ",
+      HumanBytes(plan.bucket_cap_bytes()), "\n");
   rows.clear();
   for (const v1::BucketInfo& b : plan.buckets()) {
     std::vector<std::string> names;

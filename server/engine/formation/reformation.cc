@@ -110,6 +110,7 @@ v1::ElasticMember MemberOf(const ReformOptions& o) {
   for (v1::ParamSpec& p : Fingerprint(o.params)) *m.add_params() = std::move(p);
   m.set_reason(o.reason);
   m.set_initial_world_size(o.initial_world_size);
+  for (int r : o.rejoined_local_ranks) m.add_rejoined_local_ranks(r);
   return m;
 }
 
@@ -422,6 +423,65 @@ std::string TooFewNodes(
       reasons.empty() ? "no reason given" : absl::StrJoin(reasons, "; "), ")");
 }
 
+// "'a'" or "'a', 'b'".
+std::string Quoted(const google::protobuf::RepeatedPtrField<std::string>& ids) {
+  std::vector<std::string> q;
+  for (const std::string& id : ids) q.push_back(absl::StrCat("'", id, "'"));
+  return absl::StrJoin(q, ", ");
+}
+
+// What the re-formation was, for every node (ElasticMembers.cause): a node
+// lost wins over a node admitted, which wins over a rank restart; the
+// line names the nodes (and ranks) it was about.
+void DecideCause(const std::vector<const v1::ElasticMember*>& order,
+                 v1::ElasticMembers* verdict) {
+  const absl::flat_hash_set<std::string> admitted(verdict->admitted().begin(),
+                                                  verdict->admitted().end());
+  std::vector<std::string> rejoined, others;
+  for (const v1::ElasticMember* m : order) {
+    for (int r : m->rejoined_local_ranks()) {
+      rejoined.push_back(
+          absl::StrCat("local rank ", r, " of node '", m->node_id(), "'"));
+    }
+    // What the survivors saw (an arrival's "asks to be admitted" is said
+    // by the admission itself).
+    if (m->rejoined_local_ranks().empty() && !m->reason().empty() &&
+        !admitted.contains(m->node_id()) &&
+        std::find(others.begin(), others.end(), m->reason()) == others.end()) {
+      others.push_back(m->reason());
+    }
+  }
+  std::string rejoin_line;
+  if (!rejoined.empty()) {
+    rejoin_line = absl::StrCat(absl::StrJoin(rejoined, ", "), " restarted");
+  }
+  auto also = [&](std::string line) {
+    return rejoin_line.empty() ? line : absl::StrCat(line, "; ", rejoin_line);
+  };
+  if (!verdict->lost().empty()) {
+    verdict->set_cause(v1::REFORM_CAUSE_NODE_LOST);
+    verdict->set_reason(also(absl::StrCat(
+        "node", verdict->lost_size() > 1 ? "s " : " ", Quoted(verdict->lost()),
+        " lost", others.empty() ? "" : absl::StrCat(" (", others[0], ")"))));
+  } else if (!verdict->admitted().empty()) {
+    verdict->set_cause(v1::REFORM_CAUSE_NODE_ADMITTED);
+    verdict->set_reason(
+        also(absl::StrCat("node", verdict->admitted_size() > 1 ? "s " : " ",
+                          Quoted(verdict->admitted()), " admitted")));
+  } else if (!rejoin_line.empty()) {
+    verdict->set_cause(v1::REFORM_CAUSE_RANK_REJOINED);
+    verdict->set_reason(rejoin_line);
+  } else {
+    verdict->set_cause(v1::REFORM_CAUSE_OTHER);
+    for (const v1::ElasticRefusal& r : verdict->refused()) {
+      others.push_back(
+          absl::StrCat("node '", r.node_id(), "' not admitted: ", r.reason()));
+    }
+    verdict->set_reason(others.empty() ? "the nodes' group broke"
+                                       : absl::StrJoin(others, "; "));
+  }
+}
+
 // The verdict on `entrants` (a pure function of what the closer read).
 // `before`: the previous epoch's verdict (none for epoch 1).
 v1::ElasticMembers Decide(const ReformOptions& o,
@@ -490,6 +550,7 @@ v1::ElasticMembers Decide(const ReformOptions& o,
         std::max(verdict.initial_world_size(), m.initial_world_size()));
   }
 
+  DecideCause(order, &verdict);
   if (static_cast<int>(order.size()) < o.min_nodes) {
     verdict.set_failed(true);
     verdict.set_error(TooFewNodes(o, order, verdict.lost()));
@@ -597,6 +658,21 @@ absl::StatusOr<v1::ElasticMembers> AwaitVerdict(RendezvousStoreInterface& store,
   return verdict;
 }
 
+ReformCause CauseOf(v1::ReformCause cause) {
+  switch (cause) {
+    case v1::REFORM_CAUSE_NODE_LOST:
+      return ReformCause::kNodeLost;
+    case v1::REFORM_CAUSE_NODE_ADMITTED:
+      return ReformCause::kNodeAdmitted;
+    case v1::REFORM_CAUSE_RANK_REJOINED:
+      return ReformCause::kRankRejoined;
+    case v1::REFORM_CAUSE_OTHER:
+      return ReformCause::kOther;
+    default:
+      return ReformCause::kUnknown;
+  }
+}
+
 // This node's place in the verdict.
 absl::StatusOr<Reformed> ApplyVerdict(const ReformOptions& o,
                                       const EpochKeys& keys,
@@ -618,6 +694,11 @@ absl::StatusOr<Reformed> ApplyVerdict(const ReformOptions& o,
   out.admitted.assign(verdict.admitted().begin(), verdict.admitted().end());
   out.arrivals_seen = verdict.arrivals_seen();
   out.initial_world_size = verdict.initial_world_size();
+  out.cause = CauseOf(verdict.cause());
+  for (const v1::ElasticEntrant& e : verdict.departed()) {
+    out.departed.push_back(e.node_id());
+  }
+  out.reason = verdict.reason().empty() ? o.reason : verdict.reason();
   JobLayout& layout = out.layout;
   layout.node_rank = -1;
   for (const v1::ElasticEntrant& e : verdict.entrants()) {

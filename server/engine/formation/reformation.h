@@ -107,6 +107,7 @@
 #include "absl/time/time.h"
 #include "common/bucket_planner.h"
 #include "server/backends/collective_backend.h"
+#include "server/engine/observe/job_events.h"
 #include "server/rendezvous/job_formation.h"
 #include "server/rendezvous/store_interface.h"
 
@@ -155,6 +156,9 @@ struct ReformOptions {
   absl::Duration collective_timeout = absl::Seconds(30);
   // Why this node re-forms, for the log and the other nodes' messages.
   std::string reason;
+  // The local ranks whose return (rank restart) made this node break: the
+  // closer makes the re-formation a rank restart on every node.
+  std::vector<int> rejoined_local_ranks;
   // An arrival: the number AnnounceArrival returned (0: unknown). With it,
   // an arrival whose announcement an epoch settled without it (it was too
   // slow) announces itself again, so that the running nodes break for it.
@@ -164,6 +168,10 @@ struct ReformOptions {
 
 struct Reformed {
   uint64_t epoch = 0;
+  // What the re-formation was, as the closer decided it for every node
+  // (ElasticMembers.cause and .reason).
+  ReformCause cause = ReformCause::kUnknown;
+  std::string reason;
   // The new membership (node_rank = index; global rank offsets kept) and
   // this node's place in it. layout.world_size is the live world size.
   JobLayout layout;
@@ -177,6 +185,9 @@ struct Reformed {
   // that were not in it.
   std::vector<std::string> lost;
   std::vector<std::string> admitted;
+  // Every node lost in this or an earlier epoch and not back
+  // (ElasticMembers.departed), in the order they were lost.
+  std::vector<std::string> departed;
   // The fresh inter-node group ("<elastic_prefix>/epoch<e>/gloo").
   std::unique_ptr<CollectiveBackendInterface> backend;
   // The prefix hooks and collective rounds of this epoch agree under

@@ -88,6 +88,23 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   job->header_->state_behind.store(s.initial_state_behind ? 1 : 0,
                                    std::memory_order_relaxed);
   job->header_->sync_seq.store(s.initial_sync_seq, std::memory_order_relaxed);
+  // ... and at the job's iteration: every bucket done, and every rank's
+  // row, up to the one before its first (the rows as a rejoined rank's,
+  // Job::ResetRejoinedRank; its ranks attach rejoined at first_iteration).
+  if (s.first_iteration > 1) {
+    void* base = job->control_.data();
+    const uint64_t before = s.first_iteration - 1;
+    std::atomic<uint64_t>* done = job->layout_.done_seq(base);
+    for (uint32_t b = 0; b < job->layout_.num_buckets(); ++b) {
+      done[b].store(before, std::memory_order_relaxed);
+      for (int r = 0; r < world; ++r) {
+        job->layout_.ready_row(base, static_cast<uint32_t>(r))[b].store(
+            before, std::memory_order_relaxed);
+      }
+    }
+    std::fill(job->started_.begin(), job->started_.end(), before);
+    job->reducer_->StartAt(s.first_iteration);
+  }
   ASSIGN_OR_RETURN(job->doorbell_,
                    DaemonDoorbell::Create(job->layout_, job->control_.data(),
                                           std::move(bell_fds)));
@@ -140,6 +157,7 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
   live_.num_nodes = spec_.num_nodes;
   live_.world_size = spec_.global_world_size();
   live_.node_ids = spec_.node_ids;
+  live_.lost = spec_.initial_lost;
   // A node admitted into its running job: the reducer divides by the live
   // world size it was admitted into; a job that divides by the initial one
   // says so per bucket from the start, as its other nodes do since their
@@ -244,7 +262,7 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   resp.set_rank_restart_grace_ms(
       static_cast<uint32_t>(spec_.rank_restart_grace.count()));
   // A new job; a rejoin overwrites these (Job::Rejoin).
-  resp.set_next_iteration(1);
+  resp.set_next_iteration(spec_.first_iteration);
   resp.set_collective_seq(0);
   resp.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
   return resp;

@@ -177,6 +177,14 @@ struct JobSpec {
   // (formation/reformation.h "members"): its world_size is the live one.
   // 0: this node formed with the job, world_size is the initial one.
   int initial_world_size = 0;
+  // Such a node: the job's nodes lost and not back (the agreement's
+  // departed list), so that it lists the same lost nodes as the others.
+  std::vector<std::string> initial_lost;
+  // The job's first iteration on this node: 1, or for such a node the one
+  // the running nodes go on at (max completed + 2: the re-formation that
+  // admits it aborts max completed + 1 on them), so that an iteration has
+  // the same number on every node (graddctl, logs, rejoin_iteration).
+  uint64_t first_iteration = 1;
 
   int global_world_size() const {
     return world_size > 0 ? world_size : local_world_size;
@@ -276,6 +284,11 @@ class Job {
   void Rejoin(int rank, RejoinDone done);
   // Restarted ranks re-attached, iterations aborted by them (any thread).
   uint64_t restarts() const;
+  // Collective rounds (broadcasts, the collectives API) done so far,
+  // aborted ones included. Any thread.
+  uint64_t collective_rounds() const {
+    return header_->bcast_done_seq.load(std::memory_order_acquire);
+  }
   uint64_t iterations_aborted() const {
     return iterations_aborted_.load(std::memory_order_relaxed);
   }
@@ -299,6 +312,8 @@ class Job {
     uint64_t completed_iteration = 0;  // every bucket done for it
     uint64_t sync_seq = 0;
     uint64_t epoch = 0;  // the epoch being left
+    // The local ranks whose return made this node break (rank restart).
+    std::vector<int> rejoined_local_ranks;
   };
   using ReformHandler = absl::AnyInvocable<void(NetworkBreak)>;
   // Before Start. Called on the engine thread once per break, when the
@@ -321,6 +336,12 @@ class Job {
     bool behind = false;
     std::vector<std::string> lost;
     std::vector<std::string> admitted;
+    // What the re-formation was, the same on every node (Reformed).
+    ReformCause cause = ReformCause::kUnknown;
+    std::string reason;
+    // Every node lost and not back (Reformed::departed); with kUnknown
+    // (an older closer) the lists are kept from lost and admitted.
+    std::vector<std::string> departed;
   };
   // Any thread: the outcome of the re-formation the handler started.
   void Reformed(absl::StatusOr<ReformedNetwork> result);

@@ -142,8 +142,13 @@ void Job::EnterDraining(std::string reason) {
   draining_.store(true);
   break_reason_ = std::move(reason);
   broke_ns_ = EngineNowNs();
-  spdlog::warn("job '{}': inter-node group broke (epoch {}): {}; draining",
-               spec_.job_id, epoch(), break_reason_);
+  // What this node saw, not yet what it was (a peer's connection reset may
+  // be its death or its rank restart): the "re-formed" line says that,
+  // from the closer's verdict, the same on every node.
+  spdlog::info(
+      "job '{}': its nodes' group broke at epoch {} (this node saw: {}); "
+      "draining, then re-forming",
+      spec_.job_id, epoch(), break_reason_);
 }
 
 bool Job::StepNetwork() {
@@ -206,6 +211,9 @@ bool Job::StepNetwork() {
   broken.completed_iteration = completed;
   broken.sync_seq = header_->sync_seq.load(std::memory_order_acquire);
   broken.epoch = epoch();
+  for (const auto& [rank, done] : elastic_rejoins_) {
+    broken.rejoined_local_ranks.push_back(rank);
+  }
   NetworkReformEvent e;
   e.epoch = broken.epoch;
   e.reason = break_reason_;
@@ -225,7 +233,7 @@ bool Job::StepNetwork() {
     failed_ = true;
     return true;
   }
-  spdlog::info(
+  spdlog::debug(
       "job '{}': drained after the break (iteration {} complete); "
       "re-forming",
       spec_.job_id, completed);
@@ -260,13 +268,24 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     live_.num_nodes = r.num_nodes;
     live_.world_size = r.world_size;
     live_.node_ids = r.node_ids;
-    for (const std::string& id : r.lost) {
-      if (std::find(live_.lost.begin(), live_.lost.end(), id) ==
-          live_.lost.end()) {
-        live_.lost.push_back(id);
+    if (r.cause != ReformCause::kUnknown) {
+      // The closer's list, the same on every node (an admitted node's
+      // too): every node lost and not back.
+      live_.lost = r.departed;
+    } else {
+      for (const std::string& id : r.lost) {
+        if (std::find(live_.lost.begin(), live_.lost.end(), id) ==
+            live_.lost.end()) {
+          live_.lost.push_back(id);
+        }
+      }
+      // A lost node taken back is live, not lost.
+      for (const std::string& id : r.admitted) {
+        live_.lost.erase(std::remove(live_.lost.begin(), live_.lost.end(), id),
+                         live_.lost.end());
       }
     }
-    live_.last_reason = break_reason_;
+    live_.last_reason = r.reason.empty() ? break_reason_ : r.reason;
   }
   {
     std::vector<std::string> now = r.node_ids;
@@ -305,31 +324,44 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   WakeClients(layout_, control_.data());
 
   const int64_t now = EngineNowNs();
+  const std::string& what = r.reason.empty() ? break_reason_ : r.reason;
   NetworkReformEvent e;
   e.epoch = r.epoch;
-  e.reason = break_reason_;
+  e.reason = what;
+  e.cause = r.cause;
   e.broke_ns = broke_ns_;
   e.at_ns = now;
   e.lost = r.lost;
   e.admitted = r.admitted;
+  e.node_ids = r.node_ids;
+  {
+    absl::MutexLock lock(&live_mu_);
+    e.lost_node_ids = live_.lost;
+  }
   e.num_nodes = r.num_nodes;
   e.world_size = r.world_size;
   e.aborted_iteration = abort.iteration;
   e.aborted_round = abort.round;
   events_.OnNetworkReformed(e);
-  spdlog::info(
+  // The one line that says what the re-formation was (the closer's words,
+  // the same on every node): a warning when a node was lost.
+  spdlog::log(
+      r.cause == ReformCause::kNodeLost ? spdlog::level::warn
+                                        : spdlog::level::info,
       "{}",
       absl::StrCat(
           "job '", spec_.job_id, "' re-formed (epoch ", r.epoch, ") after ",
-          (now - broke_ns_) / 1'000'000, " ms: ", break_reason_, "; node rank ",
-          r.node_rank, " of ", r.num_nodes, ", world size ", r.world_size,
+          (now - broke_ns_) / 1'000'000, " ms: ", what, " (",
+          ReformCauseName(r.cause), "); node rank ", r.node_rank, " of ",
+          r.num_nodes, ", world size ", r.world_size,
           r.lost.empty() ? std::string()
                          : absl::StrCat(", lost ", absl::StrJoin(r.lost, ", ")),
           r.admitted.empty()
               ? std::string()
               : absl::StrCat(", admitted ", absl::StrJoin(r.admitted, ", ")),
           abort.iteration != 0
-              ? absl::StrCat("; aborted iteration ", abort.iteration)
+              ? absl::StrCat("; aborted iteration ", abort.iteration,
+                             ", goes on at iteration ", abort.last + 1)
               : std::string(),
           "; aborted collective round ", abort.round, "; state sync ",
           r.sync_seq, r.behind ? " (this node is behind)" : ""));
@@ -363,6 +395,7 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     re.aborted_iteration = abort.iteration;
     re.aborted_round = abort.round;
     re.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
+    re.with_reformation = true;
     events_.OnRankRejoined(re);
     spdlog::info(
         "{} rejoined with the re-formation; it goes on at iteration "

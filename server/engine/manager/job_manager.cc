@@ -295,12 +295,21 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   if (active.job->live_ranks() == 0 && active.job->restarting_ranks() == 0) {
     const ReducerStats st = active.job->reducer_stats();
     auto ms = [](uint64_t ns) { return absl::StrFormat("%.3f", ns / 1e6); };
+    // A job that only ran collectives (no model buckets) says so.
+    const uint64_t rounds = active.job->collective_rounds();
     spdlog::info(
         "{}",
-        absl::StrCat("job '", job_id, "' ended: ", st.buckets,
-                     " buckets reduced; phase split ms: local_reduce=",
-                     ms(st.local_reduce_ns), " network=", ms(st.network_ns),
-                     " write_back=", ms(st.write_back_ns)));
+        st.buckets == 0 && rounds > 0
+            ? absl::StrCat("job '", job_id, "' ended: ", rounds,
+                           " collective round(s), no gradient buckets")
+            : absl::StrCat(
+                  "job '", job_id, "' ended: ", st.buckets, " buckets reduced",
+                  rounds > 0
+                      ? absl::StrCat(", ", rounds, " collective round(s)")
+                      : std::string(),
+                  "; phase split ms: local_reduce=", ms(st.local_reduce_ns),
+                  " network=", ms(st.network_ns),
+                  " write_back=", ms(st.write_back_ns)));
     // A process that still maps the block (its rank was detached from
     // under it, or it outlived its session) reads this instead of waiting
     // for an engine that is gone.

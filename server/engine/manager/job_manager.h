@@ -230,9 +230,6 @@ class JobManager final : public NodeHandlerInterface,
     int max_nodes = 1;
     // Set while a re-formation of this job runs.
     bool reforming = false;
-    // Node ids lost and not back; the last break's reason; re-formations.
-    std::vector<std::string> lost;
-    std::string last_reason;
     uint64_t epoch = 0;
     // The watcher: the next arrival number it waits for and the
     // re-formations it has seen (it breaks again for an arrival that was
@@ -261,6 +258,10 @@ class JobManager final : public NodeHandlerInterface,
     // The job's initial world size (Reformed::initial_world_size; 0: the
     // closer did not know it).
     int initial_world_size = 0;
+    // The job's nodes lost and not back (Reformed::departed).
+    std::vector<std::string> lost;
+    // Where its iterations start (JobSpec::first_iteration).
+    uint64_t first_iteration = 1;
   };
   // What a formation thread hands back: the backend and the store it uses.
   struct FormedNodes {

@@ -182,7 +182,6 @@ void JobManager::StartReformation(const std::string& job_id,
   const JobSpec& spec = active.job->spec();
   const v1::RendezvousConfig& rv = config_.rendezvous();
   elastic.reforming = true;
-  elastic.last_reason = broke.reason;
 
   ReformOptions options;
   options.job_id = job_id;
@@ -210,11 +209,13 @@ void JobManager::StartReformation(const std::string& job_id,
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
   options.reason = broke.reason;
-  spdlog::warn(
-      "job '{}': the nodes' group broke at epoch {} ({}); re-forming with "
-      "the nodes that are there (at least {}, settling {} ms)",
-      job_id, broke.epoch, broke.reason, options.min_nodes,
-      rv.reform_settle_ms());
+  options.rejoined_local_ranks = broke.rejoined_local_ranks;
+  // What it was is known once the epoch closes: the job's "re-formed" line
+  // says it, the same on every node (job_elastic.cc).
+  spdlog::debug(
+      "job '{}': re-forming after epoch {} with the nodes that are there "
+      "(at least {}, settling {} ms)",
+      job_id, broke.epoch, options.min_nodes, rv.reform_settle_ms());
 
   // A CUDA job connects a fresh NCCL communicator among the new group
   // (nccl_job_setup.h says why not ncclCommShrink); every node of the
@@ -288,35 +289,12 @@ void JobManager::FinishReformation(
   Reformed& r = *result;
   const JobLayout& layout = r.layout;
   const std::vector<std::string> ids = layout.NodeIds();
-  for (const std::string& id : r.lost) {
-    if (std::find(elastic.lost.begin(), elastic.lost.end(), id) ==
-        elastic.lost.end()) {
-      elastic.lost.push_back(id);
-    }
-  }
-  for (const std::string& id : r.admitted) {
-    elastic.lost.erase(
-        std::remove(elastic.lost.begin(), elastic.lost.end(), id),
-        elastic.lost.end());
-  }
-  for (const std::string& id : r.lost) {
-    spdlog::warn(
-        "job '{}': node '{}' lost ({}); going on with {} of {} nodes "
-        "{}, world size {}",
-        job_id, id, reason, layout.num_nodes, elastic.max_nodes, NodeList(ids),
-        layout.world_size);
-  }
-  for (const std::string& id : r.admitted) {
-    spdlog::info(
-        "job '{}': node '{}' admitted; going on with {} of {} nodes "
-        "{}, world size {}",
-        job_id, id, layout.num_nodes, elastic.max_nodes, NodeList(ids),
-        layout.world_size);
-  }
-  spdlog::info(
-      "job '{}': re-formed at epoch {} ({}): node rank {} of {} {}, world "
-      "size {}, resuming after iteration {}{}",
-      job_id, r.epoch, reason, layout.node_rank, layout.num_nodes,
+  // The job's "re-formed" line says what happened, once, on every node
+  // (job_elastic.cc); this one is for debugging the agreement.
+  spdlog::debug(
+      "job '{}': epoch {} agreed: node rank {} of {} of at most {} {}, world "
+      "size {}, max completed iteration {}{}",
+      job_id, r.epoch, layout.node_rank, layout.num_nodes, elastic.max_nodes,
       NodeList(ids), layout.world_size, r.max_completed,
       r.behind ? " (this node was one iteration behind)" : "");
 
@@ -331,6 +309,9 @@ void JobManager::FinishReformation(
   net.behind = r.behind;
   net.lost = r.lost;
   net.admitted = r.admitted;
+  net.cause = r.cause;
+  net.reason = r.reason;
+  net.departed = r.departed;
   std::unique_ptr<BucketReducerInterface> reducer =
       MakeNodeReducer(job.spec(), layout, r.store_prefix, std::move(r.backend),
                       std::move(store));

@@ -165,6 +165,12 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           a.arrivals_seen = reformed.arrivals_seen;
           a.max_nodes = options.num_nodes;
           a.initial_world_size = reformed.initial_world_size;
+          a.lost = reformed.departed;
+          // The running nodes abort max_completed + 1 and go on at the
+          // next one (Job::AbortInProgress); a job without buckets counts
+          // no iterations.
+          a.first_iteration =
+              reformed.plan->buckets.empty() ? 1 : reformed.max_completed + 2;
           out.admission = std::move(a);
           out.coordinator = coordinator;
           // "elastic<k>" belongs to formation round "round<k>" (rebuilds
@@ -272,6 +278,8 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     // Its world_size is the live one; divide_by_initial_world_size, the
     // snapshot and its own re-formations use the job's initial one.
     spec.initial_world_size = result->admission->initial_world_size;
+    spec.initial_lost = result->admission->lost;
+    spec.first_iteration = result->admission->first_iteration;
   } else {
     spec.elastic_prefix = ElasticPrefix(result->round_prefix);
   }
@@ -342,6 +350,8 @@ void JobManager::Activate(
     info.num_nodes = (*job)->spec().num_nodes;
     info.shared_memory_bytes = (*job)->shared_memory_bytes();
     info.world_size = (*job)->spec().global_world_size();
+    if (info.num_nodes > 1) info.node_ids = (*job)->spec().node_ids;
+    info.lost_node_ids = (*job)->spec().initial_lost;
     (*job)->AddEventSink(events_->OnJobStarted(info));
   }
   ActiveJob active;

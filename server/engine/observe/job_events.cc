@@ -21,6 +21,22 @@ int64_t UnixNs() {
 
 int64_t EngineNowNs() { return SteadyNs(); }
 
+absl::string_view ReformCauseName(ReformCause cause) {
+  switch (cause) {
+    case ReformCause::kNodeLost:
+      return "node_lost";
+    case ReformCause::kNodeAdmitted:
+      return "node_admitted";
+    case ReformCause::kRankRejoined:
+      return "rank_rejoined";
+    case ReformCause::kOther:
+      return "other";
+    case ReformCause::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
 int64_t EngineToUnixNs(int64_t engine_ns) {
   // Measured once: a wall-clock step later on (NTP) must not reorder the
   // events of a running job.

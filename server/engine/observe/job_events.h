@@ -143,16 +143,39 @@ struct RankRestartEvent {
   int world_size = 0;
   // Restarting: why the daemon waits ("session closed without Detach").
   std::string reason;
+  // Rejoined: its return was one re-formation of a multi-node job's group
+  // (OnNetworkReformed reports that event and its aborted iteration; this
+  // one is the rank's part of it, not a second abort).
+  bool with_reformation = false;
 };
+
+// What a re-formation of a multi-node job's group was: the same on every
+// node of the new epoch, as its closer decided it (formation/
+// reformation.h, "members"). A node lost wins over a node admitted, which
+// wins over a rank restart. kUnknown: a closer that did not say (older).
+enum class ReformCause {
+  kUnknown,
+  kNodeLost,
+  kNodeAdmitted,
+  kRankRejoined,
+  kOther
+};
+// "node_lost", "node_admitted", "rank_rejoined", "other" ("unknown" for
+// kUnknown): the reason label of gradd_job_reformations_total.
+absl::string_view ReformCauseName(ReformCause cause);
 
 // A re-formation of a multi-node job's inter-node group (control_block.h,
 // "Re-formation"). Engine clock.
 struct NetworkReformEvent {
   // Broken: the epoch being left; reformed: the new one.
   uint64_t epoch = 0;
-  // Why: the network error ("node 'b' (node rank 2) is gone: ..."), "local
-  // rank 1 rejoined", "node 'd' asks to be admitted".
+  // Broken: what this node saw (the network error, "local rank 1
+  // rejoined", "node asks to be admitted"). Reformed: what the re-formation
+  // was, the closer's line, the same on every node ("local rank 1 of node
+  // 'b' restarted", "node 'c' lost: ...").
   std::string reason;
+  // Reformed: the kind of `reason`.
+  ReformCause cause = ReformCause::kUnknown;
   // When the engine saw the break (broke_ns) and resumed on the new group
   // (at_ns; == broke_ns for the broken event).
   int64_t broke_ns = 0;
@@ -160,6 +183,10 @@ struct NetworkReformEvent {
   // Reformed: the membership change, the new size, what was aborted.
   std::vector<std::string> lost;
   std::vector<std::string> admitted;
+  // Reformed: the live nodes, by new node rank, and every node lost and
+  // not back (the same on every node).
+  std::vector<std::string> node_ids;
+  std::vector<std::string> lost_node_ids;
   int num_nodes = 0;
   int world_size = 0;
   uint64_t aborted_iteration = 0;
@@ -198,6 +225,11 @@ struct JobInfo {
   uint64_t shared_memory_bytes = 0;
   // Ranks of the job on every node (its global world size).
   int world_size = 0;
+  // The job's nodes when it starts (node ids by node rank; empty for a
+  // single-node job), and those lost before (a node admitted into its
+  // running job learns them from the agreement).
+  std::vector<std::string> node_ids;
+  std::vector<std::string> lost_node_ids;
 };
 
 class EngineEventSinkInterface {

@@ -389,6 +389,69 @@ TEST_F(ReformationTest, AReturningNodeGetsItsOldRanksEpochsLater) {
   }
 }
 
+// Issue 32: one event has one reason on every node, the closer's, and
+// every node lists the same lost nodes (the departed), the admitted one
+// included.
+TEST_F(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
+  // Epoch 1: local rank 1 of b restarted; a and c only saw b's group break.
+  std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
+                                      Survivor("b", ThreeNodes()),
+                                      Survivor("c", ThreeNodes())};
+  nodes[1].rejoined_local_ranks = {1};
+  nodes[1].reason = "local rank 1 rejoined";
+  auto first = ReformAll(nodes);
+  for (const auto& r : first) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->cause, ReformCause::kRankRejoined);
+    EXPECT_EQ(r->reason, "local rank 1 of node 'b' restarted");
+    EXPECT_THAT(r->departed, IsEmpty());
+  }
+  std::vector<JobNode> running = first[0]->layout.nodes;
+
+  // Epoch 2: c is lost while a rank of a restarts: the loss wins, the line
+  // names both.
+  nodes = {Survivor("a", running, 2), Survivor("b", running, 2)};
+  nodes[0].rejoined_local_ranks = {0};
+  nodes[1].reason = "gloo allreduce failed: connection reset by peer";
+  auto second = ReformAll(nodes);
+  for (const auto& r : second) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->cause, ReformCause::kNodeLost);
+    EXPECT_EQ(r->reason,
+              "node 'c' lost (gloo allreduce failed: connection reset by "
+              "peer); local rank 0 of node 'a' restarted");
+    EXPECT_THAT(r->departed, ElementsAre("c"));
+  }
+  running = second[0]->layout.nodes;
+
+  // Epoch 3: c comes back: admitted, lost by nobody any more, on all three
+  // (the arrival too).
+  ReformOptions c = Arrival("c");
+  ASSERT_TRUE(AnnounceArrival(store_, c).ok());
+  nodes = {Survivor("a", running, 3), Survivor("b", running, 3), c};
+  for (ReformOptions& o : nodes) o.settle = absl::Seconds(10);
+  auto third = ReformAll(nodes);
+  for (const auto& r : third) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->cause, ReformCause::kNodeAdmitted);
+    EXPECT_EQ(r->reason, "node 'c' admitted");
+    EXPECT_THAT(r->departed, IsEmpty());
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b", "c"));
+  }
+  running = third[0]->layout.nodes;
+
+  // Epoch 4: nothing but a break (say, a transient network error).
+  nodes = {Survivor("a", running, 4), Survivor("b", running, 4),
+           Survivor("c", running, 4)};
+  for (ReformOptions& o : nodes) o.reason = "connection reset";
+  auto fourth = ReformAll(nodes);
+  for (const auto& r : fourth) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->cause, ReformCause::kOther);
+    EXPECT_EQ(r->reason, "connection reset");
+  }
+}
+
 TEST_F(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions c = Arrival("c");
