@@ -12,7 +12,8 @@ exactly the parameters of an uninterrupted run.
 GRADD_TEST_DIE_AT_STEP=K: this process SIGKILLs itself in the middle of the
 backward of step K (from a gradient hook of the first layer, whose gradient
 is computed last: the later layers' buckets are handed over, its own is
-not), as a crashed trainer would die.
+not), as a crashed trainer would die. GRADD_TEST_STEP_SLEEP_S=S: S seconds
+of sleep after each applied step (time to look at the daemons meanwhile).
 
 Writes OUT_DIR/rank<r>-<pid>.json: every attempt (step, should_commit,
 aborted), the parameters right after the first forward's state sync of a
@@ -24,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 from torch import nn
@@ -47,6 +49,7 @@ def main():
     steps, out_dir, grace = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     rank = int(os.environ["RANK"])
     die_at = int(os.environ.get("GRADD_TEST_DIE_AT_STEP", "-1"))
+    step_sleep = float(os.environ.get("GRADD_TEST_STEP_SLEEP_S", "0"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
                           nn.Linear(32, 4))
@@ -108,6 +111,8 @@ def main():
             report["attempts"].append({"step": step, "commit": ddp.should_commit()})
             opt.step()
             state["step"] += 1
+            if step_sleep:
+                time.sleep(step_sleep)
     except gradd.GraddError as e:
         report["error"] = f"{type(e).__name__}: {e}"
         write()

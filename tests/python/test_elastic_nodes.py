@@ -436,3 +436,173 @@ def test_rank_restart_on_a_two_node_job(nodes_factory, job_id, tmp_path):
         ref.kill_all()
     assert ref.results()[0][0]["final"] == survivor["final"]
 
+
+
+# ------------------------------- what every node reports (issue 32)
+def _counter(text, family, **labels):
+    """The value of `family` with exactly `labels` in node text (0 when the
+    series is not there: a counter never incremented is not exported)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(family):
+            continue
+        name, _, value = line.rpartition(" ")
+        got = name[len(family):]
+        if got == (f"{{{want}}}" if want else "") or (
+                got.startswith("{") and ",".join(sorted(got[1:-1].split(","))) == want):
+            return float(value)
+    return 0.0
+
+
+def _ctl_job(ctl, node, job):
+    out = subprocess.run([ctl, "--socket", node.socket, "--json", "job", job],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    import json
+
+    return json.loads(out.stdout)["job"]["summary"]
+
+
+def _poll(what, check, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _reformed_lines(log, epoch):
+    return [line for line in log.splitlines() if f"re-formed (epoch {epoch})" in line]
+
+
+def test_every_node_reports_a_rank_restart_and_a_node_return_alike(
+        nodes_factory, job_id, tmp_path):
+    """Issue 32: 3 daemons, min_nodes 2. Local rank 0 of node-1 (global rank
+    1) is SIGKILLed and restarted, then node-2 (daemon and trainer) is
+    killed and started again. On every node: one re-formation per event
+    with the same reason label, one aborted iteration each (not two on the
+    restarted rank's node), the same live and lost nodes in `graddctl job`
+    and in gradd_job_node_up, one info line saying what each event was, and
+    iteration numbers that agree (rejoin_iteration is the iteration every
+    node's line says the job goes on at)."""
+    from conftest import graddctl
+
+    ctl = graddctl()
+    steps, die_at, grace = 400, 3, 30000
+    nodes = nodes_factory(3)
+    require_elastic(nodes, job_id)
+    out = tmp_path / "run"
+    out.mkdir()
+    t = Trainers(nodes, job_id, steps, out, 2, script=RESTART_WORKER,
+                 args=[str(steps), str(out), str(grace)])
+    env = {"GRADD_MIN_NODES": "2", "GRADD_TEST_STEP_SLEEP_S": "0.05"}
+    metrics = lambda: [nodes.metrics(i) for i in range(3)]  # noqa: E731
+    reform = "gradd_job_reformations_total"
+    try:
+        for r in range(3):
+            t.start(r, **env, **({"GRADD_TEST_DIE_AT_STEP": str(die_at)} if r == 1 else {}))
+        _, rc, _, _ = t.wait(1, 90)
+        assert rc == -signal.SIGKILL, f"the victim did not die by SIGKILL:\n{t.report()}"
+        t.start(1, **env)
+
+        # 1. The rank restart: rank_rejoined once everywhere, one abort each.
+        texts = _poll("the rank restart's re-formation on every node", lambda: (
+            lambda m: m if all(_counter(x, reform, reason="rank_rejoined") >= 1 for x in m)
+            else None)(metrics()))
+        for i, text in enumerate(texts):
+            assert _counter(text, reform, reason="rank_rejoined") == 1, (i, text)
+            assert _counter(text, reform, reason="other") == 0, (i, text)
+            assert _counter(text, "gradd_iterations_aborted_total") == 1, (i, text)
+            assert _counter(text, "gradd_rank_restarts_total") == (1 if i == 1 else 0), (i, text)
+        for i in range(3):
+            s = _ctl_job(ctl, nodes.nodes[i], job_id)
+            assert s["live_node_ids"] == ["node-0", "node-1", "node-2"], (i, s)
+            assert s.get("lost_node_ids", []) == [], (i, s)
+
+        # 2. node-2 is lost: node_lost on the two others, node-2 down.
+        t.kill(2)
+        nodes.kill(2)
+        texts = _poll("node-2's loss on node-0 and node-1", lambda: (
+            lambda m: m if all(_counter(x, reform, reason="node_lost") >= 1 for x in m)
+            else None)([nodes.metrics(0), nodes.metrics(1)]))
+        for i, text in enumerate(texts):
+            assert _counter(text, reform, reason="node_lost") == 1, (i, text)
+            assert _counter(text, "gradd_job_node_up", job_id=job_id, node_id="node-2") == 0
+            assert _counter(text, "gradd_job_node_up", job_id=job_id, node_id="node-1") == 1
+            s = _ctl_job(ctl, nodes.nodes[i], job_id)
+            assert s["live_node_ids"] == ["node-0", "node-1"], (i, s)
+            assert s["lost_node_ids"] == ["node-2"], (i, s)
+
+        # 3. node-2 comes back: admitted; live 3 of 3, lost none, everywhere.
+        nodes.restart(2)
+        t.start(2, **env)
+        texts = _poll("node-2's admission on node-0 and node-1", lambda: (
+            lambda m: m if all(_counter(x, reform, reason="node_admitted") >= 1 for x in m)
+            else None)([nodes.metrics(0), nodes.metrics(1)]))
+        summaries = [_ctl_job(ctl, nodes.nodes[i], job_id) for i in range(3)]
+        for i, s in enumerate(summaries):
+            assert s["live_node_ids"] == ["node-0", "node-1", "node-2"], (i, s)
+            assert s.get("lost_node_ids", []) == [], (i, s)
+        # The same iteration numbers (the nodes step together: at most a
+        # step apart between two answers).
+        its = [int(s["iteration"]) for s in summaries]
+        assert max(its) - min(its) <= 2, its
+        for i in range(3):
+            text = nodes.metrics(i)
+            for node in ("node-0", "node-1", "node-2"):
+                assert _counter(text, "gradd_job_node_up", job_id=job_id, node_id=node) == 1, \
+                    (i, node, text)
+        for i, text in enumerate(texts):
+            assert _counter(text, reform, reason="node_admitted") == 1, (i, text)
+            assert _counter(text, reform, reason="rank_rejoined") == 1, (i, text)
+            assert _counter(text, reform, reason="other") == 0, (i, text)
+            # The rank restart, the loss, the admission: one abort each.
+            assert _counter(text, "gradd_iterations_aborted_total") == 3, (i, text)
+        _all_succeed(t, range(3), 120)
+    finally:
+        t.kill_all()
+        (tmp_path / "logs").mkdir()
+        nodes.save_logs(tmp_path / "logs")
+
+    res = t.results()
+    back1 = [rep for rep in res[1] if rep["rejoined"]]
+    back2 = [rep for rep in res[2] if rep["rejoined"]]
+    assert len(back1) == 1 and len(back2) == 1, res
+    finals = [rep["final"] for r in range(3) for rep in res[r] if "final" in rep]
+    assert len(finals) == 3 and all(f == finals[0] for f in finals), res
+
+    # The logs: one line per event and node saying what it was, at info for
+    # the restart and the admission, naming the node and rank; the running
+    # nodes' lines say where the job goes on, which is the restarted
+    # trainer's rejoin_iteration.
+    logs = {i: nodes.nodes[i].log() for i in range(3)}
+    for i in (0, 1):
+        log = logs[i]
+        lines = _reformed_lines(log, 1)
+        assert len(lines) == 1, (i, lines)
+        assert "local rank 0 of node 'node-1' restarted (rank_rejoined)" in lines[0], lines
+        assert " I " in lines[0][:40], lines
+        assert f"goes on at iteration {back1[0]['rejoin_iteration']}" in lines[0], \
+            (lines, back1[0]["rejoin_iteration"])
+        lost = _reformed_lines(log, 2)
+        assert len(lost) == 1 and "node 'node-2' lost" in lost[0] and "(node_lost)" in lost[0], lost
+        admitted = _reformed_lines(log, 3)
+        assert len(admitted) == 1 and "node 'node-2' admitted (node_admitted)" in admitted[0], \
+            admitted
+        assert f"goes on at iteration {back2[0]['rejoin_iteration']}" in admitted[0], \
+            (admitted, back2[0]["rejoin_iteration"])
+        # What a node saw at the rank restart's break is not called a
+        # failure: no warning or error until node-2's real loss, but for
+        # the trainer's death itself on its own node ("is restarting").
+        before_loss = log.split("its nodes' group broke at epoch 1")[0]
+        loud = [line for line in before_loss.splitlines()
+                if (" W " in line[:40] or " E " in line[:40])
+                and not (i == 1 and "is restarting (session closed" in line)]
+        assert not loud, loud
+    # node-2 before its loss said the same about the rank restart.
+    dead_log = [d.log() for i, d in nodes.dead if i == 2][0]
+    lines = _reformed_lines(dead_log, 1)
+    assert len(lines) == 1 and "(rank_rejoined)" in lines[0], lines

@@ -169,8 +169,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           // The running nodes abort max_completed + 1 and go on at the
           // next one (Job::AbortInProgress); a job without buckets counts
           // no iterations.
-          a.first_iteration =
-              reformed.plan->buckets.empty() ? 1 : reformed.max_completed + 2;
+          a.first_iteration = out.formation.plan.buckets.empty()
+                                  ? 1
+                                  : reformed.max_completed + 2;
           out.admission = std::move(a);
           out.coordinator = coordinator;
           // "elastic<k>" belongs to formation round "round<k>" (rebuilds

@@ -104,7 +104,7 @@ JobSnapshot JobManager::SnapshotOf(const ActiveJob& active, bool detail) const {
           absl::ToUnixNanos(active.restart_deadline[rank.local_rank]);
     }
   }
-  s.node_ids = active.job->spec().node_ids;
+  // node_ids are the live ones (Job::Snapshot), not the spec's first.
   if (active.rebuild != nullptr) {
     RebuildCoordinator::Record record = active.rebuild->record();
     s.rebuilt = record.rebuilt;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -190,6 +191,89 @@ TEST(DaemonMetricsTest, ReformReasonLabelIsAFixedSet) {
   EXPECT_EQ(ReformReasonLabel(e), "node_admitted");
   e.lost = {"b"};  // lost wins: the job shrank
   EXPECT_EQ(ReformReasonLabel(e), "node_lost");
+  // The closer's decision, when it made one, is the label.
+  e.cause = ReformCause::kRankRejoined;
+  EXPECT_EQ(ReformReasonLabel(e), "rank_rejoined");
+  e.cause = ReformCause::kOther;
+  EXPECT_EQ(ReformReasonLabel(e), "other");
+}
+
+// Issue 32: the closer's cause is the label, whatever this node saw; a
+// rank's return in a multi-node job is one aborted iteration, not two; the
+// nodes' gauges follow the verdict's live and lost lists.
+TEST(DaemonMetricsTest, TheClosersCauseCountsOnceAndNodesFollowTheVerdict) {
+  DaemonMetrics metrics;
+  JobInfo info = Info("elastic-2");
+  info.num_nodes = 3;
+  info.world_size = 3;
+  info.node_ids = {"a", "b", "c"};
+  std::unique_ptr<JobEventSinkInterface> job = metrics.OnJobStarted(info);
+  std::string text = metrics.Serialize();
+  for (const char* id : {"a", "b", "c"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                          "gradd_job_node_up{job_id=\"elastic-2\",node_id=\"",
+                          id, "\"} 1")));
+  }
+
+  // What node a saw was a connection reset; the closer says a rank of b
+  // restarted. On b, the rank's own event comes with the re-formation.
+  NetworkReformEvent e;
+  e.epoch = 1;
+  e.reason = "local rank 1 of node 'b' restarted";
+  e.cause = ReformCause::kRankRejoined;
+  e.node_ids = {"a", "b", "c"};
+  e.num_nodes = 3;
+  e.world_size = 3;
+  e.aborted_iteration = 9;
+  job->OnNetworkReformed(e);
+  RankRestartEvent r;
+  r.local_rank = 1;
+  r.aborted_iteration = 9;
+  r.with_reformation = true;
+  job->OnRankRejoined(r);
+  text = metrics.Serialize();
+  EXPECT_THAT(
+      text,
+      HasSubstr("gradd_job_reformations_total{reason=\"rank_rejoined\"} 1"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_job_reformations_total{reason=\"other\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_rank_restarts_total 1"));
+
+  // c lost, then back.
+  e.epoch = 2;
+  e.cause = ReformCause::kNodeLost;
+  e.reason = "node 'c' lost";
+  e.lost = {"c"};
+  e.node_ids = {"a", "b"};
+  e.lost_node_ids = {"c"};
+  job->OnNetworkReformed(e);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_node_up{job_id=\"elastic-2\","
+                              "node_id=\"c\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_node_up{job_id=\"elastic-2\","
+                              "node_id=\"a\"} 1"));
+  e.epoch = 3;
+  e.cause = ReformCause::kNodeAdmitted;
+  e.reason = "node 'c' admitted";
+  e.lost = {};
+  e.admitted = {"c"};
+  e.node_ids = {"a", "b", "c"};
+  e.lost_node_ids = {};
+  job->OnNetworkReformed(e);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_node_up{job_id=\"elastic-2\","
+                              "node_id=\"c\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 3"));
+  // A single-node rank restart counts its own abort.
+  RankRestartEvent alone;
+  alone.aborted_iteration = 12;
+  job->OnRankRejoined(alone);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_iterations_aborted_total 4"));
+  // The job's node series go with it.
+  job.reset();
+  EXPECT_THAT(metrics.Serialize(), Not(HasSubstr("gradd_job_node_up{")));
 }
 
 TEST(DaemonMetricsTest, RendezvousRequestsByMethod) {
