@@ -1,7 +1,10 @@
 """A worker for test_run.py, started by `gradd run`: PyTorch's DDP tutorial
 (ToyModel, MSELoss, SGD) in a loop of steps whose data depends only on the
-step and the rank, with the two lines gradd needs: gradd.torch's
-DistributedDataParallel and OptimizerWrapper.
+step and the rank, with the two lines gradd needs: the import of
+gradd.torch's DistributedDataParallel in place of torch's, and the loop's
+header, ``for step in ddp_model.steps(optimizer, steps)`` in place of
+``for step in range(steps)`` (it wraps the optimizer in place,
+gradd.torch.OptimizerWrapper).
 
 Environment (the test's): GRADD_TEST_OUT (directory for the report),
 GRADD_TEST_STEPS, GRADD_TEST_DIE_AT_STEP / GRADD_TEST_RAISE_AT_STEP (on
@@ -18,7 +21,6 @@ import torch.nn as nn
 import torch.optim as optim
 
 from gradd.torch import DistributedDataParallel as DDP  # changed line 1
-from gradd.torch import OptimizerWrapper
 
 
 class ToyModel(nn.Module):  # torch's DDP tutorial's model
@@ -57,9 +59,8 @@ def main():
     model = ToyModel()
     ddp_model = DDP(model)
     loss_fn = nn.MSELoss()
-    optimizer = OptimizerWrapper(ddp_model, optim.SGD(ddp_model.parameters(), lr=0.01,
-                                                      momentum=0.9))  # changed line 2
-    for step in optimizer.steps(steps):
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+    for step in ddp_model.steps(optimizer, steps):  # changed line 2
         x, y = batch(step, rank)
         optimizer.zero_grad()
         outputs = ddp_model(x)
@@ -74,13 +75,14 @@ def main():
         if sleep:
             time.sleep(sleep)
 
+    wrapper = optimizer._gradd_wrapper  # the test's report only
     report = {
         "rank": rank,
         "pid": os.getpid(),
         "restart_count": restart_count,
         "rejoined": ddp_model.rejoined,
-        "skipped": optimizer.skipped,
-        "step_count": optimizer.step_count,
+        "skipped": wrapper.skipped,
+        "step_count": wrapper.step_count,
         "grace": ddp_model.rank_restart_grace_ms,
         "job_id": ddp_model.job_id,
         "params": [p.detach().double().flatten().tolist() for p in model.parameters()],
@@ -94,7 +96,7 @@ def main():
     }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
-    print(f"rank {rank} done: {optimizer.step_count} steps, {optimizer.skipped} skipped",
+    print(f"rank {rank} done: {wrapper.step_count} steps, {wrapper.skipped} skipped",
           flush=True)
     ddp_model.shutdown()
 

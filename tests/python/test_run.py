@@ -1,6 +1,6 @@
 """`gradd run` (issue 33) with real processes: the launcher, the daemon it
 starts or finds, its workers (tests/python/run_worker.py: torch's DDP
-tutorial loop with gradd.torch's DDP and OptimizerWrapper), restarts,
+tutorial loop with gradd.torch's DDP and `ddp.steps(optimizer, n)`), restarts,
 failures, signals, and two nodes in network namespaces."""
 import glob
 import json

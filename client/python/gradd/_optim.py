@@ -2,8 +2,19 @@
 
 The pattern of torchft's OptimizerWrapper (an optimizer that asks the
 fault-tolerance layer whether to commit before it steps), written for
-gradd's rank restart (gradd/_restart.py). Wrapping the optimizer is all a
-training loop changes besides the DDP import::
+gradd's rank restart (gradd/_restart.py). Besides the DDP import, a loop
+changes one line, its header (``ddp.steps`` wraps the optimizer in place,
+``wrap_in_place`` below)::
+
+    from gradd.torch import DistributedDataParallel as DDP   # was torch's
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in ddp.steps(opt, total_steps):                 # was range(total_steps)
+        opt.zero_grad()
+        loss_fn(ddp(batch_x(step)), batch_y(step)).backward()
+        opt.step()
+
+or, with the wrapper in the open:
 
     ddp = gradd.torch.DistributedDataParallel(model)
     opt = gradd.torch.OptimizerWrapper(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
@@ -74,6 +85,10 @@ class OptimizerWrapper(torch.optim.Optimizer):
                 f"got {type(optimizer).__name__}")
         self.__dict__["optimizer"] = optimizer
         self.__dict__["ddp"] = ddp
+        # The optimizer's own methods as they are now: wrap_in_place then
+        # puts this wrapper's in their place on the optimizer object.
+        self.__dict__["_inner_step"] = optimizer.step
+        self.__dict__["_inner_zero_grad"] = optimizer.zero_grad
         self.__dict__["_steps"] = 0
         self.__dict__["skipped"] = 0
         self.__dict__["committed"] = False
@@ -136,9 +151,9 @@ class OptimizerWrapper(torch.optim.Optimizer):
         zero_grad."""
         self.ddp.sync_state()
         if set_to_none is None:
-            self.optimizer.zero_grad()
+            self._inner_zero_grad()
         else:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self._inner_zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         """The optimizer's step, unless the iteration was aborted (a rank
@@ -150,7 +165,7 @@ class OptimizerWrapper(torch.optim.Optimizer):
             self.skipped += 1
             self.committed = False
             return None
-        out = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        out = self._inner_step() if closure is None else self._inner_step(closure)
         self._steps += 1
         self.committed = True
         return out
@@ -172,3 +187,24 @@ class OptimizerWrapper(torch.optim.Optimizer):
 
     def _load_counter_state(self, state: dict) -> None:
         self._steps = int(state["step_count"])
+
+
+def wrap_in_place(ddp, optimizer) -> OptimizerWrapper:
+    """The OptimizerWrapper of `optimizer` for `ddp`, made once: from then on
+    the optimizer object's own ``step()`` and ``zero_grad()`` are the
+    wrapper's (instance attributes over the class's methods, as torch's LR
+    schedulers patch ``step``), so a loop keeps calling ``opt.step()``.
+    An OptimizerWrapper is returned as it is."""
+    if isinstance(optimizer, OptimizerWrapper):
+        return optimizer
+    wrapper = optimizer.__dict__.get("_gradd_wrapper")
+    if wrapper is not None:
+        if wrapper.ddp is not ddp:
+            raise ValueError("this optimizer already steps for another "
+                             "gradd.torch.DistributedDataParallel")
+        return wrapper
+    wrapper = OptimizerWrapper(ddp, optimizer)
+    optimizer.__dict__["_gradd_wrapper"] = wrapper
+    optimizer.step = wrapper.step
+    optimizer.zero_grad = wrapper.zero_grad
+    return wrapper

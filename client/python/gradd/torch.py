@@ -583,6 +583,21 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._raise_if_failed()
         return _restart.sync_state(self)
 
+    def steps(self, optimizer, total: int):
+        """The job's steps for a loop that survives a killed rank with one
+        line changed, ``for step in ddp.steps(opt, total):`` in place of
+        ``for step in range(total):``. Wraps `optimizer` in place
+        (gradd.torch.OptimizerWrapper, client/python/gradd/_optim.py): its
+        state and the step count go to a restarted rank at the state sync,
+        ``opt.step()`` skips the step of an aborted iteration and the same
+        step comes again (the batch is retried), and a restarted rank starts
+        at the step the job is at. Yields 0, 1, ... until `total` steps are
+        committed. The loop must draw a step's batch from the step alone
+        (see the module doc of _optim.py for what else it must do)."""
+        from gradd._optim import wrap_in_place
+
+        return wrap_in_place(self, optimizer).steps(total)
+
     def should_commit(self) -> bool:
         """False after a backward whose iteration was aborted by a rank
         restart (skip the optimizer step), until the next successful
@@ -599,8 +614,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     @property
     def rejoin_iteration(self) -> Optional[int]:
-        """The job's iteration this restarted rank rejoined at (its first;
-        the daemon's count, from 1), None when it did not rejoin."""
+        """The job's iteration this rank goes on at after rejoining (its
+        first), None when it did not rejoin. A restarted rank, or a trainer
+        of a node admitted into its running job: the iteration every node's
+        daemon numbers the same ("re-formed ... goes on at iteration N" in
+        their logs, `graddctl job`), counted from 1 when the job formed."""
         restart = self.__dict__.get("_restart")
         return restart.rejoin_iteration if restart is not None else None
 
