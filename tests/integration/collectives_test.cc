@@ -76,6 +76,12 @@ TEST_F(CollectivesTest, CollectiveOnlyJobGetsTheDefaultArea) {
   ExpectPass(
       RunLocal("default", 2, {"--collective-bytes", "0", "--count", "20000"}),
       2);
+  // Its end says what it ran (issue 32: not "0 buckets reduced").
+  EXPECT_TRUE(
+      WaitForText(daemon_, "job 'default' ended: ", milliseconds(10000)))
+      << ReadFile(daemon_.log);
+  EXPECT_THAT(ReadFile(daemon_.log),
+              HasSubstr("collective round(s), no gradient buckets"));
 }
 
 TEST_F(CollectivesTest, MismatchedOpFailsTheJobNamingBothRanks) {

@@ -95,6 +95,10 @@ def test_daemon_view_matches_the_trainers(daemon, job_id, mode):
                                capture_output=True, timeout=60)
         assert human.returncode == 0, human.stderr.decode()
         text = human.stdout.decode()
+        # The plan counts gradd's used-parameter map and says so (issue 32).
+        n = len(detail["plan"]["buckets"])
+        assert f"plan: {n} buckets ({n - 1} of the model's and gradd's used-parameter map)" \
+            in text, text
         if mode == "unused":
             assert f"unused parameters (iteration {STEPS}): unused." in text, text
         else:
