@@ -377,3 +377,25 @@ def test_gradd_command_dispatches_run_and_execs_the_daemon_otherwise(run_env):
     p = subprocess.run(cli + ["run", "--nproc-per-node", "0", WORKER], env=run_env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "gradd run: error: argument --nproc-per-node" in p.stderr
+
+
+def test_scripts_gradd_runs_the_launcher_from_the_source_tree(run_env):
+    """The README's first command: scripts/gradd sets up the tree (nothing
+    to install or build here: the suite's build is current), then runs
+    `gradd run` under Debian's python3 with the tree's package and daemon,
+    or the daemon itself for any other arguments."""
+    repo = os.path.normpath(os.path.join(HERE, "..", ".."))
+    build = os.path.dirname(os.path.dirname(run_env["GRADD_BINARY"]))
+    env = dict(run_env, GRADD_BUILD_DIR=build, GRADD_TEST_STEPS="2")
+    # Not the suite's PYTHONPATH: the script must find the package itself.
+    env.pop("PYTHONPATH", None)
+    script = os.path.join(repo, "scripts", "gradd")
+    p = subprocess.run([script, "--version"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("gradd "), p.stdout + p.stderr
+    p = subprocess.run([script, "run", "--nproc-per-node", "2", WORKER], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in (0, 1):
+        assert f"[rank{r}]:rank {r} done: 2 steps, 0 skipped" in p.stdout, p.stdout
+    assert "daemon started for this launch" in p.stderr, p.stderr
