@@ -1,0 +1,338 @@
+#include "server/rendezvous/etcd/etcd_store.h"
+
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace gradd {
+namespace {
+
+constexpr int kMaxReleaseNodes = 65536;
+constexpr absl::string_view kKeptInRound = "/closed";
+// An Add that loses the compare this many times in a row gives up
+// (ABORTED: retry the sequence); each loss means another writer won.
+constexpr int kMaxAddAttempts = 10000;
+
+// Client-chosen text in messages: escaped and cut.
+std::string Shown(absl::string_view s) {
+  if (s.size() <= 64) return absl::CEscape(s);
+  return absl::StrCat(absl::CEscape(s.substr(0, 64)), "...");
+}
+
+std::string EscapeJob(absl::string_view job_id) {
+  std::string out;
+  out.reserve(job_id.size());
+  for (char c : job_id) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '/') {
+      out += "%2F";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool IsLeaseNotFound(const absl::Status& s) {
+  return absl::StrContains(s.message(), "requested lease not found");
+}
+
+}  // namespace
+
+EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client,
+                     std::shared_ptr<EtcdLease> lease, Options options)
+    : client_(std::move(client)), lease_(std::move(lease)), options_([&] {
+        if (options.prefix.empty() || options.prefix.back() != '/') {
+          options.prefix += '/';
+        }
+        return std::move(options);
+      }()) {}
+
+std::string EtcdStore::Describe() const {
+  return absl::StrCat(client_->Describe(), " (prefix ", options_.prefix, ")");
+}
+
+std::string EtcdStore::JobPrefix(absl::string_view job_id) const {
+  return absl::StrCat(options_.prefix, "jobs/", EscapeJob(job_id), "/");
+}
+
+std::string EtcdStore::EtcdKey(absl::string_view job_id,
+                               absl::string_view key) const {
+  return absl::StrCat(JobPrefix(job_id), key);
+}
+
+absl::Status EtcdStore::CheckKey(absl::string_view job_id,
+                                 absl::string_view key) const {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("rendezvous: empty job id");
+  }
+  if (job_id.size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous: job id '", Shown(job_id), "' is ", job_id.size(),
+        " bytes, over rendezvous.limits.max_key_bytes = ",
+        options_.max_key_bytes));
+  }
+  if (key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous: empty key in job '", Shown(job_id), "'"));
+  }
+  if (key.size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous: key '", Shown(key), "' in job '", Shown(job_id), "' is ",
+        key.size(), " bytes, over rendezvous.limits.max_key_bytes = ",
+        options_.max_key_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> EtcdStore::LeaseId() {
+  if (lease_ == nullptr) return 0;
+  return lease_->Id();
+}
+
+absl::Status EtcdStore::MapWriteError(absl::Status status,
+                                      absl::string_view job_id,
+                                      absl::string_view key) const {
+  if (absl::StrContains(status.message(), "request is too large") ||
+      absl::IsResourceExhausted(status)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous: key '", Shown(key), "' in job '", Shown(job_id),
+        "': etcd refused the value as too large (its --max-request-bytes): ",
+        status.message()));
+  }
+  return status;
+}
+
+absl::Status EtcdStore::PutWithLease(absl::string_view etcd_key,
+                                     absl::string_view value) {
+  for (int attempt = 0;; ++attempt) {
+    ASSIGN_OR_RETURN(int64_t lease, LeaseId());
+    etcdserverpb::PutRequest put;
+    put.set_key(std::string(etcd_key));
+    put.set_value(std::string(value));
+    put.set_lease(lease);
+    absl::StatusOr<etcdserverpb::PutResponse> done = client_->Put(put);
+    if (done.ok()) return absl::OkStatus();
+    if (attempt == 0 && lease != 0 && IsLeaseNotFound(done.status())) {
+      lease_->MarkLost(lease);
+      continue;
+    }
+    return done.status();
+  }
+}
+
+absl::Status EtcdStore::Set(absl::string_view job_id, absl::string_view key,
+                            absl::string_view value) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  if (value.size() > options_.max_value_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous: value of key '", Shown(key), "' in job '",
+                     Shown(job_id), "' is ", value.size(),
+                     " bytes, over rendezvous.limits.max_value_bytes = ",
+                     options_.max_value_bytes));
+  }
+  return MapWriteError(PutWithLease(EtcdKey(job_id, key), value), job_id, key);
+}
+
+absl::StatusOr<std::string> EtcdStore::Get(absl::string_view job_id,
+                                           absl::string_view key,
+                                           absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string etcd_key = EtcdKey(job_id, key);
+  while (true) {
+    etcdserverpb::RangeRequest range;
+    range.set_key(etcd_key);
+    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got, client_->Range(range));
+    if (got.kvs_size() > 0)
+      return std::move(*got.mutable_kvs(0)->mutable_value());
+    absl::Status waited = client_->WaitForKeys({etcd_key}, deadline, nullptr);
+    if (absl::IsDeadlineExceeded(waited)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous Get: key '", Shown(key), "' of job '",
+                       Shown(job_id), "' not set within ",
+                       absl::FormatDuration(timeout), " (", Describe(), ")"));
+    }
+    RETURN_IF_ERROR(waited);
+    // It exists now (unless deleted again at once): read it.
+  }
+}
+
+absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
+                                       absl::string_view key, int64_t delta) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  const std::string etcd_key = EtcdKey(job_id, key);
+  etcdserverpb::RangeRequest range;
+  range.set_key(etcd_key);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse read, client_->Range(range));
+  // The key as last seen: absent is mod_revision 0, which is also what etcd
+  // compares a missing key's mod_revision as.
+  mvccpb::KeyValue seen;
+  if (read.kvs_size() > 0) seen = read.kvs(0);
+  bool lease_renewed = false;
+  for (int attempt = 0; attempt < kMaxAddAttempts; ++attempt) {
+    int64_t current = 0;
+    if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rendezvous Add: key '", Shown(key), "' in job '",
+                       Shown(job_id), "' holds a value that is not a counter"));
+    }
+    if ((delta > 0 && current > std::numeric_limits<int64_t>::max() - delta) ||
+        (delta < 0 && current < std::numeric_limits<int64_t>::min() - delta)) {
+      return absl::OutOfRangeError(absl::StrCat("rendezvous Add: counter '",
+                                                Shown(key), "' in job '",
+                                                Shown(job_id), "' overflows"));
+    }
+    const int64_t next = current + delta;
+    ASSIGN_OR_RETURN(int64_t lease, LeaseId());
+    etcdserverpb::TxnRequest txn;
+    etcdserverpb::Compare* cmp = txn.add_compare();
+    cmp->set_key(etcd_key);
+    cmp->set_target(etcdserverpb::Compare::MOD);
+    cmp->set_result(etcdserverpb::Compare::EQUAL);
+    cmp->set_mod_revision(seen.mod_revision());
+    etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(etcd_key);
+    put->set_value(absl::StrCat(next));
+    put->set_lease(lease);
+    txn.add_failure()->mutable_request_range()->set_key(etcd_key);
+    absl::StatusOr<etcdserverpb::TxnResponse> done = client_->Txn(txn);
+    if (!done.ok()) {
+      if (!lease_renewed && lease != 0 && IsLeaseNotFound(done.status())) {
+        lease_renewed = true;
+        lease_->MarkLost(lease);
+        continue;
+      }
+      return done.status();
+    }
+    if (done->succeeded()) return next;
+    // Another writer came first: go on from what it wrote.
+    const etcdserverpb::RangeResponse& now =
+        done->responses(0).response_range();
+    seen = now.kvs_size() > 0 ? now.kvs(0) : mvccpb::KeyValue();
+  }
+  return absl::AbortedError(
+      absl::StrCat("rendezvous Add: counter '", Shown(key), "' in job '",
+                   Shown(job_id), "' kept changing under ", kMaxAddAttempts,
+                   " attempts (", Describe(), ")"));
+}
+
+absl::Status EtcdStore::Wait(absl::string_view job_id,
+                             absl::Span<const std::string> keys,
+                             absl::Duration timeout) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("rendezvous: empty job id");
+  }
+  std::vector<std::string> etcd_keys;
+  etcd_keys.reserve(keys.size());
+  for (const std::string& key : keys) {
+    RETURN_IF_ERROR(CheckKey(job_id, key));
+    etcd_keys.push_back(EtcdKey(job_id, key));
+  }
+  const std::string job_prefix = JobPrefix(job_id);
+  absl::Status waited = client_->WaitForKeys(
+      etcd_keys, absl::Now() + timeout, [&](absl::string_view etcd_key) {
+        absl::string_view k = etcd_key;
+        absl::ConsumePrefix(&k, job_prefix);
+        return absl::StrCat("'", Shown(k), "'");
+      });
+  if (absl::IsDeadlineExceeded(waited)) {
+    absl::string_view detail = waited.message();
+    const size_t at = detail.find("still missing after the wait: ");
+    if (at != absl::string_view::npos) {
+      detail.remove_prefix(at + sizeof("still missing after the wait: ") - 1);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous Wait in job '", Shown(job_id), "': keys ",
+                     detail, " still missing after ",
+                     absl::FormatDuration(timeout), " (", Describe(), ")"));
+  }
+  return waited;
+}
+
+absl::StatusOr<bool> EtcdStore::Delete(absl::string_view job_id,
+                                       absl::string_view key) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  etcdserverpb::DeleteRangeRequest del;
+  del.set_key(EtcdKey(job_id, key));
+  ASSIGN_OR_RETURN(etcdserverpb::DeleteRangeResponse done,
+                   client_->DeleteRange(del));
+  return done.deleted() > 0;
+}
+
+absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
+                                        absl::string_view round,
+                                        absl::string_view node_id,
+                                        int num_nodes) {
+  RETURN_IF_ERROR(CheckKey(job_id, round));
+  RETURN_IF_ERROR(CheckKey(job_id, node_id));
+  if (absl::StrContains(round, '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous Release: round '", Shown(round), "' contains '/'"));
+  }
+  if (num_nodes < 1 || num_nodes > kMaxReleaseNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous Release: ", num_nodes, " nodes is outside 1..",
+                     kMaxReleaseNodes));
+  }
+  const std::string round_prefix = EtcdKey(job_id, absl::StrCat(round, "/"));
+  const std::string round_end = EtcdPrefixEnd(round_prefix);
+  etcdserverpb::RangeRequest any;
+  any.set_key(round_prefix);
+  any.set_range_end(round_end);
+  any.set_count_only(true);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse present, client_->Range(any));
+  if (present.count() == 0) return false;  // nothing left of that round
+  const std::string marks = absl::StrCat(round_prefix, "released/");
+  RETURN_IF_ERROR(PutWithLease(absl::StrCat(marks, node_id), ""));
+  etcdserverpb::RangeRequest count;
+  count.set_key(marks);
+  count.set_range_end(EtcdPrefixEnd(marks));
+  count.set_count_only(true);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse released, client_->Range(count));
+  if (released.count() < num_nodes) return false;
+  // Everything of the round but its "closed" mark, in one transaction.
+  const std::string kept = EtcdKey(job_id, absl::StrCat(round, kKeptInRound));
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::DeleteRangeRequest* before =
+      txn.add_success()->mutable_request_delete_range();
+  before->set_key(round_prefix);
+  before->set_range_end(kept);
+  etcdserverpb::DeleteRangeRequest* after =
+      txn.add_success()->mutable_request_delete_range();
+  after->set_key(kept + '\0');
+  after->set_range_end(round_end);
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done, client_->Txn(txn));
+  int64_t erased = 0;
+  for (const etcdserverpb::ResponseOp& op : done.responses()) {
+    erased += op.response_delete_range().deleted();
+  }
+  spdlog::debug(
+      "rendezvous: job '{}' round '{}' ended on its {} nodes; {} keys deleted "
+      "from {}",
+      Shown(job_id), Shown(round), num_nodes, erased, client_->Describe());
+  return true;
+}
+
+absl::Status EtcdStore::DeleteJob(absl::string_view job_id) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("rendezvous: empty job id");
+  }
+  const std::string prefix = JobPrefix(job_id);
+  etcdserverpb::DeleteRangeRequest del;
+  del.set_key(prefix);
+  del.set_range_end(EtcdPrefixEnd(prefix));
+  return client_->DeleteRange(del).status();
+}
+
+}  // namespace gradd

@@ -1,0 +1,444 @@
+// EtcdClient, EtcdLease and EtcdStore against a real etcd (Debian's
+// etcd-server) started on loopback by the test (etcd_cluster.h): every
+// RendezvousStoreInterface method, waits and timeouts, Add under
+// concurrency, leases, failover in a 3-member cluster, mutual TLS, user and
+// password, and strangers refused.
+#include "server/rendezvous/etcd/etcd_store.h"
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/rendezvous/etcd/etcd_client.h"
+#include "server/rendezvous/etcd/etcd_lease.h"
+#include "tests/integration/etcd_cluster.h"
+#include "tests/unit/auth/test_certs.h"
+
+namespace gradd {
+namespace {
+
+using ::gradd::testing::EtcdCluster;
+using ::testing::HasSubstr;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class EtcdStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gradd-etcd-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    cluster_.reset();
+    ::gradd::testing::RemoveTree(dir_);
+    ::gradd::testing::RemoveTree(certs_);
+  }
+  void StartCluster(int members = 1, bool tls = false) {
+    EtcdCluster::Options o;
+    o.members = members;
+    o.dir = dir_;
+    o.tls = tls;
+    if (tls) {
+      certs_ = ::gradd::testing::MakeTestCerts();
+      o.certs_dir = certs_;
+    }
+    cluster_ = EtcdCluster::Start(o);
+    ASSERT_NE(cluster_, nullptr);
+  }
+  std::shared_ptr<EtcdClient> Client(EtcdClient::Options o) {
+    absl::StatusOr<std::unique_ptr<EtcdClient>> c = EtcdClient::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::shared_ptr<EtcdClient>(*std::move(c)) : nullptr;
+  }
+  std::shared_ptr<EtcdClient> Client() {
+    return Client(cluster_->ClientOptions());
+  }
+  std::unique_ptr<EtcdStore> Store(std::shared_ptr<EtcdLease> lease = nullptr,
+                                   EtcdStore::Options o = {}) {
+    return std::make_unique<EtcdStore>(Client(), std::move(lease), o);
+  }
+  bool Exists(EtcdClient& client, const std::string& key) {
+    etcdserverpb::RangeRequest r;
+    r.set_key(key);
+    absl::StatusOr<etcdserverpb::RangeResponse> got = client.Range(r);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() && got->kvs_size() > 0;
+  }
+
+  std::string dir_;
+  std::string certs_;
+  std::unique_ptr<EtcdCluster> cluster_;
+};
+
+TEST_F(EtcdStoreTest, SetGetDeleteAndDescribe) {
+  StartCluster();
+  std::unique_ptr<EtcdStore> store = Store();
+  ASSERT_TRUE(store->Set("job", "k", std::string("v\0w", 3)).ok());
+  absl::StatusOr<std::string> got = store->Get("job", "k", absl::Seconds(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::string("v\0w", 3));
+  ASSERT_TRUE(store->Set("job", "k", "second").ok());
+  EXPECT_EQ(*store->Get("job", "k", absl::ZeroDuration()), "second");
+  EXPECT_EQ(store->Delete("job", "k").value_or(false), true);
+  EXPECT_EQ(store->Delete("job", "k").value_or(true), false);
+  EXPECT_THAT(store->Describe(),
+              HasSubstr(absl::StrCat("etcd ", cluster_->endpoints()[0])));
+  EXPECT_THAT(store->Describe(), HasSubstr("prefix /gradd/"));
+  EXPECT_EQ(store->EtcdKey("job", "k"), "/gradd/jobs/job/k");
+}
+
+TEST_F(EtcdStoreTest, JobsAreIsolatedWhateverTheirIds) {
+  StartCluster();
+  std::unique_ptr<EtcdStore> store = Store();
+  ASSERT_TRUE(store->Set("a/b", "c", "1").ok());
+  ASSERT_TRUE(store->Set("a", "b/c", "2").ok());
+  EXPECT_EQ(*store->Get("a/b", "c", absl::ZeroDuration()), "1");
+  EXPECT_EQ(*store->Get("a", "b/c", absl::ZeroDuration()), "2");
+  ASSERT_TRUE(store->DeleteJob("a").ok());
+  EXPECT_EQ(*store->Get("a/b", "c", absl::ZeroDuration()), "1");
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      store->Get("a", "b/c", absl::Milliseconds(50)).status()));
+}
+
+TEST_F(EtcdStoreTest, GetWaitsForALaterSetAndTimesOutNamingTheKey) {
+  StartCluster();
+  std::unique_ptr<EtcdStore> reader = Store();
+  std::unique_ptr<EtcdStore> writer = Store();
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_TRUE(writer->Set("job", "late", "here").ok());
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> got =
+      reader->Get("job", "late", absl::Seconds(10));
+  later.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "here");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::string> missing =
+      reader->Get("job", "never", absl::Milliseconds(400));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(missing.status())) << missing.status();
+  EXPECT_THAT(missing.status().message(), HasSubstr("'never'"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("job 'job'"));
+  EXPECT_THAT(missing.status().message(), HasSubstr(cluster_->endpoints()[0]));
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(400));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+}
+
+TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
+  StartCluster();
+  std::unique_ptr<EtcdStore> store = Store();
+  ASSERT_TRUE(store->Set("job", "a", "1").ok());
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(store->Set("job", "b", "2").ok());
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(store->Set("job", "c", "3").ok());
+  });
+  absl::Status waited = store->Wait("job", {"a", "b", "c"}, absl::Seconds(10));
+  later.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+  absl::Status timed_out =
+      store->Wait("job", {"a", "x", "y"}, absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  EXPECT_THAT(timed_out.message(), HasSubstr("'x', 'y'"));
+  EXPECT_THAT(timed_out.message(), ::testing::Not(HasSubstr("'a'")));
+  // Longer than one watch stream: the wait reopens it and still sees the key.
+  EtcdClient::Options o = cluster_->ClientOptions();
+  o.max_watch_per_stream = absl::Milliseconds(200);
+  EtcdStore short_streams(Client(o), nullptr, {});
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(700));
+    ASSERT_TRUE(store->Set("job", "z", "1").ok());
+  });
+  EXPECT_TRUE(short_streams.Wait("job", {"z"}, absl::Seconds(10)).ok());
+  late.join();
+}
+
+TEST_F(EtcdStoreTest, AddIsAtomicAcrossClients) {
+  StartCluster();
+  constexpr int kThreads = 6;
+  constexpr int kAdds = 40;
+  std::vector<std::unique_ptr<EtcdStore>> stores;
+  for (int i = 0; i < kThreads; ++i) stores.push_back(Store());
+  absl::Mutex mu;
+  std::set<int64_t> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kAdds; ++i) {
+        absl::StatusOr<int64_t> v = stores[t]->Add("job", "counter", 1);
+        ASSERT_TRUE(v.ok()) << v.status();
+        absl::MutexLock lock(&mu);
+        EXPECT_TRUE(seen.insert(*v).second) << "value " << *v << " twice";
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(seen.size(), kThreads * kAdds);
+  EXPECT_EQ(*seen.rbegin(), kThreads * kAdds);
+  EXPECT_EQ(*stores[0]->Get("job", "counter", absl::ZeroDuration()),
+            absl::StrCat(kThreads * kAdds));
+  EXPECT_EQ(stores[0]->Add("job", "counter", -kThreads * kAdds).value_or(-1),
+            0);
+  ASSERT_TRUE(stores[0]->Set("job", "text", "abc").ok());
+  absl::StatusOr<int64_t> bad = stores[0]->Add("job", "text", 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  ASSERT_TRUE(stores[0]->Set("job", "big", "9223372036854775807").ok());
+  EXPECT_TRUE(absl::IsOutOfRange(stores[0]->Add("job", "big", 1).status()));
+}
+
+TEST_F(EtcdStoreTest, LimitsAndBadArgumentsAsTheBuiltInStore) {
+  StartCluster();
+  EtcdStore::Options o;
+  o.max_key_bytes = 16;
+  o.max_value_bytes = 4 << 20;
+  std::unique_ptr<EtcdStore> store = Store(nullptr, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Set("", "k", "v")));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Set("job", "", "v")));
+  absl::Status long_key = store->Set("job", std::string(17, 'k'), "v");
+  EXPECT_TRUE(absl::IsInvalidArgument(long_key));
+  EXPECT_THAT(long_key.message(), HasSubstr("rendezvous.limits.max_key_bytes"));
+  absl::Status big = store->Set("job", "k", std::string((4 << 20) + 1, 'x'));
+  EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
+  // Within gradd's limit but over etcd's own request limit (1.5 MiB).
+  absl::Status etcd_big = store->Set("job", "k", std::string(2 << 20, 'x'));
+  EXPECT_TRUE(absl::IsResourceExhausted(etcd_big)) << etcd_big;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store->Wait("job", {"ok", ""}, absl::Milliseconds(10))));
+}
+
+TEST_F(EtcdStoreTest, ReleaseDeletesARoundOnceEveryNodeReleasedIt) {
+  StartCluster();
+  std::unique_ptr<EtcdStore> store = Store();
+  ASSERT_TRUE(store->Set("job", "round1/member/a", "x").ok());
+  ASSERT_TRUE(store->Set("job", "round1/closed", "formed").ok());
+  ASSERT_TRUE(store->Set("job", "round10/member/a", "y").ok());
+  ASSERT_TRUE(store->Set("job", "other", "z").ok());
+  EXPECT_EQ(store->Release("job", "round1", "a", 2).value_or(true), false);
+  EXPECT_EQ(store->Release("job", "round1", "a", 2).value_or(true), false);
+  EXPECT_EQ(store->Release("job", "round1", "b", 2).value_or(false), true);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      store->Get("job", "round1/member/a", absl::Milliseconds(50)).status()));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      store->Get("job", "round1/released/a", absl::Milliseconds(50)).status()));
+  EXPECT_EQ(*store->Get("job", "round1/closed", absl::ZeroDuration()),
+            "formed");
+  EXPECT_EQ(*store->Get("job", "round10/member/a", absl::ZeroDuration()), "y");
+  EXPECT_EQ(*store->Get("job", "other", absl::ZeroDuration()), "z");
+  EXPECT_EQ(store->Release("job", "round7", "a", 1).value_or(true), false);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store->Release("job", "round/1", "a", 1).status()));
+}
+
+TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
+  StartCluster();
+  std::shared_ptr<EtcdClient> client = Client();
+  absl::StatusOr<std::unique_ptr<EtcdLease>> lease =
+      EtcdLease::Create(client, absl::Seconds(2));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  std::shared_ptr<EtcdLease> shared = *std::move(lease);
+  auto store =
+      std::make_unique<EtcdStore>(client, shared, EtcdStore::Options());
+  const std::string k = store->EtcdKey("job", "k");
+  const std::string n = store->EtcdKey("job", "n");
+  ASSERT_TRUE(store->Set("job", "k", "v").ok());
+  ASSERT_TRUE(store->Add("job", "n", 1).ok());
+  // Well past the TTL: the keeper keeps it.
+  absl::SleepFor(absl::Seconds(4));
+  EXPECT_TRUE(Exists(*client, k));
+  EXPECT_TRUE(Exists(*client, n));
+  EXPECT_GT(client->LeaseTimeToLive(shared->current_id()).value_or(-1), 0);
+  // A daemon that stops cleanly (its stores and lease go) takes its keys
+  // with it.
+  store.reset();
+  shared.reset();
+  EXPECT_FALSE(Exists(*client, k));
+  EXPECT_FALSE(Exists(*client, n));
+}
+
+TEST_F(EtcdStoreTest, AVanishedWritersKeysGoWithItsLease) {
+  StartCluster();
+  std::shared_ptr<EtcdClient> client = Client();
+  // A lease nobody keeps alive: the daemon that held it is gone.
+  absl::StatusOr<etcdserverpb::LeaseGrantResponse> granted =
+      client->LeaseGrant(absl::Seconds(2));
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  etcdserverpb::PutRequest put;
+  put.set_key("/gradd/jobs/job/k");
+  put.set_value("v");
+  put.set_lease(granted->id());
+  ASSERT_TRUE(client->Put(put).ok());
+  EXPECT_TRUE(Exists(*client, "/gradd/jobs/job/k"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Exists(*client, "/gradd/jobs/job/k") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_FALSE(Exists(*client, "/gradd/jobs/job/k"));
+}
+
+TEST_F(EtcdStoreTest, ALostLeaseIsReplacedAtTheNextWrite) {
+  StartCluster();
+  std::shared_ptr<EtcdClient> client = Client();
+  std::shared_ptr<EtcdLease> lease =
+      *EtcdLease::Create(client, absl::Seconds(30));
+  EtcdStore store(client, lease, {});
+  ASSERT_TRUE(store.Set("job", "before", "v").ok());
+  const int64_t old_id = lease->current_id();
+  // Revoked behind its back (as when it expired during a partition).
+  ASSERT_TRUE(client->LeaseRevoke(old_id).ok());
+  ASSERT_TRUE(store.Set("job", "after", "v").ok());
+  EXPECT_TRUE(store.Add("job", "n", 2).ok());
+  EXPECT_NE(lease->current_id(), old_id);
+  EXPECT_TRUE(Exists(*client, store.EtcdKey("job", "after")));
+  EXPECT_FALSE(Exists(*client, store.EtcdKey("job", "before")));
+}
+
+TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {
+  StartCluster(3);
+  std::shared_ptr<EtcdClient> client = Client();
+  EtcdStore store(client, *EtcdLease::Create(client, absl::Seconds(5)), {});
+  ASSERT_TRUE(store.Set("job", "a", "1").ok());
+  // A wait in progress when the member it watches on dies.
+  std::thread waiter([&] {
+    EXPECT_EQ(store.Get("job", "b", absl::Seconds(20)).value_or("error"), "2");
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  cluster_->Kill(0);  // the first endpoint, the one the client uses
+  EtcdStore other(Client(), nullptr, {});
+  ASSERT_TRUE(other.Set("job", "b", "2").ok());
+  waiter.join();
+  EXPECT_EQ(*store.Get("job", "a", absl::Seconds(5)), "1");
+  EXPECT_EQ(store.Add("job", "n", 5).value_or(-1), 5);
+  absl::SleepFor(absl::Seconds(6));  // past the lease TTL: kept alive
+  EXPECT_EQ(*store.Get("job", "a", absl::Seconds(5)), "1");
+}
+
+TEST_F(EtcdStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
+  EtcdClient::Options o;
+  o.endpoints = {"127.0.0.1:1", "127.0.0.1:2"};
+  o.retry_timeout = absl::Milliseconds(500);
+  EtcdStore store(Client(o), nullptr, {});
+  absl::Status s = store.Set("job", "k", "v");
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("etcd 127.0.0.1:1,127.0.0.1:2"));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      EtcdClient::Create({.endpoints = {"no-port"}}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Create({}).status()));
+}
+
+TEST_F(EtcdStoreTest, MutualTlsAndStrangersRefused) {
+  StartCluster(1, /*tls=*/true);
+  std::unique_ptr<EtcdStore> store = Store();
+  ASSERT_TRUE(store->Set("job", "secret", "gloo-key").ok());
+  EXPECT_EQ(*store->Get("job", "secret", absl::ZeroDuration()), "gloo-key");
+  EXPECT_EQ(Client()->SecurityDescription(), "mTLS");
+
+  auto stranger_fails = [&](EtcdClient::Options o, const std::string& who) {
+    o.retry_timeout = absl::Milliseconds(800);
+    EtcdStore s(Client(o), nullptr, {});
+    absl::StatusOr<std::string> read = s.Get("job", "secret", absl::Seconds(1));
+    EXPECT_FALSE(read.ok()) << who << " read the secret";
+    EXPECT_THAT(read.status().message(), HasSubstr(cluster_->endpoints()[0]))
+        << who;
+    EXPECT_FALSE(s.Set("job", "secret", "forged").ok()) << who;
+  };
+  EtcdClient::Options plaintext;
+  plaintext.endpoints = cluster_->endpoints();
+  stranger_fails(plaintext, "a plaintext client");
+  EtcdClient::Options no_cert = cluster_->ClientOptions();
+  no_cert.tls.cert_pem.clear();
+  no_cert.tls.key_pem.clear();
+  stranger_fails(no_cert, "a TLS client without a certificate");
+  EtcdClient::Options other_ca = cluster_->ClientOptions();
+  other_ca.tls.cert_pem = ReadText(certs_ + "/stranger.crt");
+  other_ca.tls.key_pem = ReadText(certs_ + "/stranger.key");
+  stranger_fails(other_ca, "a client with another CA's certificate");
+  EXPECT_EQ(*store->Get("job", "secret", absl::ZeroDuration()), "gloo-key");
+}
+
+TEST_F(EtcdStoreTest, UserAndPasswordWithTokensAndStrangersRefused) {
+  StartCluster();
+  // Authentication on, as `etcdctl user add root; etcdctl auth enable` do.
+  {
+    auto channel = grpc::CreateChannel(cluster_->endpoints()[0],
+                                       grpc::InsecureChannelCredentials());
+    auto auth = etcdserverpb::Auth::NewStub(channel);
+    auto call = [&](auto method, const auto& request, auto* response) {
+      grpc::ClientContext c;
+      c.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+      grpc::Status s = (auth.get()->*method)(&c, request, response);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    };
+    etcdserverpb::AuthUserAddRequest add;
+    add.set_name("root");
+    add.set_password("s3cret-pw-for-test");
+    etcdserverpb::AuthUserAddResponse added;
+    call(&etcdserverpb::Auth::Stub::UserAdd, add, &added);
+    etcdserverpb::AuthRoleAddRequest role;
+    role.set_name("root");
+    etcdserverpb::AuthRoleAddResponse role_added;
+    call(&etcdserverpb::Auth::Stub::RoleAdd, role, &role_added);
+    etcdserverpb::AuthUserGrantRoleRequest grant;
+    grant.set_user("root");
+    grant.set_role("root");
+    etcdserverpb::AuthUserGrantRoleResponse granted;
+    call(&etcdserverpb::Auth::Stub::UserGrantRole, grant, &granted);
+    etcdserverpb::AuthEnableResponse enabled;
+    call(&etcdserverpb::Auth::Stub::AuthEnable,
+         etcdserverpb::AuthEnableRequest(), &enabled);
+  }
+  EtcdClient::Options o = cluster_->ClientOptions();
+  o.user = "root";
+  o.password = "s3cret-pw-for-test";
+  std::shared_ptr<EtcdClient> client = Client(o);
+  EXPECT_EQ(client->SecurityDescription(), "plaintext + user root");
+  EtcdStore store(client, *EtcdLease::Create(client, absl::Seconds(5)), {});
+  ASSERT_TRUE(store.Set("job", "k", "v").ok());
+  EXPECT_EQ(store.Add("job", "n", 3).value_or(-1), 3);
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(store.Set("job", "late", "x").ok());
+  });
+  EXPECT_EQ(store.Get("job", "late", absl::Seconds(5)).value_or(""), "x");
+  later.join();
+
+  EtcdClient::Options nobody = cluster_->ClientOptions();
+  nobody.retry_timeout = absl::Milliseconds(500);
+  EtcdStore stranger(Client(nobody), nullptr, {});
+  absl::StatusOr<std::string> read =
+      stranger.Get("job", "k", absl::Milliseconds(200));
+  EXPECT_FALSE(read.ok());
+  EXPECT_FALSE(stranger.Set("job", "k", "forged").ok());
+  EtcdClient::Options wrong = o;
+  wrong.password = "not-the-password";
+  EtcdStore wrong_pw(Client(wrong), nullptr, {});
+  absl::Status refused = wrong_pw.Set("job", "k", "forged");
+  EXPECT_TRUE(absl::IsUnauthenticated(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("user 'root'"));
+  EXPECT_THAT(refused.message(), ::testing::Not(HasSubstr("not-the-password")));
+  EXPECT_EQ(*store.Get("job", "k", absl::ZeroDuration()), "v");
+}
+
+}  // namespace
+}  // namespace gradd
