@@ -219,6 +219,7 @@ std::string MultiNodeSetting(const v1::RendezvousConfig& rv) {
     return "rendezvous.coordinator_address";
   if (!rv.listen_address().empty()) return "rendezvous.listen_address";
   if (!rv.expected_node_ids().empty()) return "rendezvous.expected_node_ids";
+  if (rv.backend() == "etcd") return "rendezvous.backend: etcd";
   return "";
 }
 
@@ -246,6 +247,57 @@ absl::Status ValidateNodeSecurity(const v1::DaemonConfig& config) {
 }
 
 namespace {
+
+absl::Status ValidateRendezvousBackend(const v1::RendezvousConfig& rv) {
+  if (rv.backend() != "builtin" && rv.backend() != "etcd") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous.backend = '", rv.backend(),
+                     "': expected builtin (the default) or etcd"));
+  }
+  const v1::RendezvousEtcdConfig& e = rv.etcd();
+  if (rv.backend() != "etcd") {
+    if (!e.endpoints().empty()) {
+      return absl::InvalidArgumentError(
+          "rendezvous.etcd.endpoints is set but rendezvous.backend is not "
+          "etcd: set rendezvous.backend: etcd to use it");
+    }
+    return absl::OkStatus();
+  }
+  if (absl::StripAsciiWhitespace(e.endpoints()).empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous.backend: etcd needs rendezvous.etcd.endpoints "
+        "(comma-separated host:port of the etcd members)");
+  }
+  if (!rv.coordinator_address().empty() || !rv.listen_address().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous.backend: etcd has no coordinator: remove "
+        "rendezvous.coordinator_address / rendezvous.listen_address");
+  }
+  if (e.cert_file().empty() != e.key_file().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous.etcd.cert_file and rendezvous.etcd.key_file go together");
+  }
+  if (!e.cert_file().empty() && e.ca_file().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous.etcd.cert_file needs rendezvous.etcd.ca_file (the CA "
+        "that signed etcd's certificate)");
+  }
+  if (e.user().empty() != e.password_file().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous.etcd.user and rendezvous.etcd.password_file go together");
+  }
+  if (e.lease_ttl_ms() < 2000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.etcd.lease_ttl_ms = ", e.lease_ttl_ms(),
+        " is below 2000 (etcd counts leases in whole seconds, and the "
+        "lease is renewed every third of it)"));
+  }
+  if (e.prefix().empty() || e.prefix()[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.etcd.prefix = '", e.prefix(), "': must start with '/'"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateRendezvousLimits(const v1::RendezvousLimits& l) {
   auto bad = [](absl::string_view key, uint64_t v, absl::string_view why) {
@@ -392,6 +444,15 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     l->set_max_rounds_per_job_per_minute(kDefaultMaxRoundsPerJobPerMinute);
   }
   if (l->job_ttl_s() == 0) l->set_job_ttl_s(kDefaultJobTtlS);
+  if (rv->backend().empty()) rv->set_backend("builtin");
+  if (rv->backend() == "etcd") {
+    v1::RendezvousEtcdConfig* etcd = rv->mutable_etcd();
+    if (etcd->prefix().empty()) etcd->set_prefix("/gradd/");
+    if (etcd->lease_ttl_ms() == 0) {
+      etcd->set_lease_ttl_ms(static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t{l->job_ttl_s()} * 1000, 0xffffffffu)));
+    }
+  }
   if (rv->interface().empty()) {
     if (const char* v = std::getenv("GRADD_SOCKET_IFNAME"); v != nullptr) {
       rv->set_interface(v);
@@ -488,6 +549,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         " is outside ", kMinReformSilenceMs, "..", kMaxReformSettleMs,
         ": nodes beat every 200 ms, so a shorter silence would take live "
         "nodes for gone"));
+  }
+  if (absl::Status s = ValidateRendezvousBackend(c.rendezvous()); !s.ok()) {
+    return s;
   }
   if (c.timeline_events() > kMaxTimelineEvents) {
     return absl::InvalidArgumentError(

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -27,11 +29,64 @@
 #include "server/config.h"
 #include "server/device_allocator.h"
 #include "server/logging.h"
+#include "server/rendezvous/etcd/etcd_client.h"
+#include "server/rendezvous/etcd/etcd_lease.h"
 #include "server/rendezvous/host_addresses.h"
 #include "server/rpc/unix_acceptor.h"
 
 namespace gradd {
 namespace {
+
+// The whole of `path`, or an error naming the config key; never the text.
+absl::StatusOr<std::string> ReadEtcdFile(absl::string_view key,
+                                         const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous.etcd.", key, " = '", path, "': cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous.etcd.", key, " = '", path, "' is empty"));
+  }
+  return text.str();
+}
+
+// The etcd client of rendezvous.etcd (validated by ValidateConfig).
+absl::StatusOr<std::shared_ptr<EtcdClient>> MakeEtcdClient(
+    const v1::RendezvousEtcdConfig& config) {
+  EtcdClient::Options o;
+  for (absl::string_view e :
+       absl::StrSplit(config.endpoints(), ',', absl::SkipWhitespace())) {
+    o.endpoints.emplace_back(absl::StripAsciiWhitespace(e));
+  }
+  if (!config.ca_file().empty()) {
+    ASSIGN_OR_RETURN(o.tls.ca_pem, ReadEtcdFile("ca_file", config.ca_file()));
+  }
+  if (!config.cert_file().empty()) {
+    ASSIGN_OR_RETURN(o.tls.cert_pem,
+                     ReadEtcdFile("cert_file", config.cert_file()));
+    ASSIGN_OR_RETURN(o.tls.key_pem,
+                     ReadEtcdFile("key_file", config.key_file()));
+  }
+  o.tls.server_name = config.server_name();
+  if (!config.user().empty()) {
+    ASSIGN_OR_RETURN(std::string password,
+                     ReadEtcdFile("password_file", config.password_file()));
+    o.user = config.user();
+    o.password = std::string(absl::StripAsciiWhitespace(
+        absl::string_view(password).substr(0, password.find('\n'))));
+  }
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+      EtcdClient::Create(std::move(o));
+  if (!client.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous.etcd: ", client.status().message()));
+  }
+  return std::shared_ptr<EtcdClient>(*std::move(client));
+}
 
 // Registration of a large model (100k parameters with names) exceeds gRPC's
 // 4 MiB default.
@@ -217,8 +272,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     }
     coordinator.bind_host = *address;
   }
+  if (rv.backend() == "etcd") {
+    ASSIGN_OR_RETURN(coordinator.etcd, MakeEtcdClient(rv.etcd()));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<EtcdLease> lease,
+        EtcdLease::Create(coordinator.etcd,
+                          absl::Milliseconds(rv.etcd().lease_ttl_ms())));
+    coordinator.etcd_lease = std::move(lease);
+    coordinator.etcd_store.prefix = rv.etcd().prefix();
+  }
   ASSIGN_OR_RETURN(d->coordinator_,
                    CoordinatorSelector::Create(std::move(coordinator)));
+  spdlog::info("{}", d->coordinator_->BackendDescription());
   if (rv.insecure()) {
     spdlog::warn(
         "daemon network: INSECURE (rendezvous.insecure: true): calls between "
@@ -267,7 +332,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   admin_options.config = d->config_;
   admin_options.pid = getpid();
   admin_options.network_security = [selector = d->coordinator_] {
-    return selector->SecurityDescription();
+    return absl::StrCat(selector->SecurityDescription(), "; ",
+                        selector->BackendDescription());
   };
   d->admin_handler_ = std::make_unique<AdminHandler>(d->admin_source_.get(),
                                                      std::move(admin_options));

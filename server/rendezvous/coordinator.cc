@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/rendezvous/host_addresses.h"
 #include "spdlog/spdlog.h"
@@ -65,6 +66,21 @@ std::string CoordinatorSelector::SecurityDescription() const {
   return "no credentials: multi-node jobs refused (single-node only)";
 }
 
+std::string CoordinatorSelector::BackendDescription() const {
+  if (options_.etcd == nullptr) return "rendezvous backend builtin";
+  std::string s = absl::StrCat("rendezvous backend etcd at ",
+                               absl::StrJoin(options_.etcd->endpoints(), ","),
+                               " (", options_.etcd->SecurityDescription(),
+                               ", prefix ", options_.etcd_store.prefix);
+  if (options_.etcd_lease != nullptr) {
+    absl::StrAppend(&s, ", lease ",
+                    absl::Hex(options_.etcd_lease->current_id()), " ttl ",
+                    absl::FormatDuration(options_.etcd_lease->ttl()));
+  }
+  absl::StrAppend(&s, ")");
+  return s;
+}
+
 RendezvousServer::Options CoordinatorSelector::ServerOptions(
     const std::string& listen) const {
   RendezvousServer::Options o;
@@ -79,6 +95,13 @@ RendezvousServer::Options CoordinatorSelector::ServerOptions(
 absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
     const std::string& address, absl::Duration connect_timeout) const {
   RETURN_IF_ERROR(CheckSecured());
+  if (options_.etcd != nullptr) {
+    EtcdStore::Options o = options_.etcd_store;
+    o.max_key_bytes = options_.store.max_key_bytes;
+    o.max_value_bytes = options_.store.max_value_bytes;
+    return RendezvousClient::OverEtcd(
+        std::make_unique<EtcdStore>(options_.etcd, options_.etcd_lease, o));
+  }
   RendezvousClient::Options o;
   o.address = address;
   o.connect_timeout = connect_timeout;
@@ -92,6 +115,9 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
 absl::StatusOr<std::string> CoordinatorSelector::Resolve(
     const std::string& requested) {
   RETURN_IF_ERROR(CheckSecured());
+  // An address, not a description: the formation picks the interface
+  // routed towards it (AdvertiseAddress).
+  if (options_.etcd != nullptr) return options_.etcd->endpoints().front();
   if (std::string configured = configured_address(); !configured.empty()) {
     return configured;
   }

@@ -27,6 +27,12 @@
 // Connect refuse with FAILED_PRECONDITION naming the config keys, before
 // any port is opened or any call is made.
 //
+// On etcd (Options::etcd set, rendezvous.backend: etcd) no daemon is the
+// coordinator: Resolve gives the first etcd endpoint (the interface routed
+// towards it carries the Gloo traffic) and Connect hands out stores
+// on it (EtcdStore under the cluster's prefix, keys on this daemon's lease),
+// whatever address it is given; no server is ever started.
+//
 // Thread-safety: every method may be called from any thread; the server,
 // once started, lives until Shutdown() or destruction. Shared (shared_ptr)
 // with the formation threads, which may outlive the JobManager.
@@ -43,6 +49,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/auth/node_credentials.h"
+#include "server/rendezvous/etcd/etcd_client.h"
+#include "server/rendezvous/etcd/etcd_lease.h"
+#include "server/rendezvous/etcd/etcd_store.h"
 #include "server/rendezvous/kv_store.h"
 #include "server/rendezvous/rendezvous_client.h"
 #include "server/rendezvous/rendezvous_service.h"
@@ -72,6 +81,11 @@ class CoordinatorSelector {
     // allowed to form jobs (rendezvous.expected_node_ids; empty: any).
     KvStore::Options store;
     std::vector<std::string> expected_node_ids;
+    // The rendezvous on etcd: the client, this daemon's lease and the
+    // store's options (prefix, limits). Null client: the built-in store.
+    std::shared_ptr<EtcdClient> etcd;
+    std::shared_ptr<EtcdLease> etcd_lease;
+    EtcdStore::Options etcd_store;
   };
 
   // Starts the rule-2 server when listen_address is set (UNAVAILABLE /
@@ -99,6 +113,9 @@ class CoordinatorSelector {
   // How the daemon <-> daemon plane is secured, for the log and `graddctl
   // status` (never a secret).
   std::string SecurityDescription() const;
+  // "rendezvous backend builtin", or "rendezvous backend etcd at <endpoints>
+  // (mTLS + user u, prefix /gradd/, lease 694d... ttl 30s)": never a secret.
+  std::string BackendDescription() const;
 
   // The port this daemon serves the store on, 0 while it serves none, and
   // its address ("127.0.0.1:<port>" for a wildcard host; "" while none).

@@ -74,6 +74,9 @@ absl::StatusOr<bool> RendezvousClient::Release(absl::string_view job_id,
                                                absl::string_view round,
                                                absl::string_view node_id,
                                                int num_nodes) {
+  if (etcd_ != nullptr) {
+    return etcd_->Release(job_id, round, node_id, num_nodes);
+  }
   v1::RendezvousReleaseRequest request;
   request.set_job_id(std::string(job_id));
   request.set_round(std::string(round));
@@ -96,6 +99,15 @@ absl::StatusOr<bool> RendezvousClient::Release(absl::string_view job_id,
   return response.deleted();
 }
 
+std::unique_ptr<RendezvousClient> RendezvousClient::OverEtcd(
+    std::unique_ptr<EtcdStore> store) {
+  Options options;
+  options.address = store->Describe();
+  std::unique_ptr<RendezvousClient> client(new RendezvousClient(options));
+  client->etcd_ = std::move(store);
+  return client;
+}
+
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Create(
     const Options& options) {
   if (options.address.empty()) {
@@ -105,6 +117,7 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Create(
 }
 
 std::string RendezvousClient::Describe() const {
+  if (etcd_ != nullptr) return etcd_->Describe();
   return absl::StrCat("coordinator ", options_.address);
 }
 
@@ -177,6 +190,7 @@ absl::Status RendezvousClient::Call(absl::string_view what,
 absl::Status RendezvousClient::Set(absl::string_view job_id,
                                    absl::string_view key,
                                    absl::string_view value) {
+  if (etcd_ != nullptr) return etcd_->Set(job_id, key, value);
   v1::RendezvousSetRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -191,6 +205,7 @@ absl::Status RendezvousClient::Set(absl::string_view job_id,
 absl::StatusOr<std::string> RendezvousClient::Get(absl::string_view job_id,
                                                   absl::string_view key,
                                                   absl::Duration timeout) {
+  if (etcd_ != nullptr) return etcd_->Get(job_id, key, timeout);
   v1::RendezvousGetRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -209,6 +224,7 @@ absl::StatusOr<std::string> RendezvousClient::Get(absl::string_view job_id,
 absl::StatusOr<int64_t> RendezvousClient::Add(absl::string_view job_id,
                                               absl::string_view key,
                                               int64_t delta) {
+  if (etcd_ != nullptr) return etcd_->Add(job_id, key, delta);
   v1::RendezvousAddRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -225,6 +241,7 @@ absl::StatusOr<int64_t> RendezvousClient::Add(absl::string_view job_id,
 absl::Status RendezvousClient::Wait(absl::string_view job_id,
                                     absl::Span<const std::string> keys,
                                     absl::Duration timeout) {
+  if (etcd_ != nullptr) return etcd_->Wait(job_id, keys, timeout);
   v1::RendezvousWaitRequest request;
   request.set_job_id(std::string(job_id));
   for (const std::string& key : keys) request.add_keys(key);
@@ -240,6 +257,7 @@ absl::Status RendezvousClient::Wait(absl::string_view job_id,
 
 absl::StatusOr<bool> RendezvousClient::Delete(absl::string_view job_id,
                                               absl::string_view key) {
+  if (etcd_ != nullptr) return etcd_->Delete(job_id, key);
   v1::RendezvousDeleteRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));

@@ -18,6 +18,12 @@
 // plaintext and no token (rendezvous.insecure, tests). The coordinator
 // refusing them is UNAUTHENTICATED, never retried.
 //
+// On etcd (rendezvous.backend: etcd), CoordinatorSelector::Connect hands
+// out a RendezvousClient made by OverEtcd: every call, Release included,
+// goes to the EtcdStore instead of a coordinator. (The engine's callers
+// name this class; once they name RendezvousStoreInterface, OverEtcd can
+// go.)
+//
 // Thread-safety: all methods may be called concurrently (one channel).
 #ifndef GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 #define GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
@@ -36,6 +42,7 @@
 #include "gradd/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth/node_credentials.h"
+#include "server/rendezvous/etcd/etcd_store.h"
 #include "server/rendezvous/store_interface.h"
 
 namespace gradd {
@@ -67,6 +74,9 @@ class RendezvousClient : public RendezvousStoreInterface {
   // address.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Create(
       const Options& options);
+  // A client whose every call goes to `store` (see the header comment).
+  static std::unique_ptr<RendezvousClient> OverEtcd(
+      std::unique_ptr<EtcdStore> store);
 
   [[nodiscard]] absl::Status Set(absl::string_view job_id,
                                  absl::string_view key,
@@ -128,6 +138,7 @@ class RendezvousClient : public RendezvousStoreInterface {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::optional<PendingRelease> release_when_done_;
+  std::unique_ptr<EtcdStore> etcd_;
 };
 
 }  // namespace gradd
