@@ -331,9 +331,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   admin_options.start_time = start;
   admin_options.config = d->config_;
   admin_options.pid = getpid();
-  admin_options.network_security = [selector = d->coordinator_] {
-    return absl::StrCat(selector->SecurityDescription(), "; ",
-                        selector->BackendDescription());
+  // The built-in store's line stays as it was; etcd says where it is.
+  admin_options.network_security = [selector = d->coordinator_,
+                                    etcd = config.rendezvous().backend() ==
+                                           "etcd"] {
+    return etcd ? absl::StrCat(selector->SecurityDescription(), "; ",
+                               selector->BackendDescription())
+                : selector->SecurityDescription();
   };
   d->admin_handler_ = std::make_unique<AdminHandler>(d->admin_source_.get(),
                                                      std::move(admin_options));
