@@ -92,7 +92,7 @@ def main():
             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
             "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
-            "GRADD_JOB", "GRADD_SOCKET", "GRADD_RANK_RESTART_GRACE_MS")},
+            "GRADD_JOB", "GRADD_SOCKET", "GRADD_RANK_RESTART_GRACE_MS", "GRADD_MIN_NODES")},
     }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)

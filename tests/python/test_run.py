@@ -363,6 +363,96 @@ def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_p
         assert daemons_on(s["socket"]) == []
 
 
+def test_two_nodes_a_node_lost_and_back_under_gradd_run(run_env, tmp_path):
+    """Node loss and arrival as without the launcher: `--nnodes 1:2` forms a
+    2-node job with min_nodes 1 (GRADD_MIN_NODES); node 1 dies whole (its
+    launcher, worker and daemon SIGKILLed), node 0's worker goes on alone,
+    then node 1's launcher is started again with the same command: its new
+    daemon and worker are admitted into the running job (same job id, drawn
+    by node rank 0), take the job's state and step, and both ranks end with
+    the same parameters after the same number of steps."""
+    reason = _netns_reason()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in run_env.items() if k != "LD_PRELOAD"}
+    env.update(GRADD_TEST_STEPS="80", GRADD_TEST_STEP_SLEEP="0.1")
+    run_id = secrets.token_hex(3)
+    cluster = subprocess.Popen(
+        [sys.executable, NETBENCH, "--setup-only", "--nodes", "2", "--run-id", run_id,
+         "--rate", "1gbit"], env=dict(env, NETBENCH_HOLD="600"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(24) + "\n")
+    token.chmod(0o600)
+    procs = {}
+
+    def start(k):
+        procs[k] = subprocess.Popen(
+            ["ip", "netns", "exec", info["namespaces"][k], sys.executable, "-m", "gradd.run",
+             "--nnodes", "1:2", "--node-rank", str(k), "--nproc-per-node", "1",
+             "--master-addr", "198.18.0.1", "--master-port", "29500",
+             "--gradd-token-file", str(token), WORKER],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first_out = ""
+    try:
+        info = json.loads(cluster.stdout.readline())
+        assert cluster.stdout.readline().strip() == "HOLDING"
+        start(0)
+        start(1)
+        deadline = time.monotonic() + 120
+        while (1, 0) not in pid_files(run_env) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (1, 0) in pid_files(run_env), "node 1's worker never started"
+        time.sleep(2.0)  # some steps on two nodes
+        # Node 1 dies whole: its launcher, its worker, its daemon.
+        victim = pid_files(run_env)[(1, 0)]
+        procs[1].kill()
+        first_out = procs[1].communicate(timeout=30)[1]
+        for pid in [victim["pid"]] + daemons_on(victim["socket"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(2.0)  # node 0 goes on alone
+        assert procs[0].poll() is None, procs[0].communicate()
+        os.unlink(os.path.join(run_env["GRADD_TEST_OUT"], "pid-1-0"))
+        start(1)
+        results = {}
+        for k in (0, 1):
+            out, err = procs[k].communicate(timeout=240)
+            results[k] = (procs[k].returncode, out, err)
+        report = "\n".join(f"--- node {k}: exit {rc}\n{out}\n{err}"
+                           for k, (rc, out, err) in results.items())
+        assert all(rc == 0 for rc, _, _ in results.values()), report + first_out
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        cluster.send_signal(signal.SIGINT)
+        try:
+            cluster.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            cluster.kill()
+            cluster.wait()
+        subprocess.run([sys.executable, NETBENCH, "--cleanup", "--run-id", run_id],
+                       capture_output=True, env=env)
+    assert _namespaces(run_id) == []
+    res = reports(run_env)
+    assert sorted(res) == [0, 1], report
+    assert res[0]["env"]["GRADD_MIN_NODES"] == res[1]["env"]["GRADD_MIN_NODES"] == "1"
+    assert res[0]["job_id"] == res[1]["job_id"], report
+    assert res[1]["rejoined"] is True, report  # admitted into the running job
+    assert res[0]["skipped"] >= 2, report  # the loss and the arrival
+    assert res[0]["step_count"] == res[1]["step_count"] == 80, report
+    assert res[0]["params_hex"] == res[1]["params_hex"], report
+
+
 # ------------------------------------------------------------ the command
 def test_gradd_command_dispatches_run_and_execs_the_daemon_otherwise(run_env):
     """The wheel's `gradd` console script (gradd.run.cli:main)."""
