@@ -1,10 +1,15 @@
 #include "tests/integration/etcd_cluster.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -17,12 +22,26 @@
 
 namespace gradd::testing {
 
-bool HaveEtcd() { return ::access(kEtcdBinary, X_OK) == 0; }
+std::string EtcdBinary() {
+  const char* env = std::getenv("GRADD_TEST_ETCD_BINARY");
+  return env != nullptr && *env != '\0' ? env : kEtcdBinary;
+}
+
+bool HaveEtcd() { return ::access(EtcdBinary().c_str(), X_OK) == 0; }
 
 std::unique_ptr<EtcdCluster> EtcdCluster::Start(const Options& options) {
   if (!HaveEtcd()) {
-    ADD_FAILURE() << kEtcdBinary
-                  << " is missing: scripts/setup installs etcd-server";
+    ADD_FAILURE() << EtcdBinary()
+                  << " is missing or not executable: scripts/setup installs "
+                     "etcd-server";
+    return nullptr;
+  }
+  if (options.members < 1 || options.dir.empty()) {
+    ADD_FAILURE() << "EtcdCluster needs at least one member and a directory";
+    return nullptr;
+  }
+  if (options.tls && options.certs_dir.empty()) {
+    ADD_FAILURE() << "EtcdCluster with tls needs certs_dir (MakeTestCerts)";
     return nullptr;
   }
   std::unique_ptr<EtcdCluster> c(new EtcdCluster(options));
@@ -33,6 +52,7 @@ std::unique_ptr<EtcdCluster> EtcdCluster::Start(const Options& options) {
     m.peer_port = FreePort();
     c->members_.push_back(m);
   }
+  // On any failure `c` goes out of scope and SIGKILLs what did start.
   for (int i = 0; i < options.members; ++i) {
     if (!c->Launch(i, true)) return nullptr;
   }
@@ -65,9 +85,13 @@ EtcdClient::Options EtcdCluster::ClientOptions() const {
   return o;
 }
 
+std::string EtcdCluster::LogPath(int i) const {
+  return absl::StrCat(options_.dir, "/", members_[i].name, ".log");
+}
+
 std::string EtcdCluster::LogTail(int i) const {
-  std::string log =
-      ReadFile(absl::StrCat(options_.dir, "/", members_[i].name, ".log"));
+  std::string log = ReadFile(LogPath(i));
+  if (log.empty()) return "(empty)";
   if (log.size() > 3000) log = log.substr(log.size() - 3000);
   return log;
 }
@@ -83,8 +107,9 @@ bool EtcdCluster::Launch(int i, bool initial) {
   const std::string client_url =
       absl::StrCat(scheme, "://127.0.0.1:", m.client_port);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", m.peer_port);
+  const std::string binary = EtcdBinary();
   std::vector<std::string> args = {
-      kEtcdBinary,
+      binary,
       "--name",
       m.name,
       "--data-dir",
@@ -118,7 +143,7 @@ bool EtcdCluster::Launch(int i, bool initial) {
       args.push_back(a);
     }
   }
-  const std::string log = absl::StrCat(options_.dir, "/", m.name, ".log");
+  const std::string log = LogPath(i);
   const pid_t pid = fork();
   if (pid < 0) {
     ADD_FAILURE() << "fork failed";
@@ -133,7 +158,8 @@ bool EtcdCluster::Launch(int i, bool initial) {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execv(kEtcdBinary, argv.data());
+    ::execv(binary.c_str(), argv.data());
+    dprintf(2, "execv %s: %s\n", binary.c_str(), strerror(errno));
     _exit(127);
   }
   members_[i].pid = pid;
@@ -150,7 +176,7 @@ bool EtcdCluster::WaitHealthy(int i) {
     ADD_FAILURE() << client.status();
     return false;
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time deadline = absl::Now() + options_.startup_timeout;
   absl::Status last;
   while (absl::Now() < deadline) {
     etcdserverpb::RangeRequest r;
@@ -161,20 +187,71 @@ bool EtcdCluster::WaitHealthy(int i) {
     int status = 0;
     if (::waitpid(members_[i].pid, &status, WNOHANG) == members_[i].pid) {
       members_[i].pid = -1;
-      ADD_FAILURE() << "etcd member " << members_[i].name
-                    << " exited; its log:\n"
-                    << LogTail(i);
+      ADD_FAILURE()
+          << "etcd member " << members_[i].name << " (" << EtcdBinary() << ") "
+          << (WIFEXITED(status)
+                  ? absl::StrCat("exited with status ", WEXITSTATUS(status))
+                  : absl::StrCat("was killed by signal ", WTERMSIG(status)))
+          << " before answering; its log " << LogPath(i) << ":\n"
+          << LogTail(i);
       return false;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  ADD_FAILURE() << "etcd member " << members_[i].name
-                << " not healthy within 20 s: " << last << "\nits log:\n"
+  ADD_FAILURE() << "etcd member " << members_[i].name << " (" << EtcdBinary()
+                << ") did not answer within "
+                << absl::FormatDuration(options_.startup_timeout) << ": "
+                << last << "\nits log " << LogPath(i) << ":\n"
                 << LogTail(i);
   return false;
 }
 
+bool EtcdCluster::EnableAuth(const std::string& user,
+                             const std::string& password) {
+  if (options_.tls || members_.empty()) {
+    ADD_FAILURE() << "EnableAuth: plaintext clusters only";
+    return false;
+  }
+  auto channel =
+      grpc::CreateChannel(endpoints()[0], grpc::InsecureChannelCredentials());
+  auto auth = etcdserverpb::Auth::NewStub(channel);
+  auto call = [&](const char* what, auto method, const auto& request,
+                  auto* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    grpc::Status s = (auth.get()->*method)(&context, request, response);
+    if (!s.ok()) {
+      ADD_FAILURE() << "etcd " << what << ": " << s.error_message();
+    }
+    return s.ok();
+  };
+  etcdserverpb::AuthUserAddRequest add;
+  add.set_name(user);
+  add.set_password(password);
+  etcdserverpb::AuthUserAddResponse added;
+  etcdserverpb::AuthRoleAddRequest role;
+  role.set_name("root");
+  etcdserverpb::AuthRoleAddResponse role_added;
+  etcdserverpb::AuthUserGrantRoleRequest grant;
+  grant.set_user(user);
+  grant.set_role("root");
+  etcdserverpb::AuthUserGrantRoleResponse granted;
+  etcdserverpb::AuthEnableResponse enabled;
+  return call("UserAdd", &etcdserverpb::Auth::Stub::UserAdd, add, &added) &&
+         call("RoleAdd", &etcdserverpb::Auth::Stub::RoleAdd, role,
+              &role_added) &&
+         call("UserGrantRole", &etcdserverpb::Auth::Stub::UserGrantRole, grant,
+              &granted) &&
+         call("AuthEnable", &etcdserverpb::Auth::Stub::AuthEnable,
+              etcdserverpb::AuthEnableRequest(), &enabled);
+}
+
 void EtcdCluster::Kill(int i) {
+  if (i < 0 || i >= static_cast<int>(members_.size())) {
+    ADD_FAILURE() << "no etcd member " << i;
+    return;
+  }
   Member& m = members_[i];
   if (m.pid <= 0) return;
   ::kill(m.pid, SIGKILL);
@@ -183,6 +260,10 @@ void EtcdCluster::Kill(int i) {
 }
 
 bool EtcdCluster::Restart(int i) {
+  if (i < 0 || i >= static_cast<int>(members_.size())) {
+    ADD_FAILURE() << "no etcd member " << i;
+    return false;
+  }
   Kill(i);
   // Its data directory holds the membership: it rejoins as itself.
   return Launch(i, true) && WaitHealthy(i);

@@ -13,11 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/rendezvous/etcd/etcd_client.h"
 
 namespace gradd::testing {
 
 inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
+
+// The etcd the tests start: $GRADD_TEST_ETCD_BINARY when set (e.g. to check
+// that a helper whose etcd does not come up fails cleanly), else
+// kEtcdBinary.
+std::string EtcdBinary();
 
 class EtcdCluster {
  public:
@@ -29,10 +35,16 @@ class EtcdCluster {
     // files of make_test_certs.sh.
     bool tls = false;
     std::string certs_dir;
+    // How long a member may take to answer after its start. Generous: on
+    // a loaded 2-core machine etcd takes seconds to come up.
+    absl::Duration startup_timeout = absl::Seconds(60);
   };
 
-  // Starts every member and waits until the cluster answers (20 s); null
-  // (with a test failure naming the member's log) otherwise.
+  // Starts every member and waits until each answers (startup_timeout);
+  // otherwise null, with a non-fatal test failure naming the binary, the
+  // member, how it ended and the tail of its log. Never crashes: callers
+  // write ASSERT_NE(cluster, nullptr) in the test body, or a helper they
+  // call under ASSERT_NO_FATAL_FAILURE.
   static std::unique_ptr<EtcdCluster> Start(const Options& options);
   ~EtcdCluster();
 
@@ -44,8 +56,13 @@ class EtcdCluster {
   // SIGKILLs member `i` (its data stays); Restart starts it again.
   void Kill(int i);
   bool Restart(int i);
+  // Turns etcd's authentication on with `user` (granted the root role) and
+  // `password`, as `etcdctl user add; etcdctl auth enable` do; plaintext
+  // clusters only. False with a test failure otherwise.
+  bool EnableAuth(const std::string& user, const std::string& password);
   // The tail of member `i`'s log (for failure messages).
   std::string LogTail(int i) const;
+  std::string LogPath(int i) const;
 
  private:
   struct Member {
@@ -62,7 +79,8 @@ class EtcdCluster {
   std::vector<Member> members_;
 };
 
-// Whether /usr/bin/etcd is there (scripts/setup installs etcd-server).
+// Whether EtcdBinary() is there and executable (scripts/setup installs
+// etcd-server).
 bool HaveEtcd();
 
 }  // namespace gradd::testing

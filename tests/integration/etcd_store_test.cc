@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,13 @@ namespace {
 using ::gradd::testing::EtcdCluster;
 using ::testing::HasSubstr;
 
+// A read's value, or its error as text (so that a failed read is shown
+// in the comparison, not dereferenced).
+std::string Text(const absl::StatusOr<std::string>& read) {
+  return read.ok() ? *read
+                   : absl::StrCat("<error: ", read.status().ToString(), ">");
+}
+
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -50,6 +58,9 @@ class EtcdStoreTest : public ::testing::Test {
     ::gradd::testing::RemoveTree(dir_);
     ::gradd::testing::RemoveTree(certs_);
   }
+  // Fatal on failure: call it under ASSERT_NO_FATAL_FAILURE, so that a
+  // test whose etcd did not come up stops there (with the cluster's
+  // message) instead of going on with no cluster.
   void StartCluster(int members = 1, bool tls = false) {
     EtcdCluster::Options o;
     o.members = members;
@@ -57,22 +68,42 @@ class EtcdStoreTest : public ::testing::Test {
     o.tls = tls;
     if (tls) {
       certs_ = ::gradd::testing::MakeTestCerts();
+      ASSERT_FALSE(certs_.empty()) << "no test certificates";
       o.certs_dir = certs_;
     }
     cluster_ = EtcdCluster::Start(o);
-    ASSERT_NE(cluster_, nullptr);
+    ASSERT_NE(cluster_, nullptr) << "etcd did not start (see above)";
   }
+  // The helpers below never return null: on a failure they end the test
+  // with a clear message (see Fatal()).
   std::shared_ptr<EtcdClient> Client(EtcdClient::Options o) {
     absl::StatusOr<std::unique_ptr<EtcdClient>> c = EtcdClient::Create(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::shared_ptr<EtcdClient>(*std::move(c)) : nullptr;
+    if (!c.ok())
+      Fatal(absl::StrCat("EtcdClient::Create: ", c.status().ToString()));
+    return std::shared_ptr<EtcdClient>(*std::move(c));
   }
   std::shared_ptr<EtcdClient> Client() {
+    if (cluster_ == nullptr) Fatal("no etcd cluster (StartCluster failed)");
     return Client(cluster_->ClientOptions());
   }
   std::unique_ptr<EtcdStore> Store(std::shared_ptr<EtcdLease> lease = nullptr,
                                    EtcdStore::Options o = {}) {
     return std::make_unique<EtcdStore>(Client(), std::move(lease), o);
+  }
+  std::shared_ptr<EtcdLease> Lease(std::shared_ptr<EtcdClient> client,
+                                   absl::Duration ttl) {
+    absl::StatusOr<std::unique_ptr<EtcdLease>> lease =
+        EtcdLease::Create(std::move(client), ttl);
+    if (!lease.ok())
+      Fatal(absl::StrCat("EtcdLease::Create: ", lease.status().ToString()));
+    return *std::move(lease);
+  }
+  [[noreturn]] static void Fatal(const std::string& message) {
+    // The failure names the cause; the exception ends the test body
+    // (gtest catches and reports it, then runs TearDown) where a helper
+    // that returns a value cannot return early.
+    ADD_FAILURE() << message;
+    throw std::runtime_error(message);
   }
   bool Exists(EtcdClient& client, const std::string& key) {
     etcdserverpb::RangeRequest r;
@@ -88,14 +119,14 @@ class EtcdStoreTest : public ::testing::Test {
 };
 
 TEST_F(EtcdStoreTest, SetGetDeleteAndDescribe) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<EtcdStore> store = Store();
   ASSERT_TRUE(store->Set("job", "k", std::string("v\0w", 3)).ok());
   absl::StatusOr<std::string> got = store->Get("job", "k", absl::Seconds(1));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, std::string("v\0w", 3));
   ASSERT_TRUE(store->Set("job", "k", "second").ok());
-  EXPECT_EQ(*store->Get("job", "k", absl::ZeroDuration()), "second");
+  EXPECT_EQ(Text(store->Get("job", "k", absl::ZeroDuration())), "second");
   EXPECT_EQ(store->Delete("job", "k").value_or(false), true);
   EXPECT_EQ(store->Delete("job", "k").value_or(true), false);
   EXPECT_THAT(store->Describe(),
@@ -105,20 +136,20 @@ TEST_F(EtcdStoreTest, SetGetDeleteAndDescribe) {
 }
 
 TEST_F(EtcdStoreTest, JobsAreIsolatedWhateverTheirIds) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<EtcdStore> store = Store();
   ASSERT_TRUE(store->Set("a/b", "c", "1").ok());
   ASSERT_TRUE(store->Set("a", "b/c", "2").ok());
-  EXPECT_EQ(*store->Get("a/b", "c", absl::ZeroDuration()), "1");
-  EXPECT_EQ(*store->Get("a", "b/c", absl::ZeroDuration()), "2");
+  EXPECT_EQ(Text(store->Get("a/b", "c", absl::ZeroDuration())), "1");
+  EXPECT_EQ(Text(store->Get("a", "b/c", absl::ZeroDuration())), "2");
   ASSERT_TRUE(store->DeleteJob("a").ok());
-  EXPECT_EQ(*store->Get("a/b", "c", absl::ZeroDuration()), "1");
+  EXPECT_EQ(Text(store->Get("a/b", "c", absl::ZeroDuration())), "1");
   EXPECT_TRUE(absl::IsDeadlineExceeded(
       store->Get("a", "b/c", absl::Milliseconds(50)).status()));
 }
 
 TEST_F(EtcdStoreTest, GetWaitsForALaterSetAndTimesOutNamingTheKey) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<EtcdStore> reader = Store();
   std::unique_ptr<EtcdStore> writer = Store();
   std::thread later([&] {
@@ -145,7 +176,7 @@ TEST_F(EtcdStoreTest, GetWaitsForALaterSetAndTimesOutNamingTheKey) {
 }
 
 TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<EtcdStore> store = Store();
   ASSERT_TRUE(store->Set("job", "a", "1").ok());
   std::thread later([&] {
@@ -175,7 +206,7 @@ TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
 }
 
 TEST_F(EtcdStoreTest, AddIsAtomicAcrossClients) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   constexpr int kThreads = 6;
   constexpr int kAdds = 40;
   std::vector<std::unique_ptr<EtcdStore>> stores;
@@ -195,8 +226,9 @@ TEST_F(EtcdStoreTest, AddIsAtomicAcrossClients) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(seen.size(), kThreads * kAdds);
+  ASSERT_FALSE(seen.empty());
   EXPECT_EQ(*seen.rbegin(), kThreads * kAdds);
-  EXPECT_EQ(*stores[0]->Get("job", "counter", absl::ZeroDuration()),
+  EXPECT_EQ(Text(stores[0]->Get("job", "counter", absl::ZeroDuration())),
             absl::StrCat(kThreads * kAdds));
   EXPECT_EQ(stores[0]->Add("job", "counter", -kThreads * kAdds).value_or(-1),
             0);
@@ -208,7 +240,7 @@ TEST_F(EtcdStoreTest, AddIsAtomicAcrossClients) {
 }
 
 TEST_F(EtcdStoreTest, LimitsAndBadArgumentsAsTheBuiltInStore) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   EtcdStore::Options o;
   o.max_key_bytes = 16;
   o.max_value_bytes = 4 << 20;
@@ -228,7 +260,7 @@ TEST_F(EtcdStoreTest, LimitsAndBadArgumentsAsTheBuiltInStore) {
 }
 
 TEST_F(EtcdStoreTest, ReleaseDeletesARoundOnceEveryNodeReleasedIt) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<EtcdStore> store = Store();
   ASSERT_TRUE(store->Set("job", "round1/member/a", "x").ok());
   ASSERT_TRUE(store->Set("job", "round1/closed", "formed").ok());
@@ -241,17 +273,18 @@ TEST_F(EtcdStoreTest, ReleaseDeletesARoundOnceEveryNodeReleasedIt) {
       store->Get("job", "round1/member/a", absl::Milliseconds(50)).status()));
   EXPECT_TRUE(absl::IsDeadlineExceeded(
       store->Get("job", "round1/released/a", absl::Milliseconds(50)).status()));
-  EXPECT_EQ(*store->Get("job", "round1/closed", absl::ZeroDuration()),
+  EXPECT_EQ(Text(store->Get("job", "round1/closed", absl::ZeroDuration())),
             "formed");
-  EXPECT_EQ(*store->Get("job", "round10/member/a", absl::ZeroDuration()), "y");
-  EXPECT_EQ(*store->Get("job", "other", absl::ZeroDuration()), "z");
+  EXPECT_EQ(Text(store->Get("job", "round10/member/a", absl::ZeroDuration())),
+            "y");
+  EXPECT_EQ(Text(store->Get("job", "other", absl::ZeroDuration())), "z");
   EXPECT_EQ(store->Release("job", "round7", "a", 1).value_or(true), false);
   EXPECT_TRUE(absl::IsInvalidArgument(
       store->Release("job", "round/1", "a", 1).status()));
 }
 
 TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();
   absl::StatusOr<std::unique_ptr<EtcdLease>> lease =
       EtcdLease::Create(client, absl::Seconds(2));
@@ -277,7 +310,7 @@ TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
 }
 
 TEST_F(EtcdStoreTest, AVanishedWritersKeysGoWithItsLease) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();
   // A lease nobody keeps alive: the daemon that held it is gone.
   absl::StatusOr<etcdserverpb::LeaseGrantResponse> granted =
@@ -297,10 +330,9 @@ TEST_F(EtcdStoreTest, AVanishedWritersKeysGoWithItsLease) {
 }
 
 TEST_F(EtcdStoreTest, ALostLeaseIsReplacedAtTheNextWrite) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();
-  std::shared_ptr<EtcdLease> lease =
-      *EtcdLease::Create(client, absl::Seconds(30));
+  std::shared_ptr<EtcdLease> lease = Lease(client, absl::Seconds(30));
   EtcdStore store(client, lease, {});
   ASSERT_TRUE(store.Set("job", "before", "v").ok());
   const int64_t old_id = lease->current_id();
@@ -314,9 +346,9 @@ TEST_F(EtcdStoreTest, ALostLeaseIsReplacedAtTheNextWrite) {
 }
 
 TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {
-  StartCluster(3);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   std::shared_ptr<EtcdClient> client = Client();
-  EtcdStore store(client, *EtcdLease::Create(client, absl::Seconds(5)), {});
+  EtcdStore store(client, Lease(client, absl::Seconds(5)), {});
   ASSERT_TRUE(store.Set("job", "a", "1").ok());
   // A wait in progress when the member it watches on dies.
   std::thread waiter([&] {
@@ -327,10 +359,10 @@ TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {
   EtcdStore other(Client(), nullptr, {});
   ASSERT_TRUE(other.Set("job", "b", "2").ok());
   waiter.join();
-  EXPECT_EQ(*store.Get("job", "a", absl::Seconds(5)), "1");
+  EXPECT_EQ(Text(store.Get("job", "a", absl::Seconds(5))), "1");
   EXPECT_EQ(store.Add("job", "n", 5).value_or(-1), 5);
   absl::SleepFor(absl::Seconds(6));  // past the lease TTL: kept alive
-  EXPECT_EQ(*store.Get("job", "a", absl::Seconds(5)), "1");
+  EXPECT_EQ(Text(store.Get("job", "a", absl::Seconds(5))), "1");
 }
 
 TEST_F(EtcdStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
@@ -347,10 +379,11 @@ TEST_F(EtcdStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
 }
 
 TEST_F(EtcdStoreTest, MutualTlsAndStrangersRefused) {
-  StartCluster(1, /*tls=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, /*tls=*/true));
   std::unique_ptr<EtcdStore> store = Store();
   ASSERT_TRUE(store->Set("job", "secret", "gloo-key").ok());
-  EXPECT_EQ(*store->Get("job", "secret", absl::ZeroDuration()), "gloo-key");
+  EXPECT_EQ(Text(store->Get("job", "secret", absl::ZeroDuration())),
+            "gloo-key");
   EXPECT_EQ(Client()->SecurityDescription(), "mTLS");
 
   auto stranger_fails = [&](EtcdClient::Options o, const std::string& who) {
@@ -373,47 +406,20 @@ TEST_F(EtcdStoreTest, MutualTlsAndStrangersRefused) {
   other_ca.tls.cert_pem = ReadText(certs_ + "/stranger.crt");
   other_ca.tls.key_pem = ReadText(certs_ + "/stranger.key");
   stranger_fails(other_ca, "a client with another CA's certificate");
-  EXPECT_EQ(*store->Get("job", "secret", absl::ZeroDuration()), "gloo-key");
+  EXPECT_EQ(Text(store->Get("job", "secret", absl::ZeroDuration())),
+            "gloo-key");
 }
 
 TEST_F(EtcdStoreTest, UserAndPasswordWithTokensAndStrangersRefused) {
-  StartCluster();
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   // Authentication on, as `etcdctl user add root; etcdctl auth enable` do.
-  {
-    auto channel = grpc::CreateChannel(cluster_->endpoints()[0],
-                                       grpc::InsecureChannelCredentials());
-    auto auth = etcdserverpb::Auth::NewStub(channel);
-    auto call = [&](auto method, const auto& request, auto* response) {
-      grpc::ClientContext c;
-      c.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(5));
-      grpc::Status s = (auth.get()->*method)(&c, request, response);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-    };
-    etcdserverpb::AuthUserAddRequest add;
-    add.set_name("root");
-    add.set_password("s3cret-pw-for-test");
-    etcdserverpb::AuthUserAddResponse added;
-    call(&etcdserverpb::Auth::Stub::UserAdd, add, &added);
-    etcdserverpb::AuthRoleAddRequest role;
-    role.set_name("root");
-    etcdserverpb::AuthRoleAddResponse role_added;
-    call(&etcdserverpb::Auth::Stub::RoleAdd, role, &role_added);
-    etcdserverpb::AuthUserGrantRoleRequest grant;
-    grant.set_user("root");
-    grant.set_role("root");
-    etcdserverpb::AuthUserGrantRoleResponse granted;
-    call(&etcdserverpb::Auth::Stub::UserGrantRole, grant, &granted);
-    etcdserverpb::AuthEnableResponse enabled;
-    call(&etcdserverpb::Auth::Stub::AuthEnable,
-         etcdserverpb::AuthEnableRequest(), &enabled);
-  }
+  ASSERT_TRUE(cluster_->EnableAuth("root", "s3cret-pw-for-test"));
   EtcdClient::Options o = cluster_->ClientOptions();
   o.user = "root";
   o.password = "s3cret-pw-for-test";
   std::shared_ptr<EtcdClient> client = Client(o);
   EXPECT_EQ(client->SecurityDescription(), "plaintext + user root");
-  EtcdStore store(client, *EtcdLease::Create(client, absl::Seconds(5)), {});
+  EtcdStore store(client, Lease(client, absl::Seconds(5)), {});
   ASSERT_TRUE(store.Set("job", "k", "v").ok());
   EXPECT_EQ(store.Add("job", "n", 3).value_or(-1), 3);
   std::thread later([&] {
@@ -437,7 +443,7 @@ TEST_F(EtcdStoreTest, UserAndPasswordWithTokensAndStrangersRefused) {
   EXPECT_TRUE(absl::IsUnauthenticated(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("user 'root'"));
   EXPECT_THAT(refused.message(), ::testing::Not(HasSubstr("not-the-password")));
-  EXPECT_EQ(*store.Get("job", "k", absl::ZeroDuration()), "v");
+  EXPECT_EQ(Text(store.Get("job", "k", absl::ZeroDuration())), "v");
 }
 
 }  // namespace
