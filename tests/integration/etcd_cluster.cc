@@ -226,24 +226,32 @@ bool EtcdCluster::EnableAuth(const std::string& user,
     }
     return s.ok();
   };
-  etcdserverpb::AuthUserAddRequest add;
-  add.set_name(user);
-  add.set_password(password);
-  etcdserverpb::AuthUserAddResponse added;
   etcdserverpb::AuthRoleAddRequest role;
   role.set_name("root");
   etcdserverpb::AuthRoleAddResponse role_added;
-  etcdserverpb::AuthUserGrantRoleRequest grant;
-  grant.set_user(user);
-  grant.set_role("root");
-  etcdserverpb::AuthUserGrantRoleResponse granted;
+  if (!call("RoleAdd", &etcdserverpb::Auth::Stub::RoleAdd, role, &role_added)) {
+    return false;
+  }
+  // etcd enables authentication only once a user named root exists.
+  std::vector<std::string> users = {"root"};
+  if (user != "root") users.push_back(user);
+  for (const std::string& name : users) {
+    etcdserverpb::AuthUserAddRequest add;
+    add.set_name(name);
+    add.set_password(password);
+    etcdserverpb::AuthUserAddResponse added;
+    etcdserverpb::AuthUserGrantRoleRequest grant;
+    grant.set_user(name);
+    grant.set_role("root");
+    etcdserverpb::AuthUserGrantRoleResponse granted;
+    if (!call("UserAdd", &etcdserverpb::Auth::Stub::UserAdd, add, &added) ||
+        !call("UserGrantRole", &etcdserverpb::Auth::Stub::UserGrantRole, grant,
+              &granted)) {
+      return false;
+    }
+  }
   etcdserverpb::AuthEnableResponse enabled;
-  return call("UserAdd", &etcdserverpb::Auth::Stub::UserAdd, add, &added) &&
-         call("RoleAdd", &etcdserverpb::Auth::Stub::RoleAdd, role,
-              &role_added) &&
-         call("UserGrantRole", &etcdserverpb::Auth::Stub::UserGrantRole, grant,
-              &granted) &&
-         call("AuthEnable", &etcdserverpb::Auth::Stub::AuthEnable,
+  return call("AuthEnable", &etcdserverpb::Auth::Stub::AuthEnable,
               etcdserverpb::AuthEnableRequest(), &enabled);
 }
 

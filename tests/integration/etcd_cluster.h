@@ -56,9 +56,10 @@ class EtcdCluster {
   // SIGKILLs member `i` (its data stays); Restart starts it again.
   void Kill(int i);
   bool Restart(int i);
-  // Turns etcd's authentication on with `user` (granted the root role) and
-  // `password`, as `etcdctl user add; etcdctl auth enable` do; plaintext
-  // clusters only. False with a test failure otherwise.
+  // Turns etcd's authentication on, as `etcdctl user add; etcdctl auth
+  // enable` do: users root and `user`, both with `password` and the root
+  // role (etcd demands a root user). Plaintext clusters only. False with a
+  // test failure otherwise.
   bool EnableAuth(const std::string& user, const std::string& password);
   // The tail of member `i`'s log (for failure messages).
   std::string LogTail(int i) const;
