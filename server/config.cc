@@ -16,6 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/client_strings.h"
 #include "common/session.h"
 #include "common/status_macros.h"
@@ -263,10 +265,33 @@ absl::Status ValidateRendezvousBackend(const v1::RendezvousConfig& rv) {
     }
     return absl::OkStatus();
   }
-  if (absl::StripAsciiWhitespace(e.endpoints()).empty()) {
+  std::vector<absl::string_view> endpoints;
+  for (absl::string_view entry : absl::StrSplit(e.endpoints(), ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (!entry.empty()) endpoints.push_back(entry);
+  }
+  if (endpoints.empty()) {
     return absl::InvalidArgumentError(
         "rendezvous.backend: etcd needs rendezvous.etcd.endpoints "
         "(comma-separated host:port of the etcd members)");
+  }
+  // As EtcdClient reads them: an optional http:// or https://, host:port,
+  // an optional trailing '/'. Checked with the rest of the config, so that
+  // the error names the key (EtcdClient would refuse it only at start).
+  for (absl::string_view entry : endpoints) {
+    absl::string_view v = entry;
+    if (!absl::ConsumePrefix(&v, "https://"))
+      absl::ConsumePrefix(&v, "http://");
+    absl::ConsumeSuffix(&v, "/");
+    const size_t colon = v.rfind(':');
+    int port = 0;
+    if (colon == absl::string_view::npos || colon == 0 ||
+        !absl::SimpleAtoi(v.substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous.etcd.endpoints: '", entry,
+          "' is not host:port (e.g. 10.0.0.1:2379, comma-separated)"));
+    }
   }
   if (!rv.coordinator_address().empty() || !rv.listen_address().empty()) {
     return absl::InvalidArgumentError(

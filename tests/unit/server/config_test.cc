@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
@@ -418,6 +419,259 @@ TEST(ConfigSecurityTest, StoreLimitsHaveDefaultsAndAreChecked) {
                                                                   << 30);
   EXPECT_THAT(Message(ValidateConfig(bad)),
               HasSubstr("rendezvous.limits.max_value_bytes"));
+}
+
+// rendezvous.backend and rendezvous.etcd (issue 34).
+absl::StatusOr<v1::DaemonConfig> EtcdConfig(const std::string& etcd_lines) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(
+      absl::StrCat("rendezvous:\n  backend: etcd\n  etcd:\n", etcd_lines),
+      "etcd.yaml");
+  if (c.ok()) ApplyConfigDefaults(&*c);
+  return c;
+}
+
+TEST(ConfigEtcdTest, BuiltinIsTheDefaultAndEtcdGetsItsDefaults) {
+  v1::DaemonConfig builtin = DefaultConfig();
+  EXPECT_EQ(builtin.rendezvous().backend(), "builtin");
+  // Nothing of the etcd section is filled in for the built-in store.
+  EXPECT_EQ(builtin.rendezvous().etcd().prefix(), "");
+  EXPECT_EQ(builtin.rendezvous().etcd().lease_ttl_ms(), 0u);
+  EXPECT_TRUE(ValidateConfig(builtin).ok());
+
+  absl::StatusOr<v1::DaemonConfig> c =
+      EtcdConfig("    endpoints: 10.0.0.1:2379, 10.0.0.2:2379\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  const v1::RendezvousEtcdConfig& e = c->rendezvous().etcd();
+  EXPECT_EQ(e.endpoints(), "10.0.0.1:2379, 10.0.0.2:2379");
+  EXPECT_EQ(e.prefix(), "/gradd/");
+  // The built-in store's job TTL (rendezvous.limits.job_ttl_s), in ms.
+  EXPECT_EQ(e.lease_ttl_ms(), 86400u * 1000);
+  EXPECT_TRUE(e.ca_file().empty());
+  EXPECT_TRUE(e.user().empty());
+  // Set values are kept; the TTL follows a configured job_ttl_s.
+  absl::StatusOr<v1::DaemonConfig> set = ParseConfigYaml(R"(
+rendezvous:
+  backend: etcd
+  limits:
+    job_ttl_s: 120
+  etcd:
+    endpoints: https://etcd-0.etcd:2379
+    prefix: /cluster-b/
+)",
+                                                         "set.yaml");
+  ASSERT_TRUE(set.ok()) << set.status();
+  ApplyConfigDefaults(&*set);
+  EXPECT_TRUE(ValidateConfig(*set).ok()) << ValidateConfig(*set);
+  EXPECT_EQ(set->rendezvous().etcd().prefix(), "/cluster-b/");
+  EXPECT_EQ(set->rendezvous().etcd().lease_ttl_ms(), 120000u);
+  // --print_config shows the section and it reads back the same.
+  const std::string text = ConfigToText(*set);
+  EXPECT_THAT(text,
+              AllOf(HasSubstr("\"backend\": \"etcd\""),
+                    HasSubstr("\"endpoints\": \"https://etcd-0.etcd:2379\""),
+                    HasSubstr("\"prefix\": \"/cluster-b/\"")));
+  absl::StatusOr<v1::DaemonConfig> again = ParseConfigYaml(text, "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << text;
+  EXPECT_EQ(again->rendezvous().etcd().SerializeAsString(),
+            set->rendezvous().etcd().SerializeAsString());
+}
+
+TEST(ConfigEtcdTest, AnUnknownBackendIsRefusedNamingTheChoices) {
+  for (const char* backend : {"Etcd", "consul", "etcd3", " etcd"}) {
+    v1::DaemonConfig c = DefaultConfig();
+    c.mutable_rendezvous()->set_backend(backend);
+    c.mutable_rendezvous()->mutable_etcd()->set_endpoints("127.0.0.1:2379");
+    const absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << backend;
+    EXPECT_THAT(
+        Message(s),
+        AllOf(HasSubstr(absl::StrCat("rendezvous.backend = '", backend, "'")),
+              HasSubstr("builtin"), HasSubstr("etcd")))
+        << backend;
+  }
+}
+
+TEST(ConfigEtcdTest, EndpointsAreRequiredAndOnlyWithTheEtcdBackend) {
+  for (const char* endpoints : {"", "   ", " , "}) {
+    absl::StatusOr<v1::DaemonConfig> c =
+        EtcdConfig(absl::StrCat("    endpoints: \"", endpoints, "\"\n"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const absl::Status s = ValidateConfig(*c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+        << "'" << endpoints << "'";
+    EXPECT_THAT(Message(s), HasSubstr("rendezvous.etcd.endpoints"))
+        << "'" << endpoints << "'";
+  }
+  // backend etcd without any etcd section at all.
+  absl::StatusOr<v1::DaemonConfig> bare =
+      ParseConfigYaml("rendezvous:\n  backend: etcd\n", "bare.yaml");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  ApplyConfigDefaults(&*bare);
+  EXPECT_THAT(Message(ValidateConfig(*bare)),
+              HasSubstr("rendezvous.backend: etcd needs "
+                        "rendezvous.etcd.endpoints"));
+  // Endpoints with the built-in store are a mistake, not ignored.
+  v1::DaemonConfig builtin = DefaultConfig();
+  builtin.mutable_rendezvous()->mutable_etcd()->set_endpoints("h:2379");
+  EXPECT_THAT(Message(ValidateConfig(builtin)),
+              AllOf(HasSubstr("rendezvous.etcd.endpoints is set"),
+                    HasSubstr("rendezvous.backend: etcd")));
+  // No coordinator on etcd.
+  for (const char* key : {"coordinator_address", "listen_address"}) {
+    absl::StatusOr<v1::DaemonConfig> c = EtcdConfig("    endpoints: h:2379\n");
+    ASSERT_TRUE(c.ok());
+    v1::RendezvousConfig* rv = c->mutable_rendezvous();
+    rv->GetReflection()->SetString(
+        rv, rv->GetDescriptor()->FindFieldByName(key), "node-a:29600");
+    EXPECT_THAT(Message(ValidateConfig(*c)),
+                AllOf(HasSubstr("has no coordinator"),
+                      HasSubstr(absl::StrCat("rendezvous.", key))))
+        << key;
+  }
+}
+
+TEST(ConfigEtcdTest, MalformedEndpointsAreRefusedNamingTheKeyAndTheEntry) {
+  for (const char* good :
+       {"127.0.0.1:2379", "etcd-0.etcd.svc:2379,etcd-1.etcd.svc:2379",
+        "http://10.0.0.1:2379", "https://10.0.0.1:2379/", "[::1]:2379"}) {
+    absl::StatusOr<v1::DaemonConfig> c =
+        EtcdConfig(absl::StrCat("    endpoints: \"", good, "\"\n"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(ValidateConfig(*c).ok()) << good << ": " << ValidateConfig(*c);
+  }
+  for (const char* bad : {"etcd-0", "10.0.0.1:", "10.0.0.1:2379,etcd-1", "h:0",
+                          "h:65536", "h:port", ":2379"}) {
+    absl::StatusOr<v1::DaemonConfig> c =
+        EtcdConfig(absl::StrCat("    endpoints: \"", bad, "\"\n"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const absl::Status s = ValidateConfig(*c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(Message(s), AllOf(HasSubstr("rendezvous.etcd.endpoints"),
+                                  HasSubstr("host:port")))
+        << bad;
+  }
+}
+
+TEST(ConfigEtcdTest, LeaseTtlAndPrefixAreChecked) {
+  absl::StatusOr<v1::DaemonConfig> c = EtcdConfig("    endpoints: h:2379\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (uint32_t ttl : {1u, 1000u, 1999u}) {
+    v1::DaemonConfig bad = *c;
+    bad.mutable_rendezvous()->mutable_etcd()->set_lease_ttl_ms(ttl);
+    const absl::Status s = ValidateConfig(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << ttl;
+    EXPECT_THAT(Message(s),
+                AllOf(HasSubstr(absl::StrCat(
+                    "rendezvous.etcd.lease_ttl_ms = ", ttl, " is below 2000"))))
+        << ttl;
+  }
+  // 0 in a file means the default (the job TTL), not "no lease".
+  absl::StatusOr<v1::DaemonConfig> zero =
+      EtcdConfig("    endpoints: h:2379\n    lease_ttl_ms: 0\n");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->rendezvous().etcd().lease_ttl_ms(), 86400000u);
+  v1::DaemonConfig least = *c;
+  least.mutable_rendezvous()->mutable_etcd()->set_lease_ttl_ms(2000);
+  EXPECT_TRUE(ValidateConfig(least).ok()) << ValidateConfig(least);
+  // A negative or non-numeric TTL is a parse error naming the key.
+  absl::StatusOr<v1::DaemonConfig> negative =
+      EtcdConfig("    endpoints: h:2379\n    lease_ttl_ms: -5\n");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(Message(negative.status()),
+              HasSubstr("rendezvous.etcd.lease_ttl_ms"));
+
+  for (const char* prefix : {"gradd/", "gradd"}) {
+    v1::DaemonConfig bad = *c;
+    bad.mutable_rendezvous()->mutable_etcd()->set_prefix(prefix);
+    EXPECT_THAT(Message(ValidateConfig(bad)),
+                HasSubstr(absl::StrCat("rendezvous.etcd.prefix = '", prefix,
+                                       "': must start with '/'")));
+  }
+}
+
+TEST(ConfigEtcdTest, ThePasswordComesFromAFileAndNeverInline) {
+  // There is no key for an inline password.
+  absl::StatusOr<v1::DaemonConfig> inline_pw = EtcdConfig(
+      "    endpoints: h:2379\n    user: gradd\n    password: hunter2\n");
+  ASSERT_FALSE(inline_pw.ok());
+  EXPECT_THAT(Message(inline_pw.status()),
+              HasSubstr("key 'rendezvous.etcd.password' is not a known"));
+  EXPECT_THAT(Message(inline_pw.status()), Not(HasSubstr("hunter2")));
+  // A user and its password file go together.
+  absl::StatusOr<v1::DaemonConfig> user_only =
+      EtcdConfig("    endpoints: h:2379\n    user: gradd\n");
+  ASSERT_TRUE(user_only.ok());
+  EXPECT_THAT(Message(ValidateConfig(*user_only)),
+              HasSubstr("rendezvous.etcd.user and "
+                        "rendezvous.etcd.password_file go together"));
+  absl::StatusOr<v1::DaemonConfig> file_only = EtcdConfig(
+      "    endpoints: h:2379\n    password_file: /run/secrets/etcd\n");
+  ASSERT_TRUE(file_only.ok());
+  EXPECT_THAT(Message(ValidateConfig(*file_only)),
+              HasSubstr("rendezvous.etcd.user and "
+                        "rendezvous.etcd.password_file go together"));
+  absl::StatusOr<v1::DaemonConfig> both = EtcdConfig(
+      "    endpoints: h:2379\n    user: gradd\n"
+      "    password_file: /run/secrets/etcd\n");
+  ASSERT_TRUE(both.ok());
+  EXPECT_TRUE(ValidateConfig(*both).ok()) << ValidateConfig(*both);
+  // The config names the file; its text is read at start, not here.
+  EXPECT_THAT(ConfigToText(*both),
+              HasSubstr("\"password_file\": \"/run/secrets/etcd\""));
+}
+
+TEST(ConfigEtcdTest, TlsFilesGoTogether) {
+  struct Case {
+    const char* lines;
+    const char* error;  // nullptr: valid
+  };
+  const Case cases[] = {
+      // TLS with the server checked, no client certificate.
+      {"    ca_file: /e/ca.crt\n", nullptr},
+      // Mutual TLS.
+      {"    ca_file: /e/ca.crt\n    cert_file: /e/c.crt\n"
+       "    key_file: /e/c.key\n",
+       nullptr},
+      {"    ca_file: /e/ca.crt\n    cert_file: /e/c.crt\n"
+       "    key_file: /e/c.key\n    server_name: etcd.internal\n",
+       nullptr},
+      // Mutual TLS and a user.
+      {"    ca_file: /e/ca.crt\n    cert_file: /e/c.crt\n"
+       "    key_file: /e/c.key\n    user: u\n    password_file: /e/pw\n",
+       nullptr},
+      {"    ca_file: /e/ca.crt\n    cert_file: /e/c.crt\n",
+       "rendezvous.etcd.cert_file and rendezvous.etcd.key_file go together"},
+      {"    ca_file: /e/ca.crt\n    key_file: /e/c.key\n",
+       "rendezvous.etcd.cert_file and rendezvous.etcd.key_file go together"},
+      {"    cert_file: /e/c.crt\n    key_file: /e/c.key\n",
+       "rendezvous.etcd.cert_file needs rendezvous.etcd.ca_file"},
+  };
+  for (const Case& k : cases) {
+    absl::StatusOr<v1::DaemonConfig> c =
+        EtcdConfig(absl::StrCat("    endpoints: h:2379\n", k.lines));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const absl::Status s = ValidateConfig(*c);
+    if (k.error == nullptr) {
+      EXPECT_TRUE(s.ok()) << k.lines << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.lines;
+      EXPECT_THAT(Message(s), HasSubstr(k.error)) << k.lines;
+    }
+  }
+}
+
+TEST(ConfigEtcdTest, EtcdIsMultiNodeSoTheDaemonsNeedCredentials) {
+  absl::StatusOr<v1::DaemonConfig> c = EtcdConfig("    endpoints: h:2379\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  // etcd's own credentials do not secure the daemons' Gloo connections.
+  c->mutable_rendezvous()->mutable_etcd()->set_ca_file("/e/ca.crt");
+  const absl::Status s = ValidateNodeSecurity(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), AllOf(HasSubstr("rendezvous.backend: etcd"),
+                                HasSubstr("rendezvous.token_file")));
+  c->mutable_rendezvous()->set_token_file("/run/credentials/gradd/token");
+  EXPECT_TRUE(ValidateNodeSecurity(*c).ok()) << ValidateNodeSecurity(*c);
 }
 
 }  // namespace
