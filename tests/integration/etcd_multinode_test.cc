@@ -377,5 +377,34 @@ TEST_F(EtcdMultiNodeTest, UnreachableEtcdIsAStartErrorNamingTheEndpoints) {
             << e.output.substr(e.output.rfind('\n', e.output.size() - 2) + 1);
 }
 
+// The password comes from rendezvous.etcd.password_file, read at start: a
+// file that is missing or empty stops the daemon naming the key and the
+// path, before any connection to etcd.
+TEST_F(EtcdMultiNodeTest, AMissingOrEmptyPasswordFileIsAStartError) {
+  const std::string missing = dir_ + "/no-such-password";
+  const std::string empty = dir_ + "/empty-password";
+  { std::ofstream(empty) << ""; }
+  for (const std::string& file : {missing, empty}) {
+    const std::string path = dir_ + "/pw.yaml";
+    std::ofstream(path) << "rendezvous:\n"
+                        << "  backend: etcd\n"
+                        << "  etcd:\n"
+                        << "    endpoints: 127.0.0.1:" << FreePort() << "\n"
+                        << "    user: gradd\n"
+                        << "    password_file: " << file << "\n";
+    NodeDaemon d =
+        SpawnNode("node-a", path, "pw-" + file.substr(dir_.size() + 1));
+    Exit e = Wait(d.proc, milliseconds(20000));
+    ASSERT_TRUE(e.code.has_value()) << e.output;
+    EXPECT_NE(*e.code, 0) << e.output;
+    EXPECT_THAT(e.output, HasSubstr(absl::StrCat(
+                              "rendezvous.etcd.password_file = '", file, "'")));
+    EXPECT_THAT(e.output,
+                HasSubstr(file == missing ? "cannot be read" : "is empty"));
+    // Refused at once, not after the etcd client's retry timeout.
+    EXPECT_LT(e.elapsed, milliseconds(10000));
+  }
+}
+
 }  // namespace
 }  // namespace gradd::testing
