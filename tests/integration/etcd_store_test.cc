@@ -158,11 +158,11 @@ TEST_F(EtcdStoreTest, GetWaitsForALaterSetAndTimesOutNamingTheKey) {
   });
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> got =
-      reader->Get("job", "late", absl::Seconds(10));
+      reader->Get("job", "late", absl::Seconds(30));
   later.join();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "here");
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::string> missing =
@@ -172,7 +172,7 @@ TEST_F(EtcdStoreTest, GetWaitsForALaterSetAndTimesOutNamingTheKey) {
   EXPECT_THAT(missing.status().message(), HasSubstr("job 'job'"));
   EXPECT_THAT(missing.status().message(), HasSubstr(cluster_->endpoints()[0]));
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(400));
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(20));
 }
 
 TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
@@ -185,7 +185,7 @@ TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
     absl::SleepFor(absl::Milliseconds(200));
     ASSERT_TRUE(store->Set("job", "c", "3").ok());
   });
-  absl::Status waited = store->Wait("job", {"a", "b", "c"}, absl::Seconds(10));
+  absl::Status waited = store->Wait("job", {"a", "b", "c"}, absl::Seconds(30));
   later.join();
   EXPECT_TRUE(waited.ok()) << waited;
   absl::Status timed_out =
@@ -201,7 +201,7 @@ TEST_F(EtcdStoreTest, WaitForSeveralKeysAndTheMissingOnesNamed) {
     absl::SleepFor(absl::Milliseconds(700));
     ASSERT_TRUE(store->Set("job", "z", "1").ok());
   });
-  EXPECT_TRUE(short_streams.Wait("job", {"z"}, absl::Seconds(10)).ok());
+  EXPECT_TRUE(short_streams.Wait("job", {"z"}, absl::Seconds(30)).ok());
   late.join();
 }
 
@@ -287,7 +287,7 @@ TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();
   absl::StatusOr<std::unique_ptr<EtcdLease>> lease =
-      EtcdLease::Create(client, absl::Seconds(2));
+      EtcdLease::Create(client, absl::Seconds(3));
   ASSERT_TRUE(lease.ok()) << lease.status();
   std::shared_ptr<EtcdLease> shared = *std::move(lease);
   auto store =
@@ -297,7 +297,7 @@ TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
   ASSERT_TRUE(store->Set("job", "k", "v").ok());
   ASSERT_TRUE(store->Add("job", "n", 1).ok());
   // Well past the TTL: the keeper keeps it.
-  absl::SleepFor(absl::Seconds(4));
+  absl::SleepFor(absl::Seconds(7));
   EXPECT_TRUE(Exists(*client, k));
   EXPECT_TRUE(Exists(*client, n));
   EXPECT_GT(client->LeaseTimeToLive(shared->current_id()).value_or(-1), 0);
@@ -322,7 +322,7 @@ TEST_F(EtcdStoreTest, AVanishedWritersKeysGoWithItsLease) {
   put.set_lease(granted->id());
   ASSERT_TRUE(client->Put(put).ok());
   EXPECT_TRUE(Exists(*client, "/gradd/jobs/job/k"));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (Exists(*client, "/gradd/jobs/job/k") && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(200));
   }
@@ -348,7 +348,7 @@ TEST_F(EtcdStoreTest, ALostLeaseIsReplacedAtTheNextWrite) {
 TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(3));
   std::shared_ptr<EtcdClient> client = Client();
-  EtcdStore store(client, Lease(client, absl::Seconds(5)), {});
+  EtcdStore store(client, Lease(client, absl::Seconds(8)), {});
   ASSERT_TRUE(store.Set("job", "a", "1").ok());
   // A wait in progress when the member it watches on dies.
   std::thread waiter([&] {
@@ -361,7 +361,7 @@ TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {
   waiter.join();
   EXPECT_EQ(Text(store.Get("job", "a", absl::Seconds(5))), "1");
   EXPECT_EQ(store.Add("job", "n", 5).value_or(-1), 5);
-  absl::SleepFor(absl::Seconds(6));  // past the lease TTL: kept alive
+  absl::SleepFor(absl::Seconds(10));  // past the lease TTL: kept alive
   EXPECT_EQ(Text(store.Get("job", "a", absl::Seconds(5))), "1");
 }
 
