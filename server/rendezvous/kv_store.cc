@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/rendezvous/store_checks.h"
 #include "spdlog/spdlog.h"
 
 namespace gradd {
@@ -19,11 +20,8 @@ constexpr absl::Duration kRoundWindow = absl::Minutes(1);
 constexpr absl::Duration kMaxSweepInterval = absl::Minutes(1);
 constexpr absl::string_view kKeptInRound = "/closed";
 
-// Client-chosen text in messages: escaped and cut.
-std::string Shown(absl::string_view s) {
-  if (s.size() <= 64) return absl::CEscape(s);
-  return absl::StrCat(absl::CEscape(s.substr(0, 64)), "...");
-}
+// Client-chosen text in messages (store_checks.h).
+std::string Shown(absl::string_view s) { return ShownInMessage(s); }
 
 // The formation round a key belongs to: its first segment, for keys with a
 // '/'; "" for others.
@@ -47,26 +45,7 @@ absl::Time KvStore::Now() const {
 
 absl::Status KvStore::CheckKey(absl::string_view job_id,
                                absl::string_view key) const {
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError("rendezvous: empty job id");
-  }
-  if (job_id.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous: job id '", Shown(job_id), "' is ", job_id.size(),
-        " bytes, over rendezvous.limits.max_key_bytes = ",
-        options_.max_key_bytes));
-  }
-  if (key.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous: empty key in job '", Shown(job_id), "'"));
-  }
-  if (key.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous: key '", Shown(key), "' in job '", Shown(job_id), "' is ",
-        key.size(), " bytes, over rendezvous.limits.max_key_bytes = ",
-        options_.max_key_bytes));
-  }
-  return absl::OkStatus();
+  return CheckStoreKey(job_id, key, options_.max_key_bytes);
 }
 
 void KvStore::TouchLocked(absl::string_view job_id, absl::Time now) {

@@ -43,41 +43,22 @@ long Field(const std::string& output, const std::string& key) {
   return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
 }
 
-struct NodeDaemon {
-  std::string node_id;
-  std::string socket;
-  Proc proc;
-};
-
 // How the daemons reach etcd.
 enum class EtcdAuth { kPlaintext, kMutualTls };
 
 class EtcdMultiNodeTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-etcd-mn-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
+    dir_ = MakeTestDir("gradd-etcd-mn-");
+    ASSERT_FALSE(dir_.empty());
   }
 
   void TearDown() override {
     // The daemons before etcd: a daemon that stops cleanly revokes its
     // lease, which needs etcd.
-    for (NodeDaemon& d : daemons_) {
-      if (d.proc.pid <= 0) continue;
-      kill(d.proc.pid, SIGTERM);
-      Exit e = Wait(d.proc, milliseconds(20000));
-      EXPECT_EQ(e.code, 0) << d.node_id << " did not exit cleanly:\n"
-                           << e.output;
-    }
-    if (HasFailure()) {
-      for (const NodeDaemon& d : daemons_) {
-        std::cerr << "---- " << d.node_id << " log ----\n"
-                  << ReadFile(d.proc.log);
-      }
-      if (cluster_ != nullptr) {
-        std::cerr << "---- etcd log ----\n" << cluster_->LogTail(0);
-      }
+    StopNodeDaemons(daemons_, milliseconds(20000), HasFailure());
+    if (HasFailure() && cluster_ != nullptr) {
+      std::cerr << "---- etcd log ----\n" << cluster_->LogTail(0);
     }
     cluster_.reset();
     GraddTest::TearDown();

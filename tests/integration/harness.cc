@@ -69,11 +69,32 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+std::string MakeTestDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << tmpl << ": " << std::strerror(errno);
+    return "";
+  }
+  return tmpl;
+}
+
+void GraddTest::StopNodeDaemons(std::vector<NodeDaemon>& daemons,
+                                milliseconds timeout, bool print_logs) {
+  for (NodeDaemon& d : daemons) {
+    if (d.proc.pid <= 0) continue;
+    kill(d.proc.pid, SIGTERM);
+    Exit e = Wait(d.proc, timeout);
+    EXPECT_EQ(e.code, 0) << d.node_id << " did not exit cleanly:\n" << e.output;
+  }
+  if (!print_logs) return;
+  for (const NodeDaemon& d : daemons) {
+    std::cerr << "---- " << d.node_id << " log ----\n" << ReadFile(d.proc.log);
+  }
+}
+
 void GraddTest::SetUp() {
-  // Short: Unix socket paths are limited to 107 bytes.
-  char tmpl[] = "/tmp/gradd-it-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
-  dir_ = tmpl;
+  dir_ = MakeTestDir("gradd-it-");
+  ASSERT_FALSE(dir_.empty());
   socket_ = dir_ + "/run/gradd.sock";
   ASSERT_TRUE(StartDaemon());
 }

@@ -41,6 +41,13 @@ std::string ReadFile(const std::string& path);
 std::string DaemonBinary();
 std::string TrainerBinary();
 
+// One daemon of a multi-node test (multinode_test, etcd_multinode_test).
+struct NodeDaemon {
+  std::string node_id;
+  std::string socket;
+  Proc proc;
+};
+
 // Base fixture: creates the temp dir, starts gradd, kills leftovers.
 class GraddTest : public ::testing::Test {
  protected:
@@ -61,6 +68,11 @@ class GraddTest : public ::testing::Test {
              const std::vector<std::string>& env);
   // Waits for `p` to end, at most `timeout` (then SIGKILLs it).
   Exit Wait(Proc& p, milliseconds timeout);
+  // Stops every daemon still running with SIGTERM and expects it to exit
+  // cleanly (code 0) within `timeout`; with `print_logs`, prints each
+  // one's log to stderr afterwards (a failed test's evidence).
+  void StopNodeDaemons(std::vector<NodeDaemon>& daemons, milliseconds timeout,
+                       bool print_logs);
   // Waits for the first of `ps` to end (at most `timeout`); its index, or
   // -1. The others keep running.
   int WaitAny(std::vector<Proc>& ps, milliseconds timeout, Exit* exit);
@@ -121,6 +133,10 @@ class GraddTest : public ::testing::Test {
   Proc daemon_;
   std::vector<Proc> procs_;
 };
+
+// A fresh directory "/tmp/<prefix>XXXXXX" (short: Unix socket paths are
+// limited to 107 bytes); "" and a test failure when it cannot be made.
+std::string MakeTestDir(const std::string& prefix);
 
 // Trainer reports: the text after " key=" in `output` up to the next space
 // or end of line ("" if absent), and a comma-separated list of ints (a

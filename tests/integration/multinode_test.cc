@@ -154,35 +154,16 @@ class PortRacer {
   std::thread thread_;
 };
 
-struct NodeDaemon {
-  std::string node_id;
-  std::string socket;
-  Proc proc;
-};
-
 // Not GraddTest's single daemon: each test starts the daemons it needs.
 class MultiNodeTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-mn-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
+    dir_ = MakeTestDir("gradd-mn-");
+    ASSERT_FALSE(dir_.empty());
   }
 
   void TearDown() override {
-    for (NodeDaemon& d : daemons_) {
-      if (d.proc.pid <= 0) continue;
-      kill(d.proc.pid, SIGTERM);
-      Exit e = Wait(d.proc, milliseconds(10000));
-      EXPECT_EQ(e.code, 0) << d.node_id << " did not exit cleanly:\n"
-                           << e.output;
-    }
-    if (HasFailure()) {
-      for (const NodeDaemon& d : daemons_) {
-        std::cerr << "---- " << d.node_id << " log ----\n"
-                  << ReadFile(d.proc.log);
-      }
-    }
+    StopNodeDaemons(daemons_, milliseconds(10000), HasFailure());
     GraddTest::TearDown();
   }
 

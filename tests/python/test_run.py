@@ -2,6 +2,7 @@
 starts or finds, its workers (tests/python/run_worker.py: torch's DDP
 tutorial loop with gradd.torch's DDP and `ddp.steps(optimizer, n)`), restarts,
 failures, signals, and two nodes in network namespaces."""
+import contextlib
 import glob
 import json
 import os
@@ -290,14 +291,14 @@ def _namespaces(run_id):
             if line.split() and line.split()[0].startswith(f"gnb{run_id}")]
 
 
-def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_path):
-    """scripts/netbench's cluster (198.18.0.1 and .2 on a bridge), one
-    `gradd run --nnodes 2` in each namespace, each starting its own daemon;
-    node 1's worker is SIGKILLed and restarted by its launcher."""
-    reason = _netns_reason()
-    if reason:
-        pytest.skip(reason)
-    env = {k: v for k, v in run_env.items() if k != "LD_PRELOAD"}
+@contextlib.contextmanager
+def _two_netns_nodes(env, tmp_path):
+    """scripts/netbench's cluster of 2 network namespaces (198.18.0.1 and .2
+    on a bridge), held for the test, and a token file for the daemons.
+    Yields (namespaces, token, procs): procs is a dict the test fills with
+    its launchers' Popen objects. On exit every launcher still running gets
+    SIGTERM (then SIGKILL), the cluster is taken down, and every namespace
+    made must be gone."""
     run_id = secrets.token_hex(3)
     cluster = subprocess.Popen(
         [sys.executable, NETBENCH, "--setup-only", "--nodes", "2", "--run-id", run_id,
@@ -306,29 +307,14 @@ def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_p
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(24) + "\n")
     token.chmod(0o600)
-    procs = []
+    procs = {}
     try:
         info = json.loads(cluster.stdout.readline())
         assert cluster.stdout.readline().strip() == "HOLDING"
         assert info["addresses"] == ["198.18.0.1", "198.18.0.2"]
-        for k, ns in enumerate(info["namespaces"]):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "gradd.run",
-                 "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
-                 "--master-addr", "198.18.0.1", "--master-port", "29500",
-                 "--max-restarts", "1", "--gradd-token-file", str(token), WORKER],
-                env=dict(env, GRADD_TEST_STEPS="10", GRADD_TEST_VICTIM="1",
-                         GRADD_TEST_DIE_AT_STEP="4"),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            results.append((p.returncode, out, err))
-        report = "\n".join(f"--- node {k}: exit {rc}\n{out}\n{err}"
-                           for k, (rc, out, err) in enumerate(results))
-        assert all(rc == 0 for rc, _, _ in results), report
+        yield info["namespaces"], token, procs
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 try:
@@ -345,6 +331,33 @@ def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_p
         subprocess.run([sys.executable, NETBENCH, "--cleanup", "--run-id", run_id],
                        capture_output=True, env=env)
     assert _namespaces(run_id) == []  # every namespace made is gone
+
+
+def test_two_nodes_in_network_namespaces_restart_one_nodes_worker(run_env, tmp_path):
+    """scripts/netbench's cluster (198.18.0.1 and .2 on a bridge), one
+    `gradd run --nnodes 2` in each namespace, each starting its own daemon;
+    node 1's worker is SIGKILLed and restarted by its launcher."""
+    reason = _netns_reason()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in run_env.items() if k != "LD_PRELOAD"}
+    with _two_netns_nodes(env, tmp_path) as (namespaces, token, procs):
+        for k, ns in enumerate(namespaces):
+            procs[k] = subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "gradd.run",
+                 "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
+                 "--master-addr", "198.18.0.1", "--master-port", "29500",
+                 "--max-restarts", "1", "--gradd-token-file", str(token), WORKER],
+                env=dict(env, GRADD_TEST_STEPS="10", GRADD_TEST_VICTIM="1",
+                         GRADD_TEST_DIE_AT_STEP="4"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = []
+        for k in (0, 1):
+            out, err = procs[k].communicate(timeout=240)
+            results.append((procs[k].returncode, out, err))
+        report = "\n".join(f"--- node {k}: exit {rc}\n{out}\n{err}"
+                           for k, (rc, out, err) in enumerate(results))
+        assert all(rc == 0 for rc, _, _ in results), report
     assert "rank 1 (local rank 0) was killed by SIGKILL; restarting it alone" in results[1][2]
     assert "restarting" not in results[0][2]
     starts = pid_files(run_env)
@@ -376,28 +389,15 @@ def test_two_nodes_a_node_lost_and_back_under_gradd_run(run_env, tmp_path):
         pytest.skip(reason)
     env = {k: v for k, v in run_env.items() if k != "LD_PRELOAD"}
     env.update(GRADD_TEST_STEPS="80", GRADD_TEST_STEP_SLEEP="0.1")
-    run_id = secrets.token_hex(3)
-    cluster = subprocess.Popen(
-        [sys.executable, NETBENCH, "--setup-only", "--nodes", "2", "--run-id", run_id,
-         "--rate", "1gbit"], env=dict(env, NETBENCH_HOLD="600"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    token = tmp_path / "token"
-    token.write_text(secrets.token_hex(24) + "\n")
-    token.chmod(0o600)
-    procs = {}
+    with _two_netns_nodes(env, tmp_path) as (namespaces, token, procs):
+        def start(k):
+            procs[k] = subprocess.Popen(
+                ["ip", "netns", "exec", namespaces[k], sys.executable, "-m", "gradd.run",
+                 "--nnodes", "1:2", "--node-rank", str(k), "--nproc-per-node", "1",
+                 "--master-addr", "198.18.0.1", "--master-port", "29500",
+                 "--gradd-token-file", str(token), WORKER],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def start(k):
-        procs[k] = subprocess.Popen(
-            ["ip", "netns", "exec", info["namespaces"][k], sys.executable, "-m", "gradd.run",
-             "--nnodes", "1:2", "--node-rank", str(k), "--nproc-per-node", "1",
-             "--master-addr", "198.18.0.1", "--master-port", "29500",
-             "--gradd-token-file", str(token), WORKER],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    first_out = ""
-    try:
-        info = json.loads(cluster.stdout.readline())
-        assert cluster.stdout.readline().strip() == "HOLDING"
         start(0)
         start(1)
         deadline = time.monotonic() + 120
@@ -408,7 +408,7 @@ def test_two_nodes_a_node_lost_and_back_under_gradd_run(run_env, tmp_path):
         # Node 1 dies whole: its launcher, its worker, its daemon.
         victim = pid_files(run_env)[(1, 0)]
         procs[1].kill()
-        first_out = procs[1].communicate(timeout=30)[1]
+        first_err = procs[1].communicate(timeout=30)[1]
         for pid in [victim["pid"]] + daemons_on(victim["socket"]):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -424,25 +424,7 @@ def test_two_nodes_a_node_lost_and_back_under_gradd_run(run_env, tmp_path):
             results[k] = (procs[k].returncode, out, err)
         report = "\n".join(f"--- node {k}: exit {rc}\n{out}\n{err}"
                            for k, (rc, out, err) in results.items())
-        assert all(rc == 0 for rc, _, _ in results.values()), report + first_out
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        cluster.send_signal(signal.SIGINT)
-        try:
-            cluster.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            cluster.kill()
-            cluster.wait()
-        subprocess.run([sys.executable, NETBENCH, "--cleanup", "--run-id", run_id],
-                       capture_output=True, env=env)
-    assert _namespaces(run_id) == []
+        assert all(rc == 0 for rc, _, _ in results.values()), report + first_err
     res = reports(run_env)
     assert sorted(res) == [0, 1], report
     assert res[0]["env"]["GRADD_MIN_NODES"] == res[1]["env"]["GRADD_MIN_NODES"] == "1"

@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "server/rendezvous/store_checks.h"
 #include "spdlog/spdlog.h"
 
 namespace gradd {
@@ -22,11 +23,8 @@ constexpr absl::string_view kKeptInRound = "/closed";
 // (ABORTED: retry the sequence); each loss means another writer won.
 constexpr int kMaxAddAttempts = 10000;
 
-// Client-chosen text in messages: escaped and cut.
-std::string Shown(absl::string_view s) {
-  if (s.size() <= 64) return absl::CEscape(s);
-  return absl::StrCat(absl::CEscape(s.substr(0, 64)), "...");
-}
+// Client-chosen text in messages (store_checks.h).
+std::string Shown(absl::string_view s) { return ShownInMessage(s); }
 
 std::string EscapeJob(absl::string_view job_id) {
   std::string out;
@@ -73,26 +71,7 @@ std::string EtcdStore::EtcdKey(absl::string_view job_id,
 
 absl::Status EtcdStore::CheckKey(absl::string_view job_id,
                                  absl::string_view key) const {
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError("rendezvous: empty job id");
-  }
-  if (job_id.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous: job id '", Shown(job_id), "' is ", job_id.size(),
-        " bytes, over rendezvous.limits.max_key_bytes = ",
-        options_.max_key_bytes));
-  }
-  if (key.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous: empty key in job '", Shown(job_id), "'"));
-  }
-  if (key.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous: key '", Shown(key), "' in job '", Shown(job_id), "' is ",
-        key.size(), " bytes, over rendezvous.limits.max_key_bytes = ",
-        options_.max_key_bytes));
-  }
-  return absl::OkStatus();
+  return CheckStoreKey(job_id, key, options_.max_key_bytes);
 }
 
 absl::StatusOr<int64_t> EtcdStore::LeaseId() {
