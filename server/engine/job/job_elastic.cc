@@ -262,6 +262,10 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     return;
   }
   ReplaceReducer(std::move(r.reducer));
+  // What the re-formation was: the closer's line (this node's own view of
+  // the break only when the result carries none).
+  const std::string& what = r.reason.empty() ? break_reason_ : r.reason;
+  std::vector<std::string> lost_now;  // every node lost and not back
   {
     absl::MutexLock lock(&live_mu_);
     live_.node_rank = r.node_rank;
@@ -285,7 +289,8 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
                          live_.lost.end());
       }
     }
-    live_.last_reason = r.reason.empty() ? break_reason_ : r.reason;
+    live_.last_reason = what;
+    lost_now = live_.lost;
   }
   {
     std::vector<std::string> now = r.node_ids;
@@ -324,7 +329,6 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   WakeClients(layout_, control_.data());
 
   const int64_t now = EngineNowNs();
-  const std::string& what = r.reason.empty() ? break_reason_ : r.reason;
   NetworkReformEvent e;
   e.epoch = r.epoch;
   e.reason = what;
@@ -334,10 +338,7 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   e.lost = r.lost;
   e.admitted = r.admitted;
   e.node_ids = r.node_ids;
-  {
-    absl::MutexLock lock(&live_mu_);
-    e.lost_node_ids = live_.lost;
-  }
+  e.lost_node_ids = std::move(lost_now);
   e.num_nodes = r.num_nodes;
   e.world_size = r.world_size;
   e.aborted_iteration = abort.iteration;
