@@ -181,6 +181,8 @@ absl::Status EtcdClient::Authenticate(Endpoint& endpoint, absl::Time deadline) {
   context.set_deadline(absl::ToChronoTime(
       std::min(deadline, absl::Now() + options_.rpc_timeout)));
   grpc::Status s = endpoint.auth->Authenticate(&context, request, &response);
+  ObserveCall("Authenticate",
+              absl::Status(static_cast<absl::StatusCode>(s.error_code()), ""));
   if (!s.ok()) {
     // etcd says "authentication failed, invalid user ID or password" with
     // INVALID_ARGUMENT; the caller needs to fix credentials, not retry.
@@ -214,8 +216,25 @@ absl::Status EtcdClient::PrepareContext(Endpoint& endpoint,
   return absl::OkStatus();
 }
 
+void EtcdClient::ObserveCall(absl::string_view method,
+                             const absl::Status& status) const {
+  if (options_.on_call) options_.on_call(method, status.code());
+}
+
+void EtcdClient::ObserveEndpointFailure(absl::string_view endpoint) const {
+  if (options_.on_endpoint_failure) options_.on_endpoint_failure(endpoint);
+}
+
 absl::Status EtcdClient::Call(absl::string_view what, const Attempt& attempt,
-                              absl::Time deadline) {
+                              absl::Time deadline, absl::string_view method) {
+  absl::Status status = CallWithRetries(what, attempt, deadline);
+  ObserveCall(method.empty() ? what : method, status);
+  return status;
+}
+
+absl::Status EtcdClient::CallWithRetries(absl::string_view what,
+                                         const Attempt& attempt,
+                                         absl::Time deadline) {
   const absl::Time start = absl::Now();
   const absl::Time until = std::min(deadline, start + options_.retry_timeout);
   absl::Duration backoff = options_.initial_backoff;
@@ -248,6 +267,7 @@ absl::Status EtcdClient::Call(absl::string_view what, const Attempt& attempt,
     }
     if (!IsRetriable(status)) return FromGrpc(what, status, endpoint.address);
     last_error = absl::StrCat(endpoint.address, ": ", status.error_message());
+    ObserveEndpointFailure(endpoint.address);
     Advance(index, picked);
     {
       absl::MutexLock lock(&mu_);
@@ -421,8 +441,15 @@ absl::Status EtcdClient::WatchOnce(Endpoint& endpoint,
   }
   // Ended by us (all keys seen, etcd cancelled, deadline): the caller reads
   // the keys again. A failure before the first answer is the endpoint's.
-  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED &&
-      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+  const bool failed =
+      !status.ok() && status.error_code() != grpc::StatusCode::CANCELLED &&
+      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+  ObserveCall(
+      "Watch",
+      failed
+          ? absl::Status(static_cast<absl::StatusCode>(status.error_code()), "")
+          : absl::OkStatus());
+  if (failed) {
     if (!options_.user.empty() && NeedsNewToken(status)) {
       absl::MutexLock lock(&mu_);
       token_.clear();
@@ -457,7 +484,7 @@ absl::Status EtcdClient::WaitForKeys(
           },
           // The last look, when the wait's deadline has just passed, still
           // gets one attempt's time.
-          std::max(deadline, absl::Now() + options_.rpc_timeout)));
+          std::max(deadline, absl::Now() + options_.rpc_timeout), "Txn"));
       if (begin == 0) revision = response.header().revision();
       for (size_t i = begin; i < end; ++i) {
         const etcdserverpb::ResponseOp& op = response.responses(i - begin);
@@ -490,6 +517,7 @@ absl::Status EtcdClient::WaitForKeys(
         return watched;
       }
       // The member went away: read again, on the next endpoint.
+      ObserveEndpointFailure(picked->address);
       Advance(index, picked);
       absl::SleepFor(std::min(backoff, deadline - absl::Now()));
       backoff = Min(backoff * 2, options_.max_backoff);

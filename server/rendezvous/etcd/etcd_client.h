@@ -28,6 +28,12 @@
 // endpoint if needed. So a wait is bounded by its deadline and survives a
 // member's death.
 //
+// Observability: Options::on_call hears the method and outcome of every
+// call once it is over (after its retries; the gradd_etcd_requests_total
+// metric), Options::on_endpoint_failure every attempt that failed on an
+// endpoint as unavailable before the call moved on
+// (gradd_etcd_endpoint_failures_total).
+//
 // Errors: UNAVAILABLE (no endpoint answered in time), DEADLINE_EXCEEDED (a
 // wait's deadline passed), UNAUTHENTICATED / PERMISSION_DENIED (etcd refused
 // the credentials or the key), INVALID_ARGUMENT (bad options), others as etcd
@@ -83,7 +89,24 @@ class EtcdClient {
     absl::Duration max_backoff = absl::Milliseconds(500);
     // Largest message, both directions.
     int max_message_bytes = 8 << 20;
+    // Told of every call once it is over: its etcd method (one of
+    // kMethods) and outcome. Called on the calling thread, without a lock
+    // of the client held; must not block. May be null.
+    std::function<void(absl::string_view method, absl::StatusCode code)>
+        on_call;
+    // Told of every attempt that failed on `endpoint` (one of `endpoints`)
+    // as unavailable or timed out, after which the call tries the next
+    // endpoint. Same rules as on_call.
+    std::function<void(absl::string_view endpoint)> on_endpoint_failure;
   };
+
+  // The etcd methods on_call names: KV's Range, Put, DeleteRange, Txn;
+  // Lease's LeaseGrant, LeaseRevoke, LeaseTimeToLive, LeaseKeepAlive (one
+  // exchange); Watch (one stream); Auth's Authenticate.
+  static constexpr const char* kMethods[] = {
+      "Range",      "Put",         "DeleteRange",     "Txn",
+      "LeaseGrant", "LeaseRevoke", "LeaseTimeToLive", "LeaseKeepAlive",
+      "Watch",      "Authenticate"};
 
   // INVALID_ARGUMENT for no endpoint, an endpoint without a port, or a
   // client certificate without its key (and the reverse). Connects lazily.
@@ -153,9 +176,17 @@ class EtcdClient {
       std::function<grpc::Status(Endpoint& endpoint, grpc::ClientContext*)>;
   // Runs `attempt` against the current endpoint, failing over and
   // re-authenticating as the header comment says, until it succeeds, fails
-  // for good, or `deadline` (default: now + retry_timeout).
+  // for good, or `deadline` (default: now + retry_timeout). `what` names
+  // the call in errors; `method` (default: `what`) is the etcd method the
+  // attempt calls, for on_call.
   absl::Status Call(absl::string_view what, const Attempt& attempt,
-                    absl::Time deadline = absl::InfiniteFuture());
+                    absl::Time deadline = absl::InfiniteFuture(),
+                    absl::string_view method = {});
+  absl::Status CallWithRetries(absl::string_view what, const Attempt& attempt,
+                               absl::Time deadline);
+  // Tells Options::on_call / on_endpoint_failure, when set.
+  void ObserveCall(absl::string_view method, const absl::Status& status) const;
+  void ObserveEndpointFailure(absl::string_view endpoint) const;
   // Adds the auth token (authenticating first when there is none).
   absl::Status PrepareContext(Endpoint& endpoint, grpc::ClientContext* context,
                               absl::Time deadline);
