@@ -18,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/session.h"
@@ -26,6 +27,7 @@
 #include "common/unix_socket.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/admin/rendezvous_view.h"
 #include "server/config.h"
 #include "server/device_allocator.h"
 #include "server/logging.h"
@@ -54,10 +56,18 @@ absl::StatusOr<std::string> ReadEtcdFile(absl::string_view key,
   return text.str();
 }
 
-// The etcd client of rendezvous.etcd (validated by ValidateConfig).
+// The etcd client of rendezvous.etcd (validated by ValidateConfig),
+// counting its calls in `metrics`.
 absl::StatusOr<std::shared_ptr<EtcdClient>> MakeEtcdClient(
-    const v1::RendezvousEtcdConfig& config) {
+    const v1::RendezvousEtcdConfig& config,
+    const std::shared_ptr<DaemonMetrics>& metrics) {
   EtcdClient::Options o;
+  o.on_call = [metrics](absl::string_view method, absl::StatusCode code) {
+    metrics->OnEtcdCall(method, code);
+  };
+  o.on_endpoint_failure = [metrics](absl::string_view endpoint) {
+    metrics->OnEtcdEndpointFailure(endpoint);
+  };
   for (absl::string_view e :
        absl::StrSplit(config.endpoints(), ',', absl::SkipWhitespace())) {
     o.endpoints.emplace_back(absl::StripAsciiWhitespace(e));
@@ -230,7 +240,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   RETURN_IF_ERROR(RemoveStaleSocket(session_path, SOCK_SEQPACKET));
 
   std::unique_ptr<Daemon> d(new Daemon(config));
-  d->metrics_ = std::make_unique<DaemonMetrics>();
+  // Shared with the etcd client's and lease's observers, which may run on
+  // formation threads that outlive the daemon.
+  d->metrics_ = std::make_shared<DaemonMetrics>();
   if (const std::string& listen = config.metrics().listen_address();
       !listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
@@ -273,17 +285,37 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     coordinator.bind_host = *address;
   }
   if (rv.backend() == "etcd") {
-    ASSIGN_OR_RETURN(coordinator.etcd, MakeEtcdClient(rv.etcd()));
+    ASSIGN_OR_RETURN(coordinator.etcd, MakeEtcdClient(rv.etcd(), d->metrics_));
+    d->metrics_->EnableEtcd(coordinator.etcd->endpoints(),
+                            EtcdClient::kMethods);
     ASSIGN_OR_RETURN(
         std::unique_ptr<EtcdLease> lease,
         EtcdLease::Create(coordinator.etcd,
-                          absl::Milliseconds(rv.etcd().lease_ttl_ms())));
+                          absl::Milliseconds(rv.etcd().lease_ttl_ms()),
+                          [metrics = d->metrics_](EtcdLeaseEvent event,
+                                                  const EtcdLeaseInfo& info) {
+                            metrics->OnEtcdLease(event, info);
+                          }));
     coordinator.etcd_lease = std::move(lease);
     coordinator.etcd_store.prefix = rv.etcd().prefix();
   }
+  std::shared_ptr<EtcdClient> etcd = coordinator.etcd;
+  std::shared_ptr<EtcdLease> etcd_lease = coordinator.etcd_lease;
   ASSIGN_OR_RETURN(d->coordinator_,
                    CoordinatorSelector::Create(std::move(coordinator)));
   spdlog::info("{}", d->coordinator_->BackendDescription());
+  {
+    DaemonMetrics::RendezvousBackend backend;
+    backend.backend = rv.backend();
+    if (etcd != nullptr) {
+      backend.address = absl::StrJoin(etcd->endpoints(), ",");
+      backend.security = etcd->SecurityDescription();
+      backend.prefix = rv.etcd().prefix();
+    } else {
+      backend.address = d->coordinator_->configured_address();
+    }
+    d->metrics_->SetRendezvousBackend(backend);
+  }
   if (rv.insecure()) {
     spdlog::warn(
         "daemon network: INSECURE (rendezvous.insecure: true): calls between "
@@ -331,13 +363,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   admin_options.start_time = start;
   admin_options.config = d->config_;
   admin_options.pid = getpid();
-  // The built-in store's line stays as it was; etcd says where it is.
-  admin_options.network_security = [selector = d->coordinator_,
-                                    etcd = config.rendezvous().backend() ==
-                                           "etcd"] {
-    return etcd ? absl::StrCat(selector->SecurityDescription(), "; ",
-                               selector->BackendDescription())
-                : selector->SecurityDescription();
+  admin_options.network_security = [selector = d->coordinator_] {
+    return selector->SecurityDescription();
+  };
+  admin_options.rendezvous = [selector = d->coordinator_, etcd, etcd_lease,
+                              backend = rv.backend(), port = rv.port(),
+                              prefix = rv.etcd().prefix()] {
+    RendezvousFacts facts;
+    facts.backend = backend;
+    if (etcd != nullptr) {
+      facts.etcd_endpoints = etcd->endpoints();
+      facts.etcd_security = etcd->SecurityDescription();
+      facts.etcd_prefix = prefix;
+      if (etcd_lease != nullptr) facts.lease = etcd_lease->Info();
+    } else {
+      facts.coordinator_address = selector->configured_address();
+      facts.port = port;
+      facts.serving_address = selector->serving_address();
+    }
+    return RendezvousStatusOf(facts, absl::Now());
   };
   d->admin_handler_ = std::make_unique<AdminHandler>(d->admin_source_.get(),
                                                      std::move(admin_options));

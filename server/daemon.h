@@ -92,7 +92,8 @@ class Daemon {
 
   v1::DaemonConfig config_;
   // Before everything that reports to it; the endpoint only reads it.
-  std::unique_ptr<DaemonMetrics> metrics_;
+  // Shared with the etcd client's and lease's observers.
+  std::shared_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   // Null without rendezvous.token_file / rendezvous.tls.
   std::shared_ptr<NodeCredentials> credentials_;

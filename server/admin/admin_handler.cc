@@ -53,6 +53,7 @@ absl::StatusOr<v1::GetStatusResponse> AdminHandler::GetStatus(
   if (options_.network_security) {
     r.set_network_security(options_.network_security());
   }
+  if (options_.rendezvous) *r.mutable_rendezvous() = options_.rendezvous();
   return r;
 }
 

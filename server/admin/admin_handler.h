@@ -33,6 +33,10 @@ struct AdminHandlerOptions {
   // How the daemon <-> daemon plane is secured (GetStatus.network_security;
   // may be empty). Called on gRPC threads; thread-safe.
   std::function<std::string()> network_security;
+  // Where the rendezvous store is and, on etcd, this daemon's lease
+  // (GetStatus.rendezvous; admin/rendezvous_view.h). Null: left empty.
+  // Called on gRPC threads; thread-safe, never blocks.
+  std::function<v1::RendezvousStatus()> rendezvous;
 };
 
 class AdminHandler final : public AdminHandlerInterface {

@@ -6,8 +6,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "prometheus/text_serializer.h"
 #include "server/logging.h"
+#include "server/rendezvous/etcd/etcd_lease.h"
 
 namespace gradd {
 namespace {
@@ -77,6 +80,8 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     overlap_ratio_ = &daemon_->overlap_ratio_.Add(labels);
     world_size_ = &daemon_->job_world_size_.Add(labels);
     world_size_->Set(job.world_size);
+    epoch_ = &daemon_->job_epoch_.Add(labels);
+    epoch_->Set(static_cast<double>(job.epoch));
     SetNodes(job.node_ids, job.lost_node_ids);
   }
 
@@ -91,6 +96,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->overlapped_seconds_.Remove(overlapped_);
     daemon_->overlap_ratio_.Remove(overlap_ratio_);
     daemon_->job_world_size_.Remove(world_size_);
+    daemon_->job_epoch_.Remove(epoch_);
     for (const auto& [id, gauge] : node_up_)
       daemon_->job_node_up_.Remove(gauge);
     daemon_->job_series_.fetch_sub(1);
@@ -149,6 +155,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->nodes_lost_.Increment(static_cast<double>(e.lost.size()));
     if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
+    if (epoch_ != nullptr) epoch_->Set(static_cast<double>(e.epoch));
     if (buckets_ != nullptr) SetNodes(e.node_ids, e.lost_node_ids);
   }
 
@@ -178,6 +185,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   Counter* overlapped_ = nullptr;
   Gauge* overlap_ratio_ = nullptr;
   Gauge* world_size_ = nullptr;
+  Gauge* epoch_ = nullptr;
   const std::string job_id_;
   absl::flat_hash_map<std::string, Gauge*> node_up_;
 };
@@ -241,6 +249,47 @@ DaemonMetrics::DaemonMetrics()
       rendezvous_requests_(Register(
           BuildCounter(), *registry_, "gradd_rendezvous_requests_total",
           "Requests to this daemon's rendezvous service, by method")),
+      rendezvous_backend_(Register(
+          BuildGauge(), *registry_, "gradd_rendezvous_backend_info",
+          "Where this daemon's rendezvous store is (always 1): backend "
+          "builtin (address: the configured coordinator, empty when the "
+          "trainers name it per job) or etcd (address: the endpoints; "
+          "security: how connections to etcd are secured; prefix: the key "
+          "prefix)")),
+      etcd_requests_(Register(
+          BuildCounter(), *registry_, "gradd_etcd_requests_total",
+          "Calls to etcd once over (after retries and failover), by etcd "
+          "method and status code")),
+      etcd_endpoint_failures_(Register(
+          BuildCounter(), *registry_, "gradd_etcd_endpoint_failures_total",
+          "Attempts that failed on an etcd endpoint as unavailable or timed "
+          "out (member down, no leader, unreachable), after which the call "
+          "went on to the next endpoint, by endpoint")),
+      etcd_lease_held_(Register(
+          BuildGauge(), *registry_, "gradd_etcd_lease_held",
+          "1 while this daemon's etcd lease is held: etcd confirmed it less "
+          "than a TTL ago and has not said it is gone (updated at each "
+          "keep-alive, every TTL/3)")),
+      etcd_lease_ttl_(Register(BuildGauge(), *registry_,
+                               "gradd_etcd_lease_ttl_seconds",
+                               "TTL of this daemon's etcd lease")),
+      etcd_lease_info_(Register(
+          BuildGauge(), *registry_, "gradd_etcd_lease_info",
+          "This daemon's etcd lease (always 1): lease_id in hexadecimal, as "
+          "etcdctl prints it; replaced when a lost lease is")),
+      etcd_lease_kept_alive_(Register(
+          BuildGauge(), *registry_,
+          "gradd_etcd_lease_last_keepalive_timestamp_seconds",
+          "When etcd last confirmed this daemon's lease (its grant or a "
+          "keep-alive answer), Unix time")),
+      etcd_lease_grants_(Register(
+          BuildCounter(), *registry_, "gradd_etcd_lease_grants_total",
+          "etcd leases granted to this daemon: the first, then one for each "
+          "lost lease replaced")),
+      etcd_lease_losses_(Register(
+          BuildCounter(), *registry_, "gradd_etcd_lease_losses_total",
+          "Times etcd said this daemon's lease was gone (expired while etcd "
+          "was unreachable from here, or refused a write under it)")),
       buckets_reduced_(Register(BuildCounter(), *registry_,
                                 "gradd_buckets_reduced_total",
                                 "Buckets reduced, per active job")),
@@ -273,6 +322,11 @@ DaemonMetrics::DaemonMetrics()
           "A node of a multi-node job: 1 while it takes part, 0 once it is "
           "lost and until it is admitted again (the same on every node), "
           "per active job and node id")),
+      job_epoch_(Register(
+          BuildGauge(), *registry_, "gradd_job_epoch",
+          "A multi-node job's network epoch: 0 when it formed, one more at "
+          "each re-formation of its nodes' group (the same on every node), "
+          "per active job")),
       phase_seconds_(Register(
           BuildHistogram(), *registry_, "gradd_phase_seconds",
           "Time per bucket in each reduce phase (local_reduce: sum across "
@@ -336,6 +390,73 @@ std::unique_ptr<JobEventSinkInterface> DaemonMetrics::OnJobStarted(
 
 void DaemonMetrics::OnRendezvousRequest(absl::string_view method) {
   rendezvous_requests_.Add({{"method", std::string(method)}}).Increment();
+}
+
+void DaemonMetrics::SetRendezvousBackend(const RendezvousBackend& b) {
+  // Empty values are left out, as Prometheus reads them anyway.
+  prometheus::Labels labels{{"backend", b.backend}};
+  for (const auto& [name, value] : {std::pair{"address", &b.address},
+                                    std::pair{"security", &b.security},
+                                    std::pair{"prefix", &b.prefix}}) {
+    if (!value->empty()) labels.emplace(name, *value);
+  }
+  rendezvous_backend_.Add(labels).Set(1);
+}
+
+void DaemonMetrics::EnableEtcd(const std::vector<std::string>& endpoints,
+                               absl::Span<const char* const> methods) {
+  absl::MutexLock lock(&etcd_mu_);
+  if (etcd_enabled_) return;
+  etcd_enabled_ = true;
+  for (const char* method : methods) {
+    etcd_requests_.Add(
+        {{"method", method}, {"code", CodeLabel(absl::StatusCode::kOk)}});
+  }
+  for (const std::string& endpoint : endpoints) {
+    etcd_endpoint_failures_.Add({{"endpoint", endpoint}});
+  }
+  etcd_lease_held_.Add({});
+  etcd_lease_ttl_.Add({});
+  etcd_lease_kept_alive_.Add({});
+  etcd_lease_grants_.Add({});
+  etcd_lease_losses_.Add({});
+}
+
+void DaemonMetrics::OnEtcdCall(absl::string_view method,
+                               absl::StatusCode code) {
+  etcd_requests_
+      .Add({{"method", std::string(method)}, {"code", CodeLabel(code)}})
+      .Increment();
+}
+
+void DaemonMetrics::OnEtcdEndpointFailure(absl::string_view endpoint) {
+  etcd_endpoint_failures_.Add({{"endpoint", std::string(endpoint)}})
+      .Increment();
+}
+
+void DaemonMetrics::OnEtcdLease(EtcdLeaseEvent event,
+                                const EtcdLeaseInfo& info) {
+  absl::MutexLock lock(&etcd_mu_);
+  if (event == EtcdLeaseEvent::kGranted) etcd_lease_grants_.Add({}).Increment();
+  if (event == EtcdLeaseEvent::kLost) etcd_lease_losses_.Add({}).Increment();
+  etcd_lease_held_.Add({}).Set(info.held ? 1 : 0);
+  etcd_lease_ttl_.Add({}).Set(absl::ToDoubleSeconds(info.ttl));
+  if (info.last_kept_alive != absl::InfinitePast()) {
+    etcd_lease_kept_alive_.Add({}).Set(
+        absl::ToDoubleSeconds(info.last_kept_alive - absl::UnixEpoch()));
+  }
+  // One series: the lease keys go under now (or the one lost, until it is
+  // replaced); none once revoked.
+  if (info.id != lease_info_id_ || info.id == 0) {
+    if (lease_info_ != nullptr) etcd_lease_info_.Remove(lease_info_);
+    lease_info_ = nullptr;
+    lease_info_id_ = info.id;
+    if (info.id != 0) {
+      lease_info_ = &etcd_lease_info_.Add(
+          {{"lease_id", absl::StrCat(absl::Hex(info.id))}});
+      lease_info_->Set(1);
+    }
+  }
 }
 
 std::string DaemonMetrics::Serialize() const {

@@ -1,11 +1,14 @@
 // DaemonMetrics: the daemon's Prometheus metrics (prometheus-cpp registry),
-// fed by the engine's event stream (engine/observe/job_events.h) and the
-// rendezvous service. Every metric is listed, with its meaning, in
+// fed by the engine's event stream (engine/observe/job_events.h), the
+// rendezvous service, and on etcd the etcd client and this daemon's lease
+// (rendezvous/etcd/). Every metric is listed, with its meaning, in
 // docs/operations.md.
 //
 // Cardinality is bounded: labels are status codes, phases and rendezvous
-// methods (fixed sets) and job_id, whose series exist only while the job is
-// active on this daemon (removed when it ends) and for at most
+// and etcd methods (fixed sets), the configured etcd endpoints, the one
+// rendezvous backend and lease id of the daemon (the lease id series is
+// replaced when the lease is), and job_id, whose series exist only while
+// the job is active on this daemon (removed when it ends) and for at most
 // kMaxJobSeries jobs at once (later jobs count only in the daemon-wide
 // series).
 //
@@ -17,10 +20,15 @@
 #define GRADD_SERVER_METRICS_DAEMON_METRICS_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -29,6 +37,10 @@
 #include "server/engine/observe/job_events.h"
 
 namespace gradd {
+
+// rendezvous/etcd/etcd_lease.h (not included: it brings gRPC along).
+enum class EtcdLeaseEvent : int;
+struct EtcdLeaseInfo;
 
 // The reason label of gradd_job_reformations_total for a re-formation: a
 // fixed set (node_lost, node_admitted, rank_rejoined, other), whatever the
@@ -58,6 +70,33 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   // rendezvous service.
   void OnRendezvousRequest(absl::string_view method);
 
+  // Where this daemon's rendezvous store is (gradd_rendezvous_backend_info),
+  // set once at start. Never a credential.
+  struct RendezvousBackend {
+    // "builtin" or "etcd".
+    std::string backend;
+    // builtin: the configured coordinator's host:port ("" when the
+    // trainers name it per job); etcd: the endpoints, comma-separated.
+    std::string address;
+    // etcd: how the connections are secured ("mTLS + user gradd"), and
+    // the key prefix.
+    std::string security;
+    std::string prefix;
+  };
+  void SetRendezvousBackend(const RendezvousBackend& backend);
+
+  // The rendezvous on etcd: exports the gradd_etcd_* series (at 0, every
+  // method's OK count and every endpoint's failures) before the client
+  // and lease report anything; call it once, before the etcd client is
+  // made. `methods`: EtcdClient::kMethods.
+  void EnableEtcd(const std::vector<std::string>& endpoints,
+                  absl::Span<const char* const> methods);
+  // The etcd client's observers (EtcdClient::Options::on_call,
+  // on_endpoint_failure) and the lease's (EtcdLease::Observer).
+  void OnEtcdCall(absl::string_view method, absl::StatusCode code);
+  void OnEtcdEndpointFailure(absl::string_view endpoint);
+  void OnEtcdLease(EtcdLeaseEvent event, const EtcdLeaseInfo& info);
+
   // The text a scrape returns now (tests, `graddctl`).
   std::string Serialize() const;
 
@@ -80,6 +119,21 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Counter>& reformations_;
   prometheus::Counter& nodes_lost_;
   prometheus::Family<prometheus::Counter>& rendezvous_requests_;
+  prometheus::Family<prometheus::Gauge>& rendezvous_backend_;
+  // The rendezvous on etcd (series only once EnableEtcd ran).
+  prometheus::Family<prometheus::Counter>& etcd_requests_;
+  prometheus::Family<prometheus::Counter>& etcd_endpoint_failures_;
+  prometheus::Family<prometheus::Gauge>& etcd_lease_held_;
+  prometheus::Family<prometheus::Gauge>& etcd_lease_ttl_;
+  prometheus::Family<prometheus::Gauge>& etcd_lease_info_;
+  prometheus::Family<prometheus::Gauge>& etcd_lease_kept_alive_;
+  prometheus::Family<prometheus::Counter>& etcd_lease_grants_;
+  prometheus::Family<prometheus::Counter>& etcd_lease_losses_;
+  absl::Mutex etcd_mu_;
+  bool etcd_enabled_ ABSL_GUARDED_BY(etcd_mu_) = false;
+  // The lease id series now (gradd_etcd_lease_info), and its id.
+  prometheus::Gauge* lease_info_ ABSL_GUARDED_BY(etcd_mu_) = nullptr;
+  int64_t lease_info_id_ ABSL_GUARDED_BY(etcd_mu_) = 0;
   // Per job (job_id label).
   prometheus::Family<prometheus::Counter>& buckets_reduced_;
   prometheus::Family<prometheus::Counter>& reduced_bytes_;
@@ -90,6 +144,8 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Gauge>& job_world_size_;
   // A multi-node job's nodes: 1 live, 0 lost (and not back).
   prometheus::Family<prometheus::Gauge>& job_node_up_;
+  // A multi-node job's network epoch (0 when formed, +1 per re-formation).
+  prometheus::Family<prometheus::Gauge>& job_epoch_;
   // Daemon-wide histograms.
   prometheus::Family<prometheus::Histogram>& phase_seconds_;
   prometheus::Histogram& local_reduce_seconds_;

@@ -67,7 +67,18 @@ std::string CoordinatorSelector::SecurityDescription() const {
 }
 
 std::string CoordinatorSelector::BackendDescription() const {
-  if (options_.etcd == nullptr) return "rendezvous backend builtin";
+  if (options_.etcd == nullptr) {
+    const std::string configured = configured_address();
+    if (configured.empty()) {
+      return absl::StrCat(
+          "rendezvous backend builtin, coordinator named per job by the "
+          "trainers (GRADD_COORDINATOR, else MASTER_ADDR; port ",
+          options_.port, ")");
+    }
+    return absl::StrCat(
+        "rendezvous backend builtin, coordinator ", configured,
+        serving_address() == configured ? " (this daemon)" : "");
+  }
   std::string s = absl::StrCat("rendezvous backend etcd at ",
                                absl::StrJoin(options_.etcd->endpoints(), ","),
                                " (", options_.etcd->SecurityDescription(),

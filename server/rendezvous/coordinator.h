@@ -113,8 +113,11 @@ class CoordinatorSelector {
   // How the daemon <-> daemon plane is secured, for the log and `graddctl
   // status` (never a secret).
   std::string SecurityDescription() const;
-  // "rendezvous backend builtin", or "rendezvous backend etcd at <endpoints>
-  // (mTLS + user u, prefix /gradd/, lease 694d... ttl 30s)": never a secret.
+  // "rendezvous backend builtin, coordinator 10.0.0.1:29600" (" (this
+  // daemon)" when it serves it; "coordinator named per job by the trainers
+  // (...)" without a configured one), or "rendezvous backend etcd at
+  // <endpoints> (mTLS + user u, prefix /gradd/, lease 694d... ttl 30s)":
+  // never a secret.
   std::string BackendDescription() const;
 
   // The port this daemon serves the store on, 0 while it serves none, and

@@ -71,6 +71,54 @@ std::string FieldText(const google::protobuf::Message& m,
   }
 }
 
+// The rendezvous row of `status`: where the store is.
+std::string RendezvousText(const v1::RendezvousStatus& r) {
+  if (r.backend() == "etcd") {
+    return absl::StrCat("etcd at ", absl::StrJoin(r.etcd_endpoints(), ","),
+                        " (", r.etcd_security(), ", prefix ", r.etcd_prefix(),
+                        ")");
+  }
+  std::string out = absl::StrCat(r.backend(), ", coordinator ");
+  if (r.coordinator_address().empty()) {
+    absl::StrAppend(&out,
+                    "named per job by the trainers (GRADD_COORDINATOR, else "
+                    "MASTER_ADDR; port ",
+                    r.port(), ")");
+  } else {
+    absl::StrAppend(&out, r.coordinator_address());
+  }
+  if (!r.serving_address().empty()) {
+    absl::StrAppend(&out, "; this daemon serves the store on ",
+                    r.serving_address());
+  }
+  return out;
+}
+
+// The etcd lease row of `status`.
+std::string LeaseText(const v1::EtcdLeaseStatus& l) {
+  std::string out = absl::StrCat(absl::Hex(l.id()));
+  if (l.held()) {
+    absl::StrAppend(&out, " held");
+  } else {
+    absl::StrAppend(&out, " NOT HELD (",
+                    !l.lost_reason().empty()
+                        ? l.lost_reason()
+                        : std::string("no answer from etcd for a TTL"),
+                    ")");
+  }
+  absl::StrAppend(&out, ", ttl ", HumanDuration(l.ttl_ms() * 1000000));
+  if (l.last_kept_alive_unix_ns() != 0) {
+    absl::StrAppend(&out, ", last kept alive ",
+                    HumanDuration(l.last_kept_alive_age_ns()), " ago");
+  }
+  absl::StrAppend(&out, "; granted ", l.grants(), ", lost ", l.losses());
+  if (l.failed_keepalives() > 0) {
+    absl::StrAppend(&out, "; ", l.failed_keepalives(),
+                    " keep-alives unanswered, last: ", l.last_error());
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Table(const std::vector<std::string>& header,
@@ -154,17 +202,24 @@ std::string StateName(v1::JobState state) {
 
 std::string FormatStatus(const v1::GetStatusResponse& s) {
   const int64_t uptime = s.uptime_ns();
-  return Table({"gradd", s.version()},
-               {{"node id", s.node_id()},
-                {"socket", s.socket_path()},
-                {"pid", absl::StrCat(s.pid())},
-                {"uptime", HumanDuration(uptime)},
-                {"jobs", absl::StrCat(s.running_jobs(), " running, ",
-                                      s.pending_jobs(), " pending")},
-                {"sessions", absl::StrCat(s.sessions())},
-                {"daemon network", s.network_security().empty()
-                                       ? std::string("-")
-                                       : s.network_security()}});
+  std::vector<std::vector<std::string>> rows = {
+      {"node id", s.node_id()},
+      {"socket", s.socket_path()},
+      {"pid", absl::StrCat(s.pid())},
+      {"uptime", HumanDuration(uptime)},
+      {"jobs", absl::StrCat(s.running_jobs(), " running, ", s.pending_jobs(),
+                            " pending")},
+      {"sessions", absl::StrCat(s.sessions())},
+      {"daemon network",
+       s.network_security().empty() ? std::string("-") : s.network_security()}};
+  // A daemon older than the field leaves it empty: no row.
+  if (!s.rendezvous().backend().empty()) {
+    rows.push_back({"rendezvous", RendezvousText(s.rendezvous())});
+    if (s.rendezvous().has_lease()) {
+      rows.push_back({"etcd lease", LeaseText(s.rendezvous().lease())});
+    }
+  }
+  return Table({"gradd", s.version()}, rows);
 }
 
 std::string FormatJobs(const v1::ListJobsResponse& jobs) {
@@ -176,10 +231,10 @@ std::string FormatJobs(const v1::ListJobsResponse& jobs) {
          absl::StrCat(j.live_local_ranks(), "/", j.local_world_size()),
          absl::StrCat(j.num_nodes()), absl::StrCat(j.world_size()),
          absl::StrCat(j.iteration()), absl::StrCat(j.num_buckets()),
-         HumanBytes(j.bucket_bytes()), j.error()});
+         HumanBytes(j.bucket_bytes()), absl::StrCat(j.epoch()), j.error()});
   }
   return Table({"ID", "STATE", "RANKS", "NODES", "WORLD", "ITERATION",
-                "BUCKETS", "BYTES", "ERROR"},
+                "BUCKETS", "BYTES", "EPOCH", "ERROR"},
                rows);
 }
 

@@ -353,6 +353,7 @@ void JobManager::Activate(
     info.world_size = (*job)->spec().global_world_size();
     if (info.num_nodes > 1) info.node_ids = (*job)->spec().node_ids;
     info.lost_node_ids = (*job)->spec().initial_lost;
+    info.epoch = (*job)->spec().initial_epoch;
     (*job)->AddEventSink(events_->OnJobStarted(info));
   }
   ActiveJob active;

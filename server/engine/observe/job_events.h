@@ -230,6 +230,9 @@ struct JobInfo {
   // running job learns them from the agreement).
   std::vector<std::string> node_ids;
   std::vector<std::string> lost_node_ids;
+  // The network epoch it starts at: 0 for a job that formed, the running
+  // job's epoch for a node admitted into it.
+  uint64_t epoch = 0;
 };
 
 class EngineEventSinkInterface {

@@ -136,6 +136,67 @@ TEST(GraddctlFormatTest, StatusShowsHowDaemonCallsAreSecured) {
   EXPECT_THAT(FormatStatus(s), ::testing::HasSubstr("daemon network  -"));
 }
 
+// Issue 34: where the rendezvous store is, and on etcd this daemon's lease.
+TEST(GraddctlFormatTest, StatusShowsTheRendezvousBackend) {
+  v1::GetStatusResponse s;
+  // An older daemon says nothing of it: no row.
+  EXPECT_THAT(FormatStatus(s), Not(HasSubstr("rendezvous")));
+  v1::RendezvousStatus* r = s.mutable_rendezvous();
+  r->set_backend("builtin");
+  r->set_port(29600);
+  EXPECT_THAT(FormatStatus(s),
+              HasSubstr("rendezvous      builtin, coordinator named per job "
+                        "by the trainers (GRADD_COORDINATOR, else "
+                        "MASTER_ADDR; port 29600)\n"));
+  r->set_coordinator_address("10.0.0.1:29600");
+  r->set_serving_address("0.0.0.0:29600");
+  EXPECT_THAT(FormatStatus(s),
+              HasSubstr("rendezvous      builtin, coordinator 10.0.0.1:29600; "
+                        "this daemon serves the store on 0.0.0.0:29600\n"));
+  EXPECT_THAT(FormatStatus(s), Not(HasSubstr("etcd lease")));
+}
+
+TEST(GraddctlFormatTest, StatusShowsTheEtcdLease) {
+  v1::GetStatusResponse s;
+  v1::RendezvousStatus* r = s.mutable_rendezvous();
+  r->set_backend("etcd");
+  r->add_etcd_endpoints("10.0.0.1:2379");
+  r->add_etcd_endpoints("10.0.0.2:2379");
+  r->set_etcd_security("mTLS + user gradd");
+  r->set_etcd_prefix("/gradd/");
+  v1::EtcdLeaseStatus* l = r->mutable_lease();
+  l->set_id(0x694d7b5e2f3a1c04);
+  l->set_held(true);
+  l->set_ttl_ms(30000);
+  l->set_last_kept_alive_unix_ns(1700000000000000000);
+  l->set_last_kept_alive_age_ns(2100000000);
+  l->set_grants(1);
+  std::string out = FormatStatus(s);
+  EXPECT_THAT(out, HasSubstr("rendezvous      etcd at 10.0.0.1:2379,"
+                             "10.0.0.2:2379 (mTLS + user gradd, prefix "
+                             "/gradd/)\n"));
+  EXPECT_THAT(out, HasSubstr("etcd lease      694d7b5e2f3a1c04 held, ttl "
+                             "30.00 s, last kept alive 2.10 s ago; granted 1, "
+                             "lost 0\n"));
+  // etcd unreachable for longer than the TTL: not held, and why.
+  l->set_held(false);
+  l->set_last_kept_alive_age_ns(int64_t{45} * 1000000000);
+  l->set_failed_keepalives(3);
+  l->set_last_error("UNAVAILABLE: etcd 10.0.0.1:2379,10.0.0.2:2379: ...");
+  out = FormatStatus(s);
+  EXPECT_THAT(out, HasSubstr("694d7b5e2f3a1c04 NOT HELD (no answer from etcd "
+                             "for a TTL), ttl 30.00 s, last kept alive 45.00 s "
+                             "ago; granted 1, lost 0; 3 keep-alives "
+                             "unanswered, last: UNAVAILABLE: etcd "));
+  // etcd said it expired: the reason, and the count.
+  l->set_lost_reason("etcd said it expired");
+  l->set_losses(1);
+  l->set_failed_keepalives(0);
+  EXPECT_THAT(FormatStatus(s),
+              HasSubstr("NOT HELD (etcd said it expired), ttl 30.00 s, last "
+                        "kept alive 45.00 s ago; granted 1, lost 1\n"));
+}
+
 TEST(GraddctlFormatTest, JobsTableHasOneLinePerJob) {
   v1::ListJobsResponse jobs;
   EXPECT_EQ(FormatJobs(jobs), "no jobs\n");
@@ -154,6 +215,11 @@ TEST(GraddctlFormatTest, JobsTableHasOneLinePerJob) {
   EXPECT_THAT(out, HasSubstr("ITERATION"));
   EXPECT_THAT(out, testing::ContainsRegex(
                        "resnet +running +3/4 +2 +8 +120 +5 +3.0 MiB"));
+  // Each job's network epoch (issue 34).
+  EXPECT_THAT(out, HasSubstr("EPOCH"));
+  j->set_epoch(2);
+  EXPECT_THAT(FormatJobs(jobs),
+              testing::ContainsRegex("resnet +running .* +3.0 MiB +2\n"));
 }
 
 TEST(GraddctlFormatTest, JobDetailShowsEverySection) {

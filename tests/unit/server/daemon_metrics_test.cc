@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/rendezvous/etcd/etcd_lease.h"
 
 namespace gradd {
 namespace {
@@ -286,6 +287,128 @@ TEST(DaemonMetricsTest, RendezvousRequestsByMethod) {
               HasSubstr("gradd_rendezvous_requests_total{method=\"Get\"} 2"));
   EXPECT_THAT(text,
               HasSubstr("gradd_rendezvous_requests_total{method=\"Set\"} 1"));
+}
+
+// Issue 34: each job's network epoch, from its start (an admitted node
+// starts at the running job's) through its re-formations.
+TEST(DaemonMetricsTest, JobEpochFollowsTheReformations) {
+  DaemonMetrics metrics;
+  JobInfo info = Info("elastic");
+  info.epoch = 3;
+  std::unique_ptr<JobEventSinkInterface> job = metrics.OnJobStarted(info);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_epoch{job_id=\"elastic\"} 3"));
+  NetworkReformEvent e;
+  e.epoch = 4;
+  e.cause = ReformCause::kNodeLost;
+  e.world_size = 2;
+  job->OnNetworkReformed(e);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_epoch{job_id=\"elastic\"} 4"));
+  std::unique_ptr<JobEventSinkInterface> fresh =
+      metrics.OnJobStarted(Info("fresh"));
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_epoch{job_id=\"fresh\"} 0"));
+  job.reset();
+  EXPECT_THAT(metrics.Serialize(), Not(HasSubstr("job_id=\"elastic\"")));
+}
+
+TEST(DaemonMetricsTest, RendezvousBackendInfoSaysWhereTheStoreIs) {
+  DaemonMetrics builtin;
+  DaemonMetrics::RendezvousBackend where;
+  where.backend = "builtin";
+  builtin.SetRendezvousBackend(where);
+  EXPECT_THAT(builtin.Serialize(),
+              HasSubstr("gradd_rendezvous_backend_info{backend=\"builtin\"} "
+                        "1"));
+  // No etcd series on the built-in store, not even their names.
+  EXPECT_THAT(builtin.Serialize(), Not(HasSubstr("gradd_etcd_")));
+
+  DaemonMetrics etcd;
+  etcd.SetRendezvousBackend({.backend = "etcd",
+                             .address = "10.0.0.1:2379,10.0.0.2:2379",
+                             .security = "mTLS + user gradd",
+                             .prefix = "/gradd/"});
+  EXPECT_THAT(etcd.Serialize(),
+              HasSubstr("gradd_rendezvous_backend_info{address=\"10.0.0.1:"
+                        "2379,10.0.0.2:2379\",backend=\"etcd\",prefix=\"/"
+                        "gradd/\",security=\"mTLS + user gradd\"} 1"));
+}
+
+TEST(DaemonMetricsTest, EtcdCallsAndEndpointFailuresAreCounted) {
+  DaemonMetrics metrics;
+  const char* const methods[] = {"Range", "Txn", "LeaseKeepAlive"};
+  metrics.EnableEtcd({"10.0.0.1:2379", "10.0.0.2:2379"}, methods);
+  std::string text = metrics.Serialize();
+  // Exported at 0 from the start, so rate() sees the first call.
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_requests_total{code=\"OK\","
+                              "method=\"Txn\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_endpoint_failures_total{endpoint="
+                              "\"10.0.0.2:2379\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_held 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_grants_total 0"));
+
+  metrics.OnEtcdCall("Txn", absl::StatusCode::kOk);
+  metrics.OnEtcdCall("Txn", absl::StatusCode::kOk);
+  metrics.OnEtcdCall("LeaseKeepAlive", absl::StatusCode::kUnavailable);
+  metrics.OnEtcdEndpointFailure("10.0.0.1:2379");
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_requests_total{code=\"OK\","
+                              "method=\"Txn\"} 2"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_requests_total{code=\"UNAVAILABLE\","
+                              "method=\"LeaseKeepAlive\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_endpoint_failures_total{endpoint="
+                              "\"10.0.0.1:2379\"} 1"));
+}
+
+TEST(DaemonMetricsTest, EtcdLeaseFollowsItsEvents) {
+  DaemonMetrics metrics;
+  metrics.EnableEtcd({"127.0.0.1:2379"}, {});
+  EtcdLeaseInfo lease;
+  lease.id = 0x694d7b5e2f3a1c04;
+  lease.held = true;
+  lease.ttl = absl::Seconds(30);
+  lease.granted = absl::FromUnixSeconds(1700000000);
+  lease.last_kept_alive = lease.granted;
+  lease.grants = 1;
+  metrics.OnEtcdLease(EtcdLeaseEvent::kGranted, lease);
+  std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_held 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_ttl_seconds 30"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_info{lease_id="
+                              "\"694d7b5e2f3a1c04\"} 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_grants_total 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_last_keepalive_timestamp_"
+                              "seconds 1700000000"));
+
+  // Unanswered keep-alives: held until a TTL has passed, then not.
+  lease.failed_keepalives = 1;
+  metrics.OnEtcdLease(EtcdLeaseEvent::kKeepAliveFailed, lease);
+  EXPECT_THAT(metrics.Serialize(), HasSubstr("gradd_etcd_lease_held 1"));
+  lease.held = false;
+  metrics.OnEtcdLease(EtcdLeaseEvent::kKeepAliveFailed, lease);
+  EXPECT_THAT(metrics.Serialize(), HasSubstr("gradd_etcd_lease_held 0"));
+  // etcd says it expired; a new one replaces it at the next write.
+  metrics.OnEtcdLease(EtcdLeaseEvent::kLost, lease);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_etcd_lease_losses_total 1"));
+  lease.id = 0x694d7b5e2f3a1d99;
+  lease.held = true;
+  lease.grants = 2;
+  lease.last_kept_alive = absl::FromUnixSeconds(1700000100);
+  metrics.OnEtcdLease(EtcdLeaseEvent::kGranted, lease);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_held 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_grants_total 2"));
+  EXPECT_THAT(text, HasSubstr("lease_id=\"694d7b5e2f3a1d99\"} 1"));
+  EXPECT_THAT(text, Not(HasSubstr("694d7b5e2f3a1c04")));
+  // Revoked as the daemon stops: no lease id series.
+  lease.id = 0;
+  lease.held = false;
+  metrics.OnEtcdLease(EtcdLeaseEvent::kRevoked, lease);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_etcd_lease_held 0"));
+  EXPECT_THAT(text, Not(HasSubstr("gradd_etcd_lease_info{")));
 }
 
 }  // namespace
