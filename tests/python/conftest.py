@@ -161,34 +161,62 @@ class TwoDaemons:
 
 
 class Nodes:
-    """N daemons on loopback: node-0 is the rendezvous coordinator; node i
-    hosts global rank i (one trainer per node). A node can be SIGKILLed and
-    started again with the same node id."""
+    """N daemons on loopback; node i hosts global rank i (one trainer per
+    node). A node can be SIGKILLed and started again with the same node id.
+
+    backend="builtin": node-0 is the rendezvous coordinator (its store in
+    its memory, on an OS-chosen port), the others point at it with
+    --coordinator, and the trainers name it in GRADD_COORDINATOR.
+    backend="etcd": the rendezvous lives on `etcd` (an etcd_cluster.
+    EtcdCluster the caller owns and stops after this): every daemon gets the
+    same config (rendezvous.backend: etcd, the cluster's endpoints and mTLS
+    files, a key prefix of its own, rendezvous.etcd.lease_ttl_ms) and no
+    coordinator flag, and the trainers' GRADD_COORDINATOR is empty (a
+    daemon on etcd takes the store from its config, whatever its trainers
+    name). Either way the daemons share one node token (their Gloo pairs)."""
 
     # reform_silence_ms: 3 s rather than the daemon's 1 s default, so that a
     # daemon starved of CPU on a loaded CI machine (sanitizers) is not
     # taken for a silent one, which would re-form the job once more than a
-    # test expects.
-    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=3000):
+    # test expects. lease_ttl_ms (etcd) plays the same part there: 3 s.
+    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=3000,
+                 backend="builtin", etcd=None, lease_ttl_ms=3000, join_timeout_ms=30000):
+        if backend not in ("builtin", "etcd"):
+            raise ValueError(f"unknown rendezvous backend {backend!r}")
+        if (backend == "etcd") != (etcd is not None):
+            raise ValueError("backend='etcd' goes with etcd=<EtcdCluster>, and only it")
         self.binary = binary
+        self.backend = backend
+        self.etcd = etcd
+        self.prefix = None  # the etcd key prefix of this set of nodes
         self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
         self.config = os.path.join(self.dir, "gradd.yaml")
         with open(self.config, "w") as f:
-            f.write("rendezvous:\n  join_timeout_ms: 30000\n  collective_timeout_ms: 20000\n"
+            f.write(f"rendezvous:\n  join_timeout_ms: {join_timeout_ms}\n"
+                    "  collective_timeout_ms: 20000\n"
                     f"  reform_settle_ms: {reform_settle_ms}\n")
             if reform_silence_ms is not None:
                 f.write(f"  reform_silence_ms: {reform_silence_ms}\n")
+            if etcd is not None:
+                # One prefix per Nodes: jobs of two tests never meet.
+                self.prefix = f"/gradd-pytest/{uuid.uuid4().hex[:12]}/"
+                f.write(etcd.rendezvous_yaml(self.prefix, lease_ttl_ms=lease_ttl_ms))
         self.auth = node_token_args(self.dir)
         self.nodes = [None] * n
         self.dead = []  # (i, Daemon) of each killed daemon: its log stays
-        port_file = os.path.join(self.dir, "coordinator.port")
-        self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
-                                        "--rendezvous-port-file", port_file])
-        port = wait_port_file(port_file, self.nodes[0], self.stop)
-        self.coordinator = f"127.0.0.1:{port}"
         try:
-            for i in range(1, n):
-                self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+            if etcd is not None:
+                self.coordinator = ""
+                for i in range(n):
+                    self.nodes[i] = self._start(i, [])
+            else:
+                port_file = os.path.join(self.dir, "coordinator.port")
+                self.nodes[0] = self._start(0, ["--rendezvous-listen", "127.0.0.1:0",
+                                                "--rendezvous-port-file", port_file])
+                port = wait_port_file(port_file, self.nodes[0], self.stop)
+                self.coordinator = f"127.0.0.1:{port}"
+                for i in range(1, n):
+                    self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
         except Exception:
             self.stop()
             raise
@@ -219,7 +247,10 @@ class Nodes:
         self.dead.append((i, d))
 
     def restart(self, i):
-        self.nodes[i] = self._start(i, ["--coordinator", self.coordinator])
+        """Starts node i's daemon again, same node id and config (on the
+        built-in store pointing at node-0's, as every node but node-0)."""
+        self.nodes[i] = self._start(i, [] if self.etcd is not None
+                                    else ["--coordinator", self.coordinator])
 
     def rank_env(self, rank):
         return dict(RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -248,6 +279,8 @@ class Nodes:
         return paths
 
     def stop(self):
+        """Stops every daemon (SIGTERM: on etcd each revokes its lease, so
+        stop this before the etcd cluster) and deletes their directory."""
         for n in reversed(self.nodes):
             if n is not None:
                 n.stop()
@@ -335,6 +368,25 @@ def torchrun_daemons(gradd_binary):
     alive, logs = d.alive(), d.logs()
     d.stop()
     assert alive, f"a gradd daemon died during the tests:\n{logs}"
+
+
+@pytest.fixture
+def etcd_factory():
+    """make(members=1) starts an etcd_cluster.EtcdCluster (mutual TLS) for
+    the calling test; every one made is stopped and deleted at its end. A
+    fixture that starts daemons on it depends on this one, so that its
+    daemons stop first (each revokes its etcd lease)."""
+    from etcd_cluster import EtcdCluster
+
+    made = []
+
+    def make(members=1):
+        made.append(EtcdCluster(members=members))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.stop()
 
 
 @pytest.fixture(scope="session")
