@@ -15,6 +15,13 @@ recomputed here without gradd from those records (data is a function of
 Rank restart across nodes (rank restart of one rank of a 2-node job) reuses
 test_rank_restart.py's worker and assertions.
 
+Every test that starts daemons (nodes_factory) runs on both rendezvous
+backends (ids "builtin": node-0's store; "etcd": a 1-member etcd over mutual
+TLS, no daemon special, issue 34); where they differ is how a lost node is
+noticed (its beats stop, or its daemon's lease leaves etcd), and the
+assertions on that say which. The faults only etcd survives are in
+test_etcd_faults.py.
+
 These need the daemon side of node loss and arrival; on a build without it
 they skip (the probe: a 2-node job attached with min_nodes=1 reports it
 back).
@@ -40,12 +47,23 @@ WORKER = os.path.join(HERE, "elastic_worker.py")
 RESTART_WORKER = os.path.join(HERE, "restart_worker.py")
 
 
+@pytest.fixture(params=["builtin", "etcd"])
+def backend(request):
+    """The rendezvous backend of the test's daemons: node-0's built-in
+    store, or a 1-member etcd over mutual TLS (etcd_cluster.py)."""
+    return request.param
+
+
 @pytest.fixture
-def nodes_factory(gradd_binary):
+def nodes_factory(gradd_binary, backend, etcd_factory):
+    """make(n, etcd_members=1, **Nodes options): n daemons on the test's
+    backend; on etcd each call starts an etcd cluster of its own
+    (stopped after the daemons, by etcd_factory)."""
     made = []
 
-    def make(n, **kw):
-        made.append(Nodes(gradd_binary, n, **kw))
+    def make(n, etcd_members=1, **kw):
+        etcd = etcd_factory(etcd_members) if backend == "etcd" else None
+        made.append(Nodes(gradd_binary, n, backend=backend, etcd=etcd, **kw))
         return made[-1]
 
     yield make
@@ -60,6 +78,10 @@ def require_elastic(nodes, job_id):
     import threading
 
     got, errors = {}, []
+    # Neither rank detaches before both attached: a node whose attach has
+    # returned may still be connecting its Gloo pairs to the other, and
+    # the other's job ending then fails that formation (seen on etcd).
+    both = threading.Barrier(2)
 
     def attach(i):
         try:
@@ -68,8 +90,14 @@ def require_elastic(nodes, job_id):
                              coordinator=nodes.coordinator, world_size=2, rank=i,
                              min_nodes=1, attach_timeout=30)
             got[i] = int(getattr(c, "min_nodes", 0))
-            c.detach()
+            try:
+                both.wait(60)
+            finally:
+                c.detach()
+        except threading.BrokenBarrierError:
+            pass  # the other rank's attach failed: its error says why
         except Exception as e:  # noqa: BLE001 - reported below
+            both.abort()
             errors.append(f"node {i}: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=attach, args=(i,)) for i in (0, 1)]
@@ -107,7 +135,10 @@ class Trainers(TrainerProcs):
         return self.procs[rank]
 
     def daemon_logs(self):
-        return self.nodes.logs()
+        logs = self.nodes.logs()
+        if self.nodes.etcd is not None:
+            logs += "\n" + self.nodes.etcd.logs()
+        return logs
 
 
 def _wait_for(path, proc, timeout, what):
@@ -219,8 +250,10 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     end equal to each other and to the recomputation; the job's world size
     shrinks to 2 and the daemons name the lost node. The settle is longer
     than the whole test may take: the survivors stop waiting for node-2
-    because its beat stopped (rendezvous.reform_silence_ms, default 1 s),
-    not because the settle ran out (3 s of silence here, conftest.Nodes)."""
+    because its beat stopped (built-in store: rendezvous.reform_silence_ms,
+    default 1 s, 3 s of silence here, conftest.Nodes) or its daemon's
+    etcd lease expired (etcd: rendezvous.etcd.lease_ttl_ms, 3 s here), not
+    because the settle ran out."""
     steps, k = 16, 4
     # The settle is capped by the join timeout (30 s here).
     nodes = nodes_factory(3, reform_settle_ms=60000)
@@ -267,8 +300,12 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     assert 3.0 in worlds and 2.0 in worlds, worlds
     log = nodes.logs()
     assert "node-2" in log, log
-    # Well before the 30 s the settle would have taken.
-    assert "node 'node-2' has been silent for 3s" in log, log
+    # Well before the 30 s the settle would have taken, for the backend's
+    # reason: node-2's beat stopped, or its lease left etcd.
+    if nodes.backend == "etcd":
+        assert "node 'node-2' is gone from etcd" in log, log
+    else:
+        assert "node 'node-2' has been silent for 3s" in log, log
     assert shrunk_after is not None and shrunk_after < 20, shrunk_after
 
 
@@ -354,8 +391,10 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
     # Long enough for node-1's trainer to start and ask to be admitted
     # while node-0 waits in the re-formation for node-2.
     # (node-2's silence must not end the wait: reform_silence_ms above the
-    # settle leaves only the settle.)
-    nodes = nodes_factory(3, reform_settle_ms=10000, reform_silence_ms=20000)
+    # settle leaves only the settle; on etcd, where liveness is the
+    # daemon's lease, so does a lease TTL above the settle.)
+    nodes = nodes_factory(3, reform_settle_ms=10000, reform_silence_ms=20000,
+                          lease_ttl_ms=20000)
     require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     divide = {"GRADD_TEST_DIVIDE_BY_INITIAL": "1"}
