@@ -95,6 +95,13 @@ install(CODE "
 install(FILES ${PROJECT_BINARY_DIR}/gradd-multinode.conf.installed
   DESTINATION ${CMAKE_INSTALL_DATADIR}/gradd/systemd
   RENAME gradd-multinode.conf COMPONENT Runtime)
+# The rendezvous on etcd (docs/operations.md): the drop-in adding the
+# daemon's etcd client certificate, its gradd.yaml, and /etc/default/etcd
+# for a member run by Debian's etcd-server; examples, as above.
+install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/gradd-etcd.conf
+  ${PROJECT_SOURCE_DIR}/deploy/systemd/gradd-etcd.yaml
+  ${PROJECT_SOURCE_DIR}/deploy/systemd/etcd.default
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/gradd/systemd COMPONENT Runtime)
 
 install(FILES ${PROJECT_SOURCE_DIR}/config/gradd.yaml
   DESTINATION ${CMAKE_INSTALL_DATADIR}/gradd COMPONENT Runtime)
