@@ -255,6 +255,46 @@ absl::Status RendezvousClient::Wait(absl::string_view job_id,
               });
 }
 
+bool RendezvousClient::HasLeases() const {
+  return etcd_ != nullptr && etcd_->HasLeases();
+}
+
+absl::Status RendezvousClient::SetOwn(absl::string_view job_id,
+                                      absl::string_view key,
+                                      absl::string_view value) {
+  if (etcd_ != nullptr) return etcd_->SetOwn(job_id, key, value);
+  return Set(job_id, key, value);
+}
+
+absl::StatusOr<bool> RendezvousClient::CompareAndSet(
+    absl::string_view job_id, absl::string_view key,
+    std::optional<std::string> expected, absl::string_view value,
+    absl::Span<const std::pair<std::string, std::string>> also) {
+  if (etcd_ != nullptr) {
+    return etcd_->CompareAndSet(job_id, key, std::move(expected), value, also);
+  }
+  return RendezvousStoreInterface::CompareAndSet(
+      job_id, key, std::move(expected), value, also);
+}
+
+absl::StatusOr<int64_t> RendezvousClient::DeletePrefix(
+    absl::string_view job_id, absl::string_view prefix) {
+  if (etcd_ != nullptr) return etcd_->DeletePrefix(job_id, prefix);
+  return RendezvousStoreInterface::DeletePrefix(job_id, prefix);
+}
+
+absl::StatusOr<int64_t> RendezvousClient::CountPrefix(
+    absl::string_view job_id, absl::string_view prefix) {
+  if (etcd_ != nullptr) return etcd_->CountPrefix(job_id, prefix);
+  return RendezvousStoreInterface::CountPrefix(job_id, prefix);
+}
+
+absl::Status RendezvousClient::DeleteJob(absl::string_view job_id) {
+  if (etcd_ != nullptr) return etcd_->DeleteJob(job_id);
+  return absl::UnimplementedError(
+      absl::StrCat(Describe(), " drops a job's keys by its TTL"));
+}
+
 absl::StatusOr<bool> RendezvousClient::Delete(absl::string_view job_id,
                                               absl::string_view key) {
   if (etcd_ != nullptr) return etcd_->Delete(job_id, key);

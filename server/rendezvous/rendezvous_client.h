@@ -93,6 +93,23 @@ class RendezvousClient : public RendezvousStoreInterface {
   [[nodiscard]] absl::StatusOr<bool> Delete(absl::string_view job_id,
                                             absl::string_view key) override;
   std::string Describe() const override;
+  // On etcd, the EtcdStore's; on a coordinator, the interface's defaults
+  // (no leases, no transactions).
+  bool HasLeases() const override;
+  [[nodiscard]] absl::Status SetOwn(absl::string_view job_id,
+                                    absl::string_view key,
+                                    absl::string_view value) override;
+  [[nodiscard]] absl::StatusOr<bool> CompareAndSet(
+      absl::string_view job_id, absl::string_view key,
+      std::optional<std::string> expected, absl::string_view value,
+      absl::Span<const std::pair<std::string, std::string>> also) override;
+  [[nodiscard]] absl::StatusOr<int64_t> DeletePrefix(
+      absl::string_view job_id, absl::string_view prefix) override;
+  [[nodiscard]] absl::StatusOr<int64_t> CountPrefix(
+      absl::string_view job_id, absl::string_view prefix) override;
+  // Every key of `job_id` (etcd only: the built-in store drops a job by
+  // its TTL; UNIMPLEMENTED there).
+  [[nodiscard]] absl::Status DeleteJob(absl::string_view job_id);
 
   // Tells the coordinator that node `node_id` is done with `round` of
   // `job_id`, a job of `num_nodes` nodes (KvStore::Release): once every node

@@ -14,10 +14,13 @@
 #define GRADD_SERVER_RENDEZVOUS_STORE_INTERFACE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -50,6 +53,51 @@ class RendezvousStoreInterface {
                                                     absl::string_view key) = 0;
   // Where the store lives, for error messages ("coordinator 10.0.0.1:29400").
   virtual std::string Describe() const = 0;
+
+  // What a store with leases and transactions (etcd) adds. The built-in
+  // store has neither: its defaults say so, and re-formation then uses its
+  // own agreement (server/engine/formation/reformation.h).
+
+  // Whether keys written by SetOwn live only as long as this daemon (its
+  // etcd lease): a daemon that vanishes takes them with it, one lease TTL
+  // after its last keep-alive.
+  virtual bool HasLeases() const { return false; }
+  // A key of this daemon's own (its liveness in a job): under its lease
+  // where the store has leases (HasLeases), else a plain Set.
+  [[nodiscard]] virtual absl::Status SetOwn(absl::string_view job_id,
+                                            absl::string_view key,
+                                            absl::string_view value) {
+    return Set(job_id, key, value);
+  }
+  // Compare-and-swap, in one transaction: when `key` holds `expected`
+  // (nullopt: `key` does not exist), sets `key` to `value` and every
+  // (key, value) of `also`, and returns true; otherwise changes nothing and
+  // returns false. UNIMPLEMENTED where the store has no transactions.
+  [[nodiscard]] virtual absl::StatusOr<bool> CompareAndSet(
+      absl::string_view job_id, absl::string_view key,
+      std::optional<std::string> expected, absl::string_view value,
+      absl::Span<const std::pair<std::string, std::string>> also) {
+    (void)job_id, (void)key, (void)expected, (void)value, (void)also;
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " has no transactions"));
+  }
+  // Deletes every key of `job_id` that starts with `prefix` (empty: every
+  // key of the job), in one step; returns how many there were.
+  // UNIMPLEMENTED where the store cannot.
+  [[nodiscard]] virtual absl::StatusOr<int64_t> DeletePrefix(
+      absl::string_view job_id, absl::string_view prefix) {
+    (void)job_id, (void)prefix;
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " cannot delete by prefix"));
+  }
+  // How many keys of `job_id` start with `prefix` (non-empty).
+  // UNIMPLEMENTED where the store cannot count them.
+  [[nodiscard]] virtual absl::StatusOr<int64_t> CountPrefix(
+      absl::string_view job_id, absl::string_view prefix) {
+    (void)job_id, (void)prefix;
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " cannot count by prefix"));
+  }
 };
 
 }  // namespace gradd

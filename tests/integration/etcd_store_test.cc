@@ -283,7 +283,7 @@ TEST_F(EtcdStoreTest, ReleaseDeletesARoundOnceEveryNodeReleasedIt) {
       store->Release("job", "round/1", "a", 1).status()));
 }
 
-TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
+TEST_F(EtcdStoreTest, LeaseKeepsOwnKeysAliveAndRevokesThemOnClose) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();
   absl::StatusOr<std::unique_ptr<EtcdLease>> lease =
@@ -292,21 +292,24 @@ TEST_F(EtcdStoreTest, LeaseKeepsKeysAliveAndRevokesThemOnClose) {
   std::shared_ptr<EtcdLease> shared = *std::move(lease);
   auto store =
       std::make_unique<EtcdStore>(client, shared, EtcdStore::Options());
+  EXPECT_TRUE(store->HasLeases());
+  const std::string own = store->EtcdKey("job", "alive/a");
   const std::string k = store->EtcdKey("job", "k");
   const std::string n = store->EtcdKey("job", "n");
+  ASSERT_TRUE(store->SetOwn("job", "alive/a", "a").ok());
   ASSERT_TRUE(store->Set("job", "k", "v").ok());
   ASSERT_TRUE(store->Add("job", "n", 1).ok());
   // Well past the TTL: the keeper keeps it.
   absl::SleepFor(absl::Seconds(7));
-  EXPECT_TRUE(Exists(*client, k));
-  EXPECT_TRUE(Exists(*client, n));
+  EXPECT_TRUE(Exists(*client, own));
   EXPECT_GT(client->LeaseTimeToLive(shared->current_id()).value_or(-1), 0);
-  // A daemon that stops cleanly (its stores and lease go) takes its keys
-  // with it.
+  // A daemon that stops cleanly (its stores and lease go) takes its own
+  // keys with it; what the job's nodes share stays for the others.
   store.reset();
   shared.reset();
-  EXPECT_FALSE(Exists(*client, k));
-  EXPECT_FALSE(Exists(*client, n));
+  EXPECT_FALSE(Exists(*client, own));
+  EXPECT_TRUE(Exists(*client, k));
+  EXPECT_TRUE(Exists(*client, n));
 }
 
 TEST_F(EtcdStoreTest, AVanishedWritersKeysGoWithItsLease) {
@@ -334,15 +337,65 @@ TEST_F(EtcdStoreTest, ALostLeaseIsReplacedAtTheNextWrite) {
   std::shared_ptr<EtcdClient> client = Client();
   std::shared_ptr<EtcdLease> lease = Lease(client, absl::Seconds(30));
   EtcdStore store(client, lease, {});
-  ASSERT_TRUE(store.Set("job", "before", "v").ok());
+  ASSERT_TRUE(store.SetOwn("job", "before", "v").ok());
   const int64_t old_id = lease->current_id();
   // Revoked behind its back (as when it expired during a partition).
   ASSERT_TRUE(client->LeaseRevoke(old_id).ok());
-  ASSERT_TRUE(store.Set("job", "after", "v").ok());
-  EXPECT_TRUE(store.Add("job", "n", 2).ok());
+  ASSERT_TRUE(store.SetOwn("job", "after", "v").ok());
   EXPECT_NE(lease->current_id(), old_id);
   EXPECT_TRUE(Exists(*client, store.EtcdKey("job", "after")));
   EXPECT_FALSE(Exists(*client, store.EtcdKey("job", "before")));
+}
+
+TEST_F(EtcdStoreTest, CompareAndSetIsOneTransaction) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  std::shared_ptr<EtcdClient> client = Client();
+  EtcdStore store(client, Lease(client, absl::Seconds(30)), {});
+  const std::pair<std::string, std::string> also[] = {{"epoch1/members", "m1"}};
+  // Absent -> "1", with the verdict.
+  EXPECT_EQ(store.CompareAndSet("job", "epoch", std::nullopt, "1", also)
+                .value_or(false),
+            true);
+  EXPECT_EQ(Text(store.Get("job", "epoch1/members", absl::ZeroDuration())),
+            "m1");
+  // A second decider of the same epoch loses, and writes nothing.
+  const std::pair<std::string, std::string> other[] = {
+      {"epoch1/members", "m1-late"}};
+  EXPECT_EQ(store.CompareAndSet("job", "epoch", std::nullopt, "1", other)
+                .value_or(true),
+            false);
+  EXPECT_EQ(Text(store.Get("job", "epoch1/members", absl::ZeroDuration())),
+            "m1");
+  // "1" -> "2"; a stale expectation fails.
+  EXPECT_EQ(store.CompareAndSet("job", "epoch", std::string("1"), "2", {})
+                .value_or(false),
+            true);
+  EXPECT_EQ(store.CompareAndSet("job", "epoch", std::string("1"), "3", {})
+                .value_or(true),
+            false);
+  EXPECT_EQ(Text(store.Get("job", "epoch", absl::ZeroDuration())), "2");
+  // Shared keys carry no lease: they outlive the writer.
+  EXPECT_TRUE(Exists(*client, store.EtcdKey("job", "epoch")));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store.CompareAndSet("", "epoch", std::nullopt, "1", {}).status()));
+}
+
+TEST_F(EtcdStoreTest, DeleteAndCountByPrefix) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  std::shared_ptr<EtcdClient> client = Client();
+  EtcdStore store(client, Lease(client, absl::Seconds(30)), {});
+  for (const char* key : {"e1/a", "e1/b", "e1/c/d", "e10/a", "e2/a"}) {
+    ASSERT_TRUE(store.Set("job", key, "v").ok());
+  }
+  ASSERT_TRUE(store.Set("other", "e1/a", "v").ok());
+  EXPECT_EQ(store.CountPrefix("job", "e1/").value_or(-1), 3);
+  EXPECT_EQ(store.DeletePrefix("job", "e1/").value_or(-1), 3);
+  EXPECT_EQ(store.CountPrefix("job", "e1/").value_or(-1), 0);
+  EXPECT_TRUE(Exists(*client, store.EtcdKey("job", "e10/a")));
+  EXPECT_TRUE(Exists(*client, store.EtcdKey("other", "e1/a")));
+  // The empty prefix: the whole job, and only it.
+  EXPECT_EQ(store.DeletePrefix("job", "").value_or(-1), 2);
+  EXPECT_TRUE(Exists(*client, store.EtcdKey("other", "e1/a")));
 }
 
 TEST_F(EtcdStoreTest, AMemberKilledChangesNothingForTheClient) {

@@ -20,11 +20,21 @@
 //                               small key per arriving node id, kept)
 //   elastic<k>/epoch            the last epoch closed (written by its
 //                               closer, before "members")
-//   elastic<k>/alive/<node_id>  counter; every running node of the job
-//                               beats it (Beat, Add(1)) every kBeatPeriod
+//   elastic<k>/alive/<node_id>  a running node's liveness. Built-in store:
+//                               a counter every running node of the job
+//                               beats (Beat, Add(1)) every kBeatPeriod
 //                               from its arrival watcher, so a closer can
-//                               tell a dead node from a slow one
+//                               tell a dead node from a slow one. etcd: a
+//                               key under the node's daemon lease
+//                               (SetOwn), gone when the daemon is and
+//                               deleted when the job ends there (LeaveJob)
 //   elastic<k>/epoch<e>/...     epoch e's agreement (below)
+//
+// Who decides an epoch depends on the store (reformation_agreement.h): on
+// the built-in store a closer, below; on a store with leases and
+// transactions (etcd) any survivor, by a compare-and-swap of "epoch" from
+// e - 1 to e that writes "members" with it (no closer, no beats, no
+// tombstone; a node the verdict does not name came too late).
 //
 // Epoch e (e = 1, 2, ...; epoch 0 is the initial formation) is entered by
 // every node that broke out of epoch e - 1 (its collectives failed, or it
@@ -216,11 +226,13 @@ struct Reformed {
 std::string ElasticPrefix(const std::string& round_prefix);
 
 // Once formed (every node; node rank 0's write wins, the others are the
-// same): marks the job running under `elastic_prefix` so arrivals find it.
+// same): marks the job running under `elastic_prefix` so arrivals find it;
+// on etcd, writes node `node_id`'s liveness key too.
 absl::Status MarkRunning(RendezvousStoreInterface& store,
                          const std::string& job_id,
                          const std::string& elastic_prefix,
-                         const std::string& round_prefix);
+                         const std::string& round_prefix,
+                         const std::string& node_id);
 
 // An arriving node (its daemon's formation found a running elastic job):
 // the running job's elastic prefix, or NOT_FOUND when the job is not
@@ -238,12 +250,20 @@ absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
 // announced breaks again (Reformed::arrivals_seen).
 absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
                                         const ReformOptions& options);
-// How often a running node beats, and the beat: Add(1) on
-// "<elastic_prefix>/alive/<node_id>".
+// How often a running node beats on the built-in store, and the beat:
+// Add(1) on "<elastic_prefix>/alive/<node_id>". On etcd (HasLeases) the
+// same call writes the liveness key under the daemon's lease instead.
 inline constexpr absl::Duration kBeatPeriod = absl::Milliseconds(200);
 absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
                   const std::string& elastic_prefix,
                   const std::string& node_id);
+// The job ended on node `node_id` (etcd only; nothing on the built-in
+// store, whose job TTL removes the keys): its liveness key goes, and when
+// it was the last live node, every key of the job.
+absl::Status LeaveJob(RendezvousStoreInterface& store,
+                      const std::string& job_id,
+                      const std::string& elastic_prefix,
+                      const std::string& node_id);
 
 // The running nodes' watcher: waits up to `timeout` for arrival number
 // `next` (1, 2, ...) to be announced; OK when it was, DEADLINE_EXCEEDED

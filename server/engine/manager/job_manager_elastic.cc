@@ -28,6 +28,10 @@ namespace {
 // how long it waits after the store failed.
 constexpr absl::Duration kArrivalPoll = kBeatPeriod;
 constexpr absl::Duration kWatcherRetry = kBeatPeriod;
+// On etcd (a store with leases): how often the liveness key is written again
+// (see the watcher) and how long one watch for an arrival lasts.
+constexpr absl::Duration kLeasedRefresh = absl::Seconds(5);
+constexpr absl::Duration kLeasedArrivalPoll = absl::Seconds(1);
 
 std::string NodeList(const std::vector<std::string>& ids) {
   return absl::StrCat("(", absl::StrJoin(ids, ", "), ")");
@@ -86,10 +90,14 @@ void JobManager::MakeElastic(
         });
       });
 
-  // The watcher: nodes asking to be admitted; and this node's beat, by
-  // which a re-formation's closer tells this node from a dead one. It owns
-  // its own connection to the coordinator and stops once the job's
-  // ActiveJob is gone (so the beat stops when the job ends here).
+  // The watcher: nodes asking to be admitted; and this node's liveness in
+  // the job, by which a re-formation tells this node from a dead one
+  // (reformation.h): on the built-in store a beat every kBeatPeriod; on
+  // etcd a key under the daemon's lease, written again every
+  // kLeasedRefresh only so that a lease etcd replaced carries it too
+  // (nobody reads its rate), and deleted when the job ends here (the last
+  // node to leave deletes the job's keys, LeaveJob). It owns its own
+  // connection to the store and stops once the job's ActiveJob is gone.
   const JobSpec& spec = active.job->spec();
   std::thread([mailbox = mailbox_, selector = coordinators_, job_id, generation,
                coordinator = spec.coordinator,
@@ -110,14 +118,16 @@ void JobManager::MakeElastic(
           continue;
         }
         client = *std::move(c);
+        beat_due = absl::InfinitePast();
       }
+      const bool leased = client->HasLeases();
       if (absl::Now() >= beat_due) {
         if (!gradd::Beat(*client, job_id, elastic_prefix, node_id).ok()) {
           client.reset();  // the store is gone: connect again
           absl::SleepFor(kWatcherRetry);
           continue;
         }
-        beat_due = absl::Now() + kBeatPeriod;
+        beat_due = absl::Now() + (leased ? kLeasedRefresh : kBeatPeriod);
       }
       const int64_t n = next->load();
       const uint64_t seen = reformations->load();
@@ -126,8 +136,11 @@ void JobManager::MakeElastic(
         absl::SleepFor(absl::Milliseconds(100));
         continue;
       }
+      // On etcd the wait is a watch: it returns as soon as the arrival is
+      // announced, so a longer one only costs the stop's latency.
       absl::Status arrived =
-          WaitForArrival(*client, job_id, elastic_prefix, n, kArrivalPoll);
+          WaitForArrival(*client, job_id, elastic_prefix, n,
+                         leased ? kLeasedArrivalPoll : kArrivalPoll);
       if (arrived.ok()) {
         // The re-formations count now, not before the wait: one that ended
         // while this thread waited did not see this arrival either, and
@@ -142,6 +155,15 @@ void JobManager::MakeElastic(
       } else if (!absl::IsDeadlineExceeded(arrived)) {
         client.reset();  // the store is gone: connect again
         absl::SleepFor(kWatcherRetry);
+      }
+    }
+    // The job ended here (or the daemon stops).
+    if (client != nullptr) {
+      if (absl::Status left =
+              LeaveJob(*client, job_id, elastic_prefix, node_id);
+          !left.ok()) {
+        spdlog::debug("job '{}': leaving it in {}: {}", job_id,
+                      client->Describe(), left.message());
       }
     }
   }).detach();

@@ -195,8 +195,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       absl::StatusOr<NodeFormation> formed = FormNodeJob(*client, options);
       if (formed.ok() && elastic) {
         // Arrivals find the job through it (every node writes the same).
-        if (absl::Status marked = MarkRunning(
-                *client, job_id, ElasticPrefix(options.prefix), options.prefix);
+        if (absl::Status marked =
+                MarkRunning(*client, job_id, ElasticPrefix(options.prefix),
+                            options.prefix, options.node_id);
             !marked.ok()) {
           formed = marked;
         }

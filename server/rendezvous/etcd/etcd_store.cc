@@ -92,10 +92,13 @@ absl::Status EtcdStore::MapWriteError(absl::Status status,
   return status;
 }
 
-absl::Status EtcdStore::PutWithLease(absl::string_view etcd_key,
-                                     absl::string_view value) {
+absl::Status EtcdStore::Put(absl::string_view etcd_key, absl::string_view value,
+                            bool own) {
   for (int attempt = 0;; ++attempt) {
-    ASSIGN_OR_RETURN(int64_t lease, LeaseId());
+    int64_t lease = 0;
+    if (own) {
+      ASSIGN_OR_RETURN(lease, LeaseId());
+    }
     etcdserverpb::PutRequest put;
     put.set_key(std::string(etcd_key));
     put.set_value(std::string(value));
@@ -120,7 +123,18 @@ absl::Status EtcdStore::Set(absl::string_view job_id, absl::string_view key,
                      " bytes, over rendezvous.limits.max_value_bytes = ",
                      options_.max_value_bytes));
   }
-  return MapWriteError(PutWithLease(EtcdKey(job_id, key), value), job_id, key);
+  return MapWriteError(Put(EtcdKey(job_id, key), value, /*own=*/false), job_id,
+                       key);
+}
+
+absl::Status EtcdStore::SetOwn(absl::string_view job_id, absl::string_view key,
+                               absl::string_view value) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  if (value.size() > options_.max_value_bytes) {
+    return Set(job_id, key, value);  // the same refusal
+  }
+  return MapWriteError(Put(EtcdKey(job_id, key), value, /*own=*/true), job_id,
+                       key);
 }
 
 absl::StatusOr<std::string> EtcdStore::Get(absl::string_view job_id,
@@ -158,7 +172,6 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
   // compares a missing key's mod_revision as.
   mvccpb::KeyValue seen;
   if (read.kvs_size() > 0) seen = read.kvs(0);
-  bool lease_renewed = false;
   for (int attempt = 0; attempt < kMaxAddAttempts; ++attempt) {
     int64_t current = 0;
     if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
@@ -173,7 +186,6 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
                                                 Shown(job_id), "' overflows"));
     }
     const int64_t next = current + delta;
-    ASSIGN_OR_RETURN(int64_t lease, LeaseId());
     etcdserverpb::TxnRequest txn;
     etcdserverpb::Compare* cmp = txn.add_compare();
     cmp->set_key(etcd_key);
@@ -183,21 +195,11 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
     etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
     put->set_key(etcd_key);
     put->set_value(absl::StrCat(next));
-    put->set_lease(lease);
     txn.add_failure()->mutable_request_range()->set_key(etcd_key);
-    absl::StatusOr<etcdserverpb::TxnResponse> done = client_->Txn(txn);
-    if (!done.ok()) {
-      if (!lease_renewed && lease != 0 && IsLeaseNotFound(done.status())) {
-        lease_renewed = true;
-        lease_->MarkLost(lease);
-        continue;
-      }
-      return done.status();
-    }
-    if (done->succeeded()) return next;
+    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done, client_->Txn(txn));
+    if (done.succeeded()) return next;
     // Another writer came first: go on from what it wrote.
-    const etcdserverpb::RangeResponse& now =
-        done->responses(0).response_range();
+    const etcdserverpb::RangeResponse& now = done.responses(0).response_range();
     seen = now.kvs_size() > 0 ? now.kvs(0) : mvccpb::KeyValue();
   }
   return absl::AbortedError(
@@ -273,7 +275,7 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   ASSIGN_OR_RETURN(etcdserverpb::RangeResponse present, client_->Range(any));
   if (present.count() == 0) return false;  // nothing left of that round
   const std::string marks = absl::StrCat(round_prefix, "released/");
-  RETURN_IF_ERROR(PutWithLease(absl::StrCat(marks, node_id), ""));
+  RETURN_IF_ERROR(Put(absl::StrCat(marks, node_id), "", /*own=*/false));
   etcdserverpb::RangeRequest count;
   count.set_key(marks);
   count.set_range_end(EtcdPrefixEnd(marks));
@@ -301,6 +303,78 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
       "from {}",
       Shown(job_id), Shown(round), num_nodes, erased, client_->Describe());
   return true;
+}
+
+absl::StatusOr<bool> EtcdStore::CompareAndSet(
+    absl::string_view job_id, absl::string_view key,
+    std::optional<std::string> expected, absl::string_view value,
+    absl::Span<const std::pair<std::string, std::string>> also) {
+  RETURN_IF_ERROR(CheckKey(job_id, key));
+  size_t bytes = value.size();
+  for (const auto& [k, v] : also) {
+    RETURN_IF_ERROR(CheckKey(job_id, k));
+    bytes += v.size();
+  }
+  if (bytes > options_.max_value_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous: compare-and-set of key '", Shown(key),
+                     "' in job '", Shown(job_id), "' writes ", bytes,
+                     " bytes, over rendezvous.limits.max_value_bytes = ",
+                     options_.max_value_bytes));
+  }
+  const std::string etcd_key = EtcdKey(job_id, key);
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::Compare* cmp = txn.add_compare();
+  cmp->set_key(etcd_key);
+  cmp->set_result(etcdserverpb::Compare::EQUAL);
+  if (expected.has_value()) {
+    // A missing key never compares equal by value.
+    cmp->set_target(etcdserverpb::Compare::VALUE);
+    cmp->set_value(*std::move(expected));
+  } else {
+    cmp->set_target(etcdserverpb::Compare::CREATE);
+    cmp->set_create_revision(0);
+  }
+  auto put = [&](absl::string_view k, absl::string_view v) {
+    etcdserverpb::PutRequest* p = txn.add_success()->mutable_request_put();
+    p->set_key(std::string(k));
+    p->set_value(std::string(v));
+  };
+  put(etcd_key, value);
+  for (const auto& [k, v] : also) put(EtcdKey(job_id, k), v);
+  absl::StatusOr<etcdserverpb::TxnResponse> done = client_->Txn(txn);
+  if (!done.ok()) return MapWriteError(done.status(), job_id, key);
+  return done->succeeded();
+}
+
+absl::StatusOr<int64_t> EtcdStore::DeletePrefix(absl::string_view job_id,
+                                                absl::string_view prefix) {
+  if (prefix.empty()) {
+    if (job_id.empty()) {
+      return absl::InvalidArgumentError("rendezvous: empty job id");
+    }
+  } else {
+    RETURN_IF_ERROR(CheckKey(job_id, prefix));
+  }
+  const std::string from = EtcdKey(job_id, prefix);
+  etcdserverpb::DeleteRangeRequest del;
+  del.set_key(from);
+  del.set_range_end(EtcdPrefixEnd(from));
+  ASSIGN_OR_RETURN(etcdserverpb::DeleteRangeResponse done,
+                   client_->DeleteRange(del));
+  return done.deleted();
+}
+
+absl::StatusOr<int64_t> EtcdStore::CountPrefix(absl::string_view job_id,
+                                               absl::string_view prefix) {
+  RETURN_IF_ERROR(CheckKey(job_id, prefix));
+  const std::string from = EtcdKey(job_id, prefix);
+  etcdserverpb::RangeRequest count;
+  count.set_key(from);
+  count.set_range_end(EtcdPrefixEnd(from));
+  count.set_count_only(true);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got, client_->Range(count));
+  return got.count();
 }
 
 absl::Status EtcdStore::DeleteJob(absl::string_view job_id) {

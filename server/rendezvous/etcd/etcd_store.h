@@ -27,10 +27,18 @@
 //     round rate of the built-in store are not applied: etcd's quota
 //     (--quota-backend-bytes) and its credentials bound what can be stored.
 //
-// Liveness of what is written: every key this store writes is attached to
-// `lease` (the daemon's EtcdLease), so when the daemon vanishes its keys go
-// one lease TTL after its last keep-alive, instead of the built-in store's
-// job TTL. Without a lease (null), keys stay until deleted.
+// What goes with the daemon: keys written by SetOwn (a node's liveness in a
+// job, reformation.h) are attached to `lease` (the daemon's EtcdLease), so
+// when the daemon vanishes they go one lease TTL after its last keep-alive;
+// that is how the other nodes learn it is gone (HasLeases). Every other
+// key (Set, Add, CompareAndSet: what the job's nodes share, which must
+// outlive whichever node wrote it) is written without a lease and deleted
+// when the job ends (Release, DeletePrefix, DeleteJob; the last node of an
+// elastic job to leave deletes the job, job_manager_elastic.cc). Without a
+// lease (null), SetOwn is Set.
+//
+// CompareAndSet is one etcd transaction (compare the key's value, or its
+// absence, then put every key); DeletePrefix one DeleteRange.
 //
 // Thread-safety: every method may be called from any thread. The client and
 // the lease are shared with the daemon's other stores.
@@ -40,7 +48,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -82,6 +92,18 @@ class EtcdStore : public RendezvousStoreInterface {
                                             absl::string_view key) override;
   // "etcd 10.0.0.1:2379,... (prefix /gradd/)".
   std::string Describe() const override;
+  bool HasLeases() const override { return lease_ != nullptr; }
+  [[nodiscard]] absl::Status SetOwn(absl::string_view job_id,
+                                    absl::string_view key,
+                                    absl::string_view value) override;
+  [[nodiscard]] absl::StatusOr<bool> CompareAndSet(
+      absl::string_view job_id, absl::string_view key,
+      std::optional<std::string> expected, absl::string_view value,
+      absl::Span<const std::pair<std::string, std::string>> also) override;
+  [[nodiscard]] absl::StatusOr<int64_t> DeletePrefix(
+      absl::string_view job_id, absl::string_view prefix) override;
+  [[nodiscard]] absl::StatusOr<int64_t> CountPrefix(
+      absl::string_view job_id, absl::string_view prefix) override;
 
   // As KvStore::Release (see the header comment).
   [[nodiscard]] absl::StatusOr<bool> Release(absl::string_view job_id,
@@ -98,10 +120,10 @@ class EtcdStore : public RendezvousStoreInterface {
 
  private:
   absl::Status CheckKey(absl::string_view job_id, absl::string_view key) const;
-  // Puts `etcd_key` = `value` under the lease (granting a new lease once
-  // when etcd no longer knows the old one).
-  absl::Status PutWithLease(absl::string_view etcd_key,
-                            absl::string_view value);
+  // Puts `etcd_key` = `value`; `own`: under the lease (granting a new
+  // lease once when etcd no longer knows the old one).
+  absl::Status Put(absl::string_view etcd_key, absl::string_view value,
+                   bool own);
   // The lease id to attach to writes, 0 without a lease.
   absl::StatusOr<int64_t> LeaseId();
   // Etcd's refusal of a value it finds too large, as RESOURCE_EXHAUSTED.

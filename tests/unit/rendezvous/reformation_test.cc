@@ -93,9 +93,70 @@ ReformOptions Arrival(const std::string& id, int requested_offset = -1) {
 }
 
 // The coordinator's store, remembering every key written (to check what
-// the closers delete).
+// the closers delete). `leased`: it plays a store with leases and
+// transactions (etcd, reformation_agreement.h) instead: SetOwn's keys are
+// the daemons' liveness (a test deletes one to play its lease expiring),
+// CompareAndSet is atomic against itself (only the agreement's epoch key
+// uses it), and keys go by prefix.
 class RecordingStore : public RendezvousStoreInterface {
  public:
+  explicit RecordingStore(bool leased = false) : leased_(leased) {}
+
+  bool HasLeases() const override { return leased_; }
+  absl::Status SetOwn(absl::string_view job, absl::string_view key,
+                      absl::string_view value) override {
+    return Set(job, key, value);
+  }
+  absl::StatusOr<bool> CompareAndSet(
+      absl::string_view job, absl::string_view key,
+      std::optional<std::string> expected, absl::string_view value,
+      absl::Span<const std::pair<std::string, std::string>> also) override {
+    if (!leased_) {
+      return RendezvousStoreInterface::CompareAndSet(job, key, expected, value,
+                                                     also);
+    }
+    absl::MutexLock cas(&cas_mu_);
+    absl::StatusOr<std::string> now = kv_.Get(job, key, absl::ZeroDuration());
+    const std::optional<std::string> held =
+        now.ok() ? std::optional<std::string>(*now) : std::nullopt;
+    {
+      absl::MutexLock lock(&mu_);
+      ++swaps_tried_;
+    }
+    if (held != expected) return false;
+    for (const auto& [k, v] : also) {
+      if (absl::Status s = Set(job, k, v); !s.ok()) return s;
+    }
+    if (absl::Status s = Set(job, key, value); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    ++swaps_won_;
+    return true;
+  }
+  absl::StatusOr<int64_t> DeletePrefix(absl::string_view job,
+                                       absl::string_view prefix) override {
+    if (!leased_) return RendezvousStoreInterface::DeletePrefix(job, prefix);
+    int64_t n = 0;
+    for (const std::string& key : Written()) {
+      if (absl::StartsWith(key, prefix) &&
+          kv_.Delete(job, key).value_or(false)) {
+        ++n;
+      }
+    }
+    return n;
+  }
+  absl::StatusOr<int64_t> CountPrefix(absl::string_view job,
+                                      absl::string_view prefix) override {
+    if (!leased_) return RendezvousStoreInterface::CountPrefix(job, prefix);
+    int64_t n = 0;
+    for (const std::string& key : Written()) {
+      if (absl::StartsWith(key, prefix) &&
+          kv_.Get(job, key, absl::ZeroDuration()).ok()) {
+        ++n;
+      }
+    }
+    return n;
+  }
+
   absl::Status Set(absl::string_view job, absl::string_view key,
                    absl::string_view value) override {
     Record(key);
@@ -108,6 +169,10 @@ class RecordingStore : public RendezvousStoreInterface {
   absl::StatusOr<int64_t> Add(absl::string_view job, absl::string_view key,
                               int64_t delta) override {
     Record(key);
+    if (delta != 0) {
+      absl::MutexLock lock(&mu_);
+      added_.insert(std::string(key));
+    }
     return kv_.Add(job, key, delta);
   }
   absl::Status Wait(absl::string_view job, absl::Span<const std::string> keys,
@@ -126,6 +191,19 @@ class RecordingStore : public RendezvousStoreInterface {
     absl::MutexLock lock(&mu_);
     return {written_.begin(), written_.end()};
   }
+  // Counters moved by Add (not just read).
+  std::vector<std::string> Added() const {
+    absl::MutexLock lock(&mu_);
+    return {added_.begin(), added_.end()};
+  }
+  int SwapsTried() const {
+    absl::MutexLock lock(&mu_);
+    return swaps_tried_;
+  }
+  int SwapsWon() const {
+    absl::MutexLock lock(&mu_);
+    return swaps_won_;
+  }
 
  private:
   void Record(absl::string_view key) {
@@ -133,13 +211,42 @@ class RecordingStore : public RendezvousStoreInterface {
     written_.insert(std::string(key));
   }
 
+  const bool leased_;
   KvStore kv_;
+  absl::Mutex cas_mu_;
   mutable absl::Mutex mu_;
   std::set<std::string> written_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> added_ ABSL_GUARDED_BY(mu_);
+  int swaps_tried_ ABSL_GUARDED_BY(mu_) = 0;
+  int swaps_won_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class ReformationTest : public ::testing::Test {
+// Every test runs on both agreements (reformation_agreement.h): param
+// false, the built-in store's closer; true, a store with leases and
+// transactions (etcd's), where every node of the tests starts alive (its
+// liveness key written, as MarkRunning does), so that a node that does not
+// enter is waited for the settle on both.
+std::string Text(const absl::StatusOr<std::string>& v) {
+  return v.ok() ? *v : v.status().ToString();
+}
+
+class ReformationTest : public ::testing::TestWithParam<bool> {
  protected:
+  ReformationTest() : store_(GetParam()) { MarkAlive(); }
+
+  void MarkAlive() {
+    if (!GetParam()) return;
+    for (const char* id : {"a", "b", "c", "d"}) {
+      EXPECT_TRUE(
+          store_.SetOwn(kJob, absl::StrCat(kElastic, "/alive/", id), id).ok());
+    }
+  }
+  // A fresh job namespace, every node alive again.
+  void ResetJob() {
+    store_.DeleteJob(kJob);
+    MarkAlive();
+  }
+
   // Runs ReformNodeJob for every option set at once, one thread per node;
   // with `allreduce`, each formed node then sums {node rank + 1, 10, 100}
   // over the new backend.
@@ -174,11 +281,11 @@ class ReformationTest : public ::testing::Test {
   std::vector<std::vector<float>> sums_;
 };
 
-TEST_F(ReformationTest, ElasticPrefixFollowsTheRound) {
+TEST_P(ReformationTest, ElasticPrefixFollowsTheRound) {
   EXPECT_EQ(ElasticPrefix("round7"), "elastic7");
 }
 
-TEST_F(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
+TEST_P(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
   const absl::Time start = absl::Now();
   auto results = ReformAll({Survivor("a", ThreeNodes())},
                            /*allreduce=*/false);
@@ -188,7 +295,7 @@ TEST_F(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
   EXPECT_THAT(results[0]->lost, ElementsAre("b", "c"));
 
   // Two of three (in a fresh epoch of a fresh job namespace).
-  store_.DeleteJob(kJob);
+  ResetJob();
   const absl::Time start2 = absl::Now();
   results =
       ReformAll({Survivor("b", ThreeNodes()), Survivor("a", ThreeNodes())});
@@ -212,7 +319,7 @@ TEST_F(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
   EXPECT_EQ(results[1]->layout.node_rank, 0);  // a
 }
 
-TEST_F(ReformationTest, AllPresentReformsWithoutWaitingForTheSettle) {
+TEST_P(ReformationTest, AllPresentReformsWithoutWaitingForTheSettle) {
   std::vector<ReformOptions> nodes;
   for (const char* id : {"c", "a", "b"}) {
     nodes.push_back(Survivor(id, ThreeNodes()));
@@ -233,6 +340,11 @@ TEST_F(ReformationTest, AllPresentReformsWithoutWaitingForTheSettle) {
 
 // Node `id` beats its job's store every 50 ms for `beating`, then stops
 // (its daemon died) or, with `beating` infinite, until `stop`.
+// The built-in store's closer only: beats, silence, tombstones.
+class ClosedByACloserTest : public ReformationTest {};
+// A store with leases and transactions only.
+class DecidedByTransactionTest : public ReformationTest {};
+
 std::thread Beater(RendezvousStoreInterface& store, const std::string& id,
                    absl::Duration beating, const std::atomic<bool>* stop) {
   return std::thread([&store, id, beating, stop] {
@@ -244,7 +356,7 @@ std::thread Beater(RendezvousStoreInterface& store, const std::string& id,
   });
 }
 
-TEST_F(ReformationTest, ASilentNodeIsNotWaitedForTheWholeSettle) {
+TEST_P(ClosedByACloserTest, ASilentNodeIsNotWaitedForTheWholeSettle) {
   // c beat, then died: a and b close without it once it has been silent
   // for `silence`, long before the settle.
   std::atomic<bool> stop{false};
@@ -266,7 +378,7 @@ TEST_F(ReformationTest, ASilentNodeIsNotWaitedForTheWholeSettle) {
   }
 }
 
-TEST_F(ReformationTest,
+TEST_P(ClosedByACloserTest,
        ABeatingNodeIsWaitedForAndANodeThatNeverBeatGetsTheSettle) {
   // c beats and enters late (after several silences' worth): it is in the
   // epoch. d never beat (no verdict on it): the closer waits the settle.
@@ -300,7 +412,7 @@ TEST_F(ReformationTest,
   }
 }
 
-TEST_F(ReformationTest, BelowMinNodesFailsEveryEntrantNamingTheLost) {
+TEST_P(ReformationTest, BelowMinNodesFailsEveryEntrantNamingTheLost) {
   std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
                                       Survivor("b", ThreeNodes())};
   for (ReformOptions& o : nodes) o.min_nodes = 3;
@@ -316,7 +428,7 @@ TEST_F(ReformationTest, BelowMinNodesFailsEveryEntrantNamingTheLost) {
   EXPECT_THAT(results[1].status().message(), HasSubstr("on node 'b'"));
 }
 
-TEST_F(ReformationTest, ArrivalsGetNewOrOldOffsetsAndThePlan) {
+TEST_P(ReformationTest, ArrivalsGetNewOrOldOffsetsAndThePlan) {
   // Epoch 1: c is lost.
   auto first =
       ReformAll({Survivor("a", ThreeNodes()), Survivor("b", ThreeNodes())});
@@ -358,7 +470,7 @@ TEST_F(ReformationTest, ArrivalsGetNewOrOldOffsetsAndThePlan) {
   EXPECT_EQ(results[3]->layout.global_rank_offset, 3);  // c, as before
 }
 
-TEST_F(ReformationTest, AReturningNodeGetsItsOldRanksEpochsLater) {
+TEST_P(ReformationTest, AReturningNodeGetsItsOldRanksEpochsLater) {
   // Epoch 1: b (ranks 2..2, not the last) is lost.
   auto first =
       ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())});
@@ -392,7 +504,7 @@ TEST_F(ReformationTest, AReturningNodeGetsItsOldRanksEpochsLater) {
 // Issue 32: one event has one reason on every node, the closer's, and
 // every node lists the same lost nodes (the departed), the admitted one
 // included.
-TEST_F(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
+TEST_P(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
   // Epoch 1: local rank 1 of b restarted; a and c only saw b's group break.
   std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
                                       Survivor("b", ThreeNodes()),
@@ -452,7 +564,7 @@ TEST_F(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
   }
 }
 
-TEST_F(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {
+TEST_P(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions c = Arrival("c");
   ReformOptions d = Arrival("d");
@@ -473,7 +585,7 @@ TEST_F(ReformationTest, ArrivalsBeyondMaxNodesAreRefused) {
               AllOf(HasSubstr("on node 'd'"), HasSubstr("max_nodes = 3")));
 }
 
-TEST_F(ReformationTest, LateArrivalGoesToTheNextEpoch) {
+TEST_P(ReformationTest, LateArrivalGoesToTheNextEpoch) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   auto first = ReformAll({Survivor("a", two), Survivor("b", two)});
   ASSERT_TRUE(first[0].ok()) << first[0].status();
@@ -511,7 +623,7 @@ TEST_F(ReformationTest, LateArrivalGoesToTheNextEpoch) {
   }
 }
 
-TEST_F(ReformationTest, LateSurvivorComesBackAsArrivalWithItsOffsets) {
+TEST_P(ReformationTest, LateSurvivorComesBackAsArrivalWithItsOffsets) {
   // Epoch 1 closes after the settle without b.
   auto first =
       ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())});
@@ -547,7 +659,7 @@ TEST_F(ReformationTest, LateSurvivorComesBackAsArrivalWithItsOffsets) {
   }
 }
 
-TEST_F(ReformationTest, ArrivalWithoutRunningNodesTimesOut) {
+TEST_P(ReformationTest, ArrivalWithoutRunningNodesTimesOut) {
   ReformOptions d = Arrival("d");
   d.timeout = absl::Milliseconds(300);
   absl::StatusOr<Reformed> r = ReformNodeJob(store_, d);
@@ -558,7 +670,7 @@ TEST_F(ReformationTest, ArrivalWithoutRunningNodesTimesOut) {
                     HasSubstr("no node closed the epoch")));
 }
 
-TEST_F(ReformationTest, ArrivalWithAnotherModelGetsAClearError) {
+TEST_P(ReformationTest, ArrivalWithAnotherModelGetsAClearError) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions x = Arrival("x");
   x.params[1].shape = {65};
@@ -576,7 +688,7 @@ TEST_F(ReformationTest, ArrivalWithAnotherModelGetsAClearError) {
                     HasSubstr("model differs"), HasSubstr("fc1.bias")));
 }
 
-TEST_F(ReformationTest, SyncSeqIsTheLargestPlusOneAndBehindIsFlagged) {
+TEST_P(ReformationTest, SyncSeqIsTheLargestPlusOneAndBehindIsFlagged) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions a = Survivor("a", two);
   a.completed_iteration = 10;
@@ -597,7 +709,7 @@ TEST_F(ReformationTest, SyncSeqIsTheLargestPlusOneAndBehindIsFlagged) {
 // The closer publishes the job's initial world size; an arrival (which
 // reports 0) learns it from the verdict and, once admitted, passes it on
 // to the arrivals after it.
-TEST_F(ReformationTest, VerdictCarriesTheInitialWorldSizeToArrivals) {
+TEST_P(ReformationTest, VerdictCarriesTheInitialWorldSizeToArrivals) {
   // Epoch 1: c is lost; a and b formed the job (world size 4).
   std::vector<ReformOptions> formed = {Survivor("a", ThreeNodes()),
                                        Survivor("b", ThreeNodes())};
@@ -646,7 +758,7 @@ TEST_F(ReformationTest, VerdictCarriesTheInitialWorldSizeToArrivals) {
 
 // Entrants that report different initial world sizes: the largest wins,
 // whichever of them closes, so every node gets the same.
-TEST_F(ReformationTest, InitialWorldSizeIsTheLargestReported) {
+TEST_P(ReformationTest, InitialWorldSizeIsTheLargestReported) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   ReformOptions a = Survivor("a", two);
   a.initial_world_size = 3;
@@ -662,7 +774,7 @@ TEST_F(ReformationTest, InitialWorldSizeIsTheLargestReported) {
   }
 }
 
-TEST_F(ReformationTest, BackendsOfTheSurvivorsAllreduce) {
+TEST_P(ReformationTest, BackendsOfTheSurvivorsAllreduce) {
   auto results =
       ReformAll({Survivor("a", ThreeNodes()), Survivor("c", ThreeNodes())},
                 /*allreduce=*/true);
@@ -674,7 +786,7 @@ TEST_F(ReformationTest, BackendsOfTheSurvivorsAllreduce) {
   }
 }
 
-TEST_F(ReformationTest, WaitForArrivalTimesOutThenSeesTheAnnouncement) {
+TEST_P(ReformationTest, WaitForArrivalTimesOutThenSeesTheAnnouncement) {
   absl::Status s =
       WaitForArrival(store_, kJob, kElastic, 1, absl::Milliseconds(100));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -687,19 +799,19 @@ TEST_F(ReformationTest, WaitForArrivalTimesOutThenSeesTheAnnouncement) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
-TEST_F(ReformationTest, FindRunningFindsTheMarkedRound) {
+TEST_P(ReformationTest, FindRunningFindsTheMarkedRound) {
   EXPECT_EQ(FindRunning(store_, kJob, absl::Seconds(1)).status().code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(store_.Set(kJob, "round1/closed", "formed").ok());
   ASSERT_TRUE(store_.Set(kJob, "round2/closed", "formed").ok());
-  ASSERT_TRUE(MarkRunning(store_, kJob, "elastic2", "round2").ok());
+  ASSERT_TRUE(MarkRunning(store_, kJob, "elastic2", "round2", "a").ok());
   absl::StatusOr<std::string> found =
       FindRunning(store_, kJob, absl::Seconds(1));
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(*found, "elastic2");
 }
 
-TEST_F(ReformationTest, OlderEpochsKeysAreDeleted) {
+TEST_P(ClosedByACloserTest, OlderEpochsKeysAreDeleted) {
   std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
   auto first = ReformAll({Survivor("a", two), Survivor("b", two)});
   ASSERT_TRUE(first[0].ok()) << first[0].status();
@@ -721,6 +833,95 @@ TEST_F(ReformationTest, OlderEpochsKeysAreDeleted) {
     }
   }
 }
+
+TEST_P(DecidedByTransactionTest, ANodeWhoseLeaseWentIsNotWaitedFor) {
+  // c's daemon vanished: its liveness key went with its lease. a and b
+  // decide without it at once, long before the settle; d (alive, not in
+  // the job) changes nothing.
+  ASSERT_TRUE(store_.Delete(kJob, "elastic1/alive/c").ok());
+  std::vector<ReformOptions> nodes;
+  for (const char* id : {"a", "b"}) {
+    nodes.push_back(Survivor(id, ThreeNodes()));
+    nodes.back().settle = absl::Seconds(15);
+  }
+  const absl::Time start = absl::Now();
+  auto results = ReformAll(nodes, /*allreduce=*/true);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_THAT(results[i]->layout.NodeIds(), ElementsAre("a", "b"));
+    EXPECT_THAT(results[i]->lost, ElementsAre("c"));
+    EXPECT_EQ(results[i]->cause, ReformCause::kNodeLost);
+    EXPECT_THAT(sums_[i], ElementsAre(3, 20, 200));
+  }
+  EXPECT_EQ(Text(store_.Get(kJob, "elastic1/epoch", absl::ZeroDuration())),
+            "1");
+}
+
+TEST_P(DecidedByTransactionTest, OneSwapDecidesNoCloserNoBeatsNoTombstone) {
+  // Three nodes decide at once, twice: one compare-and-swap wins each
+  // epoch, every node gets its verdict; nothing counts closers, nothing
+  // beats, and epoch 1's keys all go once epoch 2 is decided ("joined"
+  // too: no tombstone).
+  auto first =
+      ReformAll({Survivor("a", ThreeNodes()), Survivor("b", ThreeNodes()),
+                 Survivor("c", ThreeNodes())});
+  for (const auto& r : first) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->layout.NodeIds(), ElementsAre("a", "b", "c"));
+    EXPECT_THAT(r->lost, IsEmpty());
+  }
+  EXPECT_EQ(store_.SwapsWon(), 1);
+  EXPECT_GE(store_.SwapsTried(), 1);
+  const std::vector<JobNode> running = first[0]->layout.nodes;
+  auto second = ReformAll({Survivor("a", running, 2), Survivor("b", running, 2),
+                           Survivor("c", running, 2)});
+  for (const auto& r : second) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->epoch, 2u);
+  }
+  EXPECT_EQ(store_.SwapsWon(), 2);
+  EXPECT_EQ(Text(store_.Get(kJob, "elastic1/epoch", absl::ZeroDuration())),
+            "2");
+  for (const std::string& key : store_.Written()) {
+    EXPECT_FALSE(absl::EndsWith(key, "/closed")) << key;
+    if (absl::StartsWith(key, "elastic1/epoch1/")) {
+      EXPECT_FALSE(store_.Get(kJob, key, absl::ZeroDuration()).ok()) << key;
+    }
+  }
+  for (const std::string& key : store_.Added()) {
+    EXPECT_FALSE(absl::StrContains(key, "/alive/")) << key;
+  }
+}
+
+TEST_P(DecidedByTransactionTest, LeaveJobDeletesTheJobWithTheLastNode) {
+  ASSERT_TRUE(store_.Delete(kJob, "elastic1/alive/c").ok());
+  ASSERT_TRUE(store_.Delete(kJob, "elastic1/alive/d").ok());
+  ASSERT_TRUE(MarkRunning(store_, kJob, kElastic, "round1", "a").ok());
+  ASSERT_TRUE(MarkRunning(store_, kJob, kElastic, "round1", "b").ok());
+  ASSERT_TRUE(store_.Set(kJob, "round1/closed", "formed").ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "a").ok());
+  EXPECT_FALSE(store_.Get(kJob, "elastic1/alive/a", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(store_.Get(kJob, "elastic1/running", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "b").ok());
+  EXPECT_EQ(store_.NumKeys(kJob), 0u);
+}
+
+TEST_P(ClosedByACloserTest, LeaveJobLeavesTheKeysToTheJobTtl) {
+  ASSERT_TRUE(MarkRunning(store_, kJob, kElastic, "round1", "a").ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "a").ok());
+  EXPECT_TRUE(store_.Get(kJob, "elastic1/running", absl::ZeroDuration()).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ReformationTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "Transaction" : "Closer";
+                         });
+INSTANTIATE_TEST_SUITE_P(Stores, ClosedByACloserTest, ::testing::Values(false),
+                         [](const auto&) { return "Closer"; });
+INSTANTIATE_TEST_SUITE_P(Stores, DecidedByTransactionTest,
+                         ::testing::Values(true),
+                         [](const auto&) { return "Transaction"; });
 
 // The same over the coordinator's gRPC service, each node with its own
 // client, as the daemons run it: the quick probes and blocking waits behave
