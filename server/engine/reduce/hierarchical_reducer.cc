@@ -456,10 +456,18 @@ void HierarchicalReducer::RunBroadcast(BroadcastItem& item) {
   }
   const std::vector<void*>& areas = *work.rank_areas;
   const int local_world = static_cast<int>(areas.size());
-  // The node holding global rank `root`: the last one whose offset is <= it.
+  // The node holding global rank `root`: the one with the highest offset
+  // that is <= it. Offsets need not rise with node rank: after a
+  // re-formation an admitted node that gets its old offsets back comes
+  // last in node-rank order (reformation.h), e.g. offsets [1, 2, 0].
   int root_node = 0;
+  int root_offset = -1;
   for (size_t k = 0; k < options_.node_offsets.size(); ++k) {
-    if (options_.node_offsets[k] <= work.root) root_node = static_cast<int>(k);
+    const int offset = options_.node_offsets[k];
+    if (offset <= work.root && offset > root_offset) {
+      root_node = static_cast<int>(k);
+      root_offset = offset;
+    }
   }
   const bool here = root_node == backend_->node_rank();
   // Not the root's node: receive into the first rank that takes part.

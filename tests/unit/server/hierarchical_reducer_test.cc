@@ -131,7 +131,8 @@ class HierarchicalReducerTest : public ::testing::Test {
                  absl::Duration timeout = absl::Seconds(10),
                  size_t chunk_bytes = HierarchicalReducer::kDefaultChunkBytes,
                  HierarchicalReducer::Options::LocalSum local_sum =
-                     HierarchicalReducer::Options::LocalSum::kAuto) {
+                     HierarchicalReducer::Options::LocalSum::kAuto,
+                 std::vector<int> given_offsets = {}) {
     auto backends = FakeCollectiveBackend::CreateGroup(
         static_cast<int>(local_worlds.size()), timeout,
         {"alpha", "beta", "gamma", "delta"});
@@ -142,6 +143,9 @@ class HierarchicalReducerTest : public ::testing::Test {
       offsets.push_back(world);
       world += lw;
     }
+    // Global rank offsets as a re-formation may leave them (not rising
+    // with node rank), else in node order.
+    if (!given_offsets.empty()) offsets = std::move(given_offsets);
     world_ = world;
     nodes_.clear();
     nodes_.resize(local_worlds.size());
@@ -253,6 +257,9 @@ class HierarchicalReducerTest : public ::testing::Test {
   }
 
   static constexpr size_t kAreaBytes = 4096;
+  // Broadcasts from each root in turn over nodes_ and checks that every
+  // rank of every node got the root's bytes.
+  void CheckBroadcasts(const std::vector<int>& roots);
   ThreadPool pool_{2};
   int world_ = 0;
   std::vector<Node> nodes_;
@@ -342,11 +349,11 @@ TEST_F(HierarchicalReducerTest, ChunkedBucketsAverageExactly) {
   }
 }
 
-TEST_F(HierarchicalReducerTest, BroadcastFromAnyGlobalRank) {
-  MakeNodes({2, 1, 3});
-  // Roots on every node, including a non-zero local rank of a later node.
+// Broadcasts from each root in turn over nodes_ and checks that every
+// rank of every node got the root's bytes.
+void HierarchicalReducerTest::CheckBroadcasts(const std::vector<int>& roots) {
   uint64_t seq = 0;
-  for (int root : {0, 1, 2, 5, 4}) {
+  for (int root : roots) {
     ++seq;
     std::vector<std::thread> threads;
     std::vector<absl::Status> results(nodes_.size());
@@ -383,6 +390,22 @@ TEST_F(HierarchicalReducerTest, BroadcastFromAnyGlobalRank) {
       }
     }
   }
+}
+
+TEST_F(HierarchicalReducerTest, BroadcastFromAnyGlobalRank) {
+  MakeNodes({2, 1, 3});
+  // Roots on every node, including a non-zero local rank of a later node.
+  CheckBroadcasts({0, 1, 2, 5, 4});
+}
+
+TEST_F(HierarchicalReducerTest, BroadcastFindsTheRootWhateverTheOffsetOrder) {
+  // As after node 0 was lost and admitted again: it comes last in node-rank
+  // order with its old ranks (offsets 1, 3, 0). Every root is found on its
+  // own node.
+  MakeNodes({2, 1, 1}, absl::Seconds(10),
+            HierarchicalReducer::kDefaultChunkBytes,
+            HierarchicalReducer::Options::LocalSum::kAuto, {1, 3, 0});
+  CheckBroadcasts({0, 1, 2, 3});
 }
 
 TEST_F(HierarchicalReducerTest, DeadPeerFailsEveryBucketNamingIt) {
