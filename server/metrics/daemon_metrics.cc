@@ -395,9 +395,9 @@ void DaemonMetrics::OnRendezvousRequest(absl::string_view method) {
 void DaemonMetrics::SetRendezvousBackend(const RendezvousBackend& b) {
   // Empty values are left out, as Prometheus reads them anyway.
   prometheus::Labels labels{{"backend", b.backend}};
-  for (const auto& [name, value] : {std::pair{"address", &b.address},
-                                    std::pair{"security", &b.security},
-                                    std::pair{"prefix", &b.prefix}}) {
+  for (const auto& [name, value] :
+       {std::pair{"address", &b.address}, std::pair{"security", &b.security},
+        std::pair{"prefix", &b.prefix}}) {
     if (!value->empty()) labels.emplace(name, *value);
   }
   rendezvous_backend_.Add(labels).Set(1);

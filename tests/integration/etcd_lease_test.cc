@@ -8,8 +8,8 @@
 #include "server/rendezvous/etcd/etcd_lease.h"
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
