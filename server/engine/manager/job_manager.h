@@ -90,6 +90,7 @@
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/rebuild.h"
 #include "server/engine/manager/loop_watchdog.h"
+#include "server/engine/manager/reformation_stall.h"
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
 #include "server/rendezvous/coordinator.h"
@@ -231,6 +232,8 @@ class JobManager final : public NodeHandlerInterface,
     // Set while a re-formation of this job runs.
     bool reforming = false;
     uint64_t epoch = 0;
+    // Re-formations that go nowhere fail the job (reformation_stall.h).
+    ReformationStall stall;
     // The watcher: the next arrival number it waits for and the
     // re-formations it has seen (it breaks again for an arrival that was
     // announced but too late for the epoch that just closed).

@@ -353,6 +353,17 @@ void JobManager::FinishReformation(
                      "': after re-forming: ", wrapped.status().message())));
     return;
   }
+  // A group that breaks again and again before any iteration completes
+  // fails the job instead of re-forming forever (reformation_stall.h).
+  if (elastic.stall.Observe(r.max_completed)) {
+    job.Reformed(absl::AbortedError(absl::StrCat(
+        "job '", job_id, "': the nodes' group re-formed ",
+        elastic.stall.in_a_row(),
+        " times in a row without completing an iteration (the last completed "
+        "is ",
+        r.max_completed, "); last cause: ", r.reason, "; giving up")));
+    return;
+  }
   net.reducer = *std::move(wrapped);
   elastic.members = layout.nodes;
   elastic.node_rank = layout.node_rank;
