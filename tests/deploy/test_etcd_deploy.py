@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from test_systemd_unit import parse_unit
+
 yaml = pytest.importorskip("yaml", reason="python3-yaml not installed")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,21 +209,6 @@ def test_the_secret_templates_hold_no_key():
 
 
 # ---- systemd -----------------------------------------------------------------
-
-def parse_unit(text):
-    """{section: {key: [values]}} of a unit file (comments dropped)."""
-    sections, current = {}, None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
-
 
 def loaded_credentials():
     service = parse_unit((SYSTEMD / "gradd-etcd.conf").read_text())["Service"]
