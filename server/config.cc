@@ -36,6 +36,10 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
+// rendezvous.etcd.lease_ttl_ms by default: how long after its last
+// keep-alive a vanished daemon's liveness keys go, i.e. how soon the
+// others stop waiting for it in a re-formation (config.proto).
+constexpr uint32_t kDefaultEtcdLeaseTtlMs = 10000;
 constexpr double kDefaultBucketCapMb = 25;
 constexpr double kDefaultFirstBucketCapMb = 1;
 constexpr uint32_t kDefaultAttachTimeoutMs = 60000;
@@ -474,8 +478,7 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
     v1::RendezvousEtcdConfig* etcd = rv->mutable_etcd();
     if (etcd->prefix().empty()) etcd->set_prefix("/gradd/");
     if (etcd->lease_ttl_ms() == 0) {
-      etcd->set_lease_ttl_ms(static_cast<uint32_t>(
-          std::min<uint64_t>(uint64_t{l->job_ttl_s()} * 1000, 0xffffffffu)));
+      etcd->set_lease_ttl_ms(kDefaultEtcdLeaseTtlMs);
     }
   }
   if (rv->interface().empty()) {

@@ -110,6 +110,10 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
     EtcdStore::Options o = options_.etcd_store;
     o.max_key_bytes = options_.store.max_key_bytes;
     o.max_value_bytes = options_.store.max_value_bytes;
+    // As a coordinator's client keeps trying for connect_timeout: a
+    // formation (bounded by the join timeout) fails in it when etcd is
+    // unreachable.
+    o.call_timeout = connect_timeout;
     return RendezvousClient::OverEtcd(
         std::make_unique<EtcdStore>(options_.etcd, options_.etcd_lease, o));
   }

@@ -49,6 +49,11 @@ RendezvousClient::RendezvousClient(const Options& options) : options_(options) {
 RendezvousClient::~RendezvousClient() {
   if (!release_when_done_.has_value()) return;
   const PendingRelease& r = *release_when_done_;
+  // A job's end must not wait for an etcd that does not answer (this runs
+  // on the job manager's control thread): bounded as a coordinator's
+  // Release is, and the keys wait for the next node's release or the job's
+  // end (LeaveJob).
+  if (etcd_ != nullptr) etcd_->set_call_timeout(kReleaseTimeout);
   absl::StatusOr<bool> released =
       Release(r.job_id, r.round, r.node_id, r.num_nodes);
   if (!released.ok()) {

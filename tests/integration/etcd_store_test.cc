@@ -431,6 +431,38 @@ TEST_F(EtcdStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
   EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Create({}).status()));
 }
 
+TEST_F(EtcdStoreTest, ACallTimeoutBoundsEveryCallWhenEtcdIsUnreachable) {
+  // The client alone would try for 15 s; a formation's store gives up in
+  // its call timeout (the join timeout, CoordinatorSelector::Connect), and
+  // says which etcd it could not reach.
+  EtcdClient::Options o;
+  o.endpoints = {"127.0.0.1:1", "127.0.0.1:2"};
+  EtcdStore::Options so;
+  so.call_timeout = absl::Seconds(1);
+  EtcdStore store(Client(o), nullptr, so);
+  for (int call = 0; call < 4; ++call) {
+    const absl::Time start = absl::Now();
+    absl::Status s;
+    switch (call) {
+      case 0:
+        s = store.Set("job", "k", "v");
+        break;
+      case 1:
+        s = store.Add("job", "n", 1).status();
+        break;
+      case 2:
+        s = store.CompareAndSet("job", "e", std::nullopt, "1", {}).status();
+        break;
+      default:
+        s = store.Get("job", "k", absl::Seconds(30)).status();
+        break;
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << call << ": " << s;
+    EXPECT_FALSE(s.ok()) << call;
+    EXPECT_THAT(s.message(), HasSubstr("etcd 127.0.0.1:1,127.0.0.1:2")) << call;
+  }
+}
+
 TEST_F(EtcdStoreTest, MutualTlsAndStrangersRefused) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(1, /*tls=*/true));
   std::unique_ptr<EtcdStore> store = Store();

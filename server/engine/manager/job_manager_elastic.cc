@@ -28,6 +28,9 @@ namespace {
 // how long it waits after the store failed.
 constexpr absl::Duration kArrivalPoll = kBeatPeriod;
 constexpr absl::Duration kWatcherRetry = kBeatPeriod;
+// How long one call of the watcher keeps trying an unreachable store (it
+// reconnects after a failure; the stop flag waits at most this long).
+constexpr absl::Duration kWatcherCallTimeout = absl::Seconds(2);
 // On etcd (a store with leases): how often the liveness key is written again
 // (see the watcher) and how long one watch for an arrival lasts.
 constexpr absl::Duration kLeasedRefresh = absl::Seconds(5);
@@ -112,7 +115,7 @@ void JobManager::MakeElastic(
     while (!stopped->load()) {
       if (client == nullptr) {
         absl::StatusOr<std::unique_ptr<RendezvousClient>> c =
-            selector->Connect(coordinator, kArrivalPoll);
+            selector->Connect(coordinator, kWatcherCallTimeout);
         if (!c.ok()) {
           absl::SleepFor(kWatcherRetry);
           continue;

@@ -295,38 +295,50 @@ absl::Status EtcdClient::CallWithRetries(absl::string_view what,
 }
 
 absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
-    const etcdserverpb::RangeRequest& request) {
+    const etcdserverpb::RangeRequest& request, absl::Time deadline) {
   etcdserverpb::RangeResponse response;
-  RETURN_IF_ERROR(Call("Range", [&](Endpoint& e, grpc::ClientContext* c) {
-    return e.kv->Range(c, request, &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      "Range",
+      [&](Endpoint& e, grpc::ClientContext* c) {
+        return e.kv->Range(c, request, &response);
+      },
+      deadline));
   return response;
 }
 
 absl::StatusOr<etcdserverpb::PutResponse> EtcdClient::Put(
-    const etcdserverpb::PutRequest& request) {
+    const etcdserverpb::PutRequest& request, absl::Time deadline) {
   etcdserverpb::PutResponse response;
-  RETURN_IF_ERROR(Call("Put", [&](Endpoint& e, grpc::ClientContext* c) {
-    return e.kv->Put(c, request, &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      "Put",
+      [&](Endpoint& e, grpc::ClientContext* c) {
+        return e.kv->Put(c, request, &response);
+      },
+      deadline));
   return response;
 }
 
 absl::StatusOr<etcdserverpb::DeleteRangeResponse> EtcdClient::DeleteRange(
-    const etcdserverpb::DeleteRangeRequest& request) {
+    const etcdserverpb::DeleteRangeRequest& request, absl::Time deadline) {
   etcdserverpb::DeleteRangeResponse response;
-  RETURN_IF_ERROR(Call("DeleteRange", [&](Endpoint& e, grpc::ClientContext* c) {
-    return e.kv->DeleteRange(c, request, &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      "DeleteRange",
+      [&](Endpoint& e, grpc::ClientContext* c) {
+        return e.kv->DeleteRange(c, request, &response);
+      },
+      deadline));
   return response;
 }
 
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(
-    const etcdserverpb::TxnRequest& request) {
+    const etcdserverpb::TxnRequest& request, absl::Time deadline) {
   etcdserverpb::TxnResponse response;
-  RETURN_IF_ERROR(Call("Txn", [&](Endpoint& e, grpc::ClientContext* c) {
-    return e.kv->Txn(c, request, &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      "Txn",
+      [&](Endpoint& e, grpc::ClientContext* c) {
+        return e.kv->Txn(c, request, &response);
+      },
+      deadline));
   return response;
 }
 

@@ -115,14 +115,21 @@ class EtcdClient {
   EtcdClient& operator=(const EtcdClient&) = delete;
   ~EtcdClient();
 
+  // The KV calls. `deadline` bounds the whole call, failover included
+  // (DEADLINE_EXCEEDED naming the endpoints when it passes first);
+  // otherwise retry_timeout does (UNAVAILABLE).
   [[nodiscard]] absl::StatusOr<etcdserverpb::RangeResponse> Range(
-      const etcdserverpb::RangeRequest& request);
+      const etcdserverpb::RangeRequest& request,
+      absl::Time deadline = absl::InfiniteFuture());
   [[nodiscard]] absl::StatusOr<etcdserverpb::PutResponse> Put(
-      const etcdserverpb::PutRequest& request);
+      const etcdserverpb::PutRequest& request,
+      absl::Time deadline = absl::InfiniteFuture());
   [[nodiscard]] absl::StatusOr<etcdserverpb::DeleteRangeResponse> DeleteRange(
-      const etcdserverpb::DeleteRangeRequest& request);
+      const etcdserverpb::DeleteRangeRequest& request,
+      absl::Time deadline = absl::InfiniteFuture());
   [[nodiscard]] absl::StatusOr<etcdserverpb::TxnResponse> Txn(
-      const etcdserverpb::TxnRequest& request);
+      const etcdserverpb::TxnRequest& request,
+      absl::Time deadline = absl::InfiniteFuture());
 
   // A lease of `ttl` (rounded up to whole seconds, at least 1 s).
   [[nodiscard]] absl::StatusOr<etcdserverpb::LeaseGrantResponse> LeaseGrant(

@@ -49,12 +49,15 @@ bool IsLeaseNotFound(const absl::Status& s) {
 
 EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client,
                      std::shared_ptr<EtcdLease> lease, Options options)
-    : client_(std::move(client)), lease_(std::move(lease)), options_([&] {
+    : client_(std::move(client)),
+      lease_(std::move(lease)),
+      options_([&] {
         if (options.prefix.empty() || options.prefix.back() != '/') {
           options.prefix += '/';
         }
         return std::move(options);
-      }()) {}
+      }()),
+      call_timeout_(options_.call_timeout) {}
 
 std::string EtcdStore::Describe() const {
   return absl::StrCat(client_->Describe(), " (prefix ", options_.prefix, ")");
@@ -72,6 +75,11 @@ std::string EtcdStore::EtcdKey(absl::string_view job_id,
 absl::Status EtcdStore::CheckKey(absl::string_view job_id,
                                  absl::string_view key) const {
   return CheckStoreKey(job_id, key, options_.max_key_bytes);
+}
+
+absl::Time EtcdStore::CallDeadline() const {
+  if (call_timeout_ == absl::InfiniteDuration()) return absl::InfiniteFuture();
+  return absl::Now() + call_timeout_;
 }
 
 absl::StatusOr<int64_t> EtcdStore::LeaseId() {
@@ -103,7 +111,8 @@ absl::Status EtcdStore::Put(absl::string_view etcd_key, absl::string_view value,
     put.set_key(std::string(etcd_key));
     put.set_value(std::string(value));
     put.set_lease(lease);
-    absl::StatusOr<etcdserverpb::PutResponse> done = client_->Put(put);
+    absl::StatusOr<etcdserverpb::PutResponse> done =
+        client_->Put(put, CallDeadline());
     if (done.ok()) return absl::OkStatus();
     if (attempt == 0 && lease != 0 && IsLeaseNotFound(done.status())) {
       lease_->MarkLost(lease);
@@ -146,7 +155,8 @@ absl::StatusOr<std::string> EtcdStore::Get(absl::string_view job_id,
   while (true) {
     etcdserverpb::RangeRequest range;
     range.set_key(etcd_key);
-    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got, client_->Range(range));
+    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got,
+                     client_->Range(range, CallDeadline()));
     if (got.kvs_size() > 0)
       return std::move(*got.mutable_kvs(0)->mutable_value());
     absl::Status waited = client_->WaitForKeys({etcd_key}, deadline, nullptr);
@@ -167,7 +177,8 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
   const std::string etcd_key = EtcdKey(job_id, key);
   etcdserverpb::RangeRequest range;
   range.set_key(etcd_key);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse read, client_->Range(range));
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse read,
+                   client_->Range(range, CallDeadline()));
   // The key as last seen: absent is mod_revision 0, which is also what etcd
   // compares a missing key's mod_revision as.
   mvccpb::KeyValue seen;
@@ -196,7 +207,8 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
     put->set_key(etcd_key);
     put->set_value(absl::StrCat(next));
     txn.add_failure()->mutable_request_range()->set_key(etcd_key);
-    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done, client_->Txn(txn));
+    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                     client_->Txn(txn, CallDeadline()));
     if (done.succeeded()) return next;
     // Another writer came first: go on from what it wrote.
     const etcdserverpb::RangeResponse& now = done.responses(0).response_range();
@@ -247,7 +259,7 @@ absl::StatusOr<bool> EtcdStore::Delete(absl::string_view job_id,
   etcdserverpb::DeleteRangeRequest del;
   del.set_key(EtcdKey(job_id, key));
   ASSIGN_OR_RETURN(etcdserverpb::DeleteRangeResponse done,
-                   client_->DeleteRange(del));
+                   client_->DeleteRange(del, CallDeadline()));
   return done.deleted() > 0;
 }
 
@@ -272,7 +284,8 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   any.set_key(round_prefix);
   any.set_range_end(round_end);
   any.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse present, client_->Range(any));
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse present,
+                   client_->Range(any, CallDeadline()));
   if (present.count() == 0) return false;  // nothing left of that round
   const std::string marks = absl::StrCat(round_prefix, "released/");
   RETURN_IF_ERROR(Put(absl::StrCat(marks, node_id), "", /*own=*/false));
@@ -280,7 +293,8 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   count.set_key(marks);
   count.set_range_end(EtcdPrefixEnd(marks));
   count.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse released, client_->Range(count));
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse released,
+                   client_->Range(count, CallDeadline()));
   if (released.count() < num_nodes) return false;
   // Everything of the round but its "closed" mark, in one transaction.
   const std::string kept = EtcdKey(job_id, absl::StrCat(round, kKeptInRound));
@@ -293,7 +307,8 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
       txn.add_success()->mutable_request_delete_range();
   after->set_key(kept + '\0');
   after->set_range_end(round_end);
-  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done, client_->Txn(txn));
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                   client_->Txn(txn, CallDeadline()));
   int64_t erased = 0;
   for (const etcdserverpb::ResponseOp& op : done.responses()) {
     erased += op.response_delete_range().deleted();
@@ -342,7 +357,8 @@ absl::StatusOr<bool> EtcdStore::CompareAndSet(
   };
   put(etcd_key, value);
   for (const auto& [k, v] : also) put(EtcdKey(job_id, k), v);
-  absl::StatusOr<etcdserverpb::TxnResponse> done = client_->Txn(txn);
+  absl::StatusOr<etcdserverpb::TxnResponse> done =
+      client_->Txn(txn, CallDeadline());
   if (!done.ok()) return MapWriteError(done.status(), job_id, key);
   return done->succeeded();
 }
@@ -361,7 +377,7 @@ absl::StatusOr<int64_t> EtcdStore::DeletePrefix(absl::string_view job_id,
   del.set_key(from);
   del.set_range_end(EtcdPrefixEnd(from));
   ASSIGN_OR_RETURN(etcdserverpb::DeleteRangeResponse done,
-                   client_->DeleteRange(del));
+                   client_->DeleteRange(del, CallDeadline()));
   return done.deleted();
 }
 
@@ -373,7 +389,8 @@ absl::StatusOr<int64_t> EtcdStore::CountPrefix(absl::string_view job_id,
   count.set_key(from);
   count.set_range_end(EtcdPrefixEnd(from));
   count.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got, client_->Range(count));
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got,
+                   client_->Range(count, CallDeadline()));
   return got.count();
 }
 
@@ -385,7 +402,7 @@ absl::Status EtcdStore::DeleteJob(absl::string_view job_id) {
   etcdserverpb::DeleteRangeRequest del;
   del.set_key(prefix);
   del.set_range_end(EtcdPrefixEnd(prefix));
-  return client_->DeleteRange(del).status();
+  return client_->DeleteRange(del, CallDeadline()).status();
 }
 
 }  // namespace gradd

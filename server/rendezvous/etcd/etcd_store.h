@@ -71,6 +71,10 @@ class EtcdStore : public RendezvousStoreInterface {
     std::string prefix = "/gradd/";
     size_t max_key_bytes = 1024;
     size_t max_value_bytes = size_t{32} << 20;
+    // How long one call may take when etcd does not answer (failover
+    // included), so that a formation bounded by the join timeout fails in
+    // it, naming the endpoints; infinite: the client's retry_timeout.
+    absl::Duration call_timeout = absl::InfiniteDuration();
   };
 
   EtcdStore(std::shared_ptr<EtcdClient> client,
@@ -113,6 +117,11 @@ class EtcdStore : public RendezvousStoreInterface {
   // Deletes every key of `job_id`.
   [[nodiscard]] absl::Status DeleteJob(absl::string_view job_id);
 
+  // Bounds every later call by `timeout` (Options::call_timeout). Not
+  // thread-safe against calls running at the same time: for the store's
+  // sole owner, before its last calls (RendezvousClient's destructor).
+  void set_call_timeout(absl::Duration timeout) { call_timeout_ = timeout; }
+
   // The etcd key of `key` in `job_id` (tests, tools).
   std::string EtcdKey(absl::string_view job_id, absl::string_view key) const;
   // The prefix of every key of `job_id`.
@@ -124,6 +133,8 @@ class EtcdStore : public RendezvousStoreInterface {
   // lease once when etcd no longer knows the old one).
   absl::Status Put(absl::string_view etcd_key, absl::string_view value,
                    bool own);
+  // The deadline of one etcd call made now (Options::call_timeout).
+  absl::Time CallDeadline() const;
   // The lease id to attach to writes, 0 without a lease.
   absl::StatusOr<int64_t> LeaseId();
   // Etcd's refusal of a value it finds too large, as RESOURCE_EXHAUSTED.
@@ -133,6 +144,7 @@ class EtcdStore : public RendezvousStoreInterface {
   const std::shared_ptr<EtcdClient> client_;
   const std::shared_ptr<EtcdLease> lease_;
   const Options options_;
+  absl::Duration call_timeout_;
 };
 
 }  // namespace gradd

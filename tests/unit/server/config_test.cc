@@ -446,10 +446,11 @@ TEST(ConfigEtcdTest, BuiltinIsTheDefaultAndEtcdGetsItsDefaults) {
   EXPECT_EQ(e.endpoints(), "10.0.0.1:2379, 10.0.0.2:2379");
   EXPECT_EQ(e.prefix(), "/gradd/");
   // The built-in store's job TTL (rendezvous.limits.job_ttl_s), in ms.
-  EXPECT_EQ(e.lease_ttl_ms(), 86400u * 1000);
+  EXPECT_EQ(e.lease_ttl_ms(), 10000u);
   EXPECT_TRUE(e.ca_file().empty());
   EXPECT_TRUE(e.user().empty());
-  // Set values are kept; the TTL follows a configured job_ttl_s.
+  // Set values are kept; the lease TTL does not follow job_ttl_s (the
+  // lease carries only liveness keys now).
   absl::StatusOr<v1::DaemonConfig> set = ParseConfigYaml(R"(
 rendezvous:
   backend: etcd
@@ -464,7 +465,7 @@ rendezvous:
   ApplyConfigDefaults(&*set);
   EXPECT_TRUE(ValidateConfig(*set).ok()) << ValidateConfig(*set);
   EXPECT_EQ(set->rendezvous().etcd().prefix(), "/cluster-b/");
-  EXPECT_EQ(set->rendezvous().etcd().lease_ttl_ms(), 120000u);
+  EXPECT_EQ(set->rendezvous().etcd().lease_ttl_ms(), 10000u);
   // --print_config shows the section and it reads back the same.
   const std::string text = ConfigToText(*set);
   EXPECT_THAT(text,
@@ -570,7 +571,7 @@ TEST(ConfigEtcdTest, LeaseTtlAndPrefixAreChecked) {
   absl::StatusOr<v1::DaemonConfig> zero =
       EtcdConfig("    endpoints: h:2379\n    lease_ttl_ms: 0\n");
   ASSERT_TRUE(zero.ok()) << zero.status();
-  EXPECT_EQ(zero->rendezvous().etcd().lease_ttl_ms(), 86400000u);
+  EXPECT_EQ(zero->rendezvous().etcd().lease_ttl_ms(), 10000u);
   v1::DaemonConfig least = *c;
   least.mutable_rendezvous()->mutable_etcd()->set_lease_ttl_ms(2000);
   EXPECT_TRUE(ValidateConfig(least).ok()) << ValidateConfig(least);
