@@ -283,6 +283,26 @@ TEST_F(EtcdStoreTest, ReleaseDeletesARoundOnceEveryNodeReleasedIt) {
       store->Release("job", "round/1", "a", 1).status()));
 }
 
+TEST_F(EtcdStoreTest, AJobThatEndedEverywhereLeavesNoKey) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  std::unique_ptr<EtcdStore> store = Store();
+  // A read of a missing counter writes nothing.
+  EXPECT_EQ(store->Add("job", "rounds/probe", 0).value_or(-1), 0);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      store->Get("job", "rounds/probe", absl::ZeroDuration()).status()));
+  ASSERT_TRUE(store->Add("job", "round1/joined", 2).ok());
+  EXPECT_EQ(store->Add("job", "round1/joined", 0).value_or(-1), 2);
+  ASSERT_TRUE(store->Set("job", "round1/member/a", "x").ok());
+  ASSERT_TRUE(store->Set("job", "round1/closed", "formed").ok());
+  ASSERT_TRUE(store->Set("other", "round1/closed", "formed").ok());
+  EXPECT_EQ(store->Release("job", "round1", "a", 2).value_or(true), false);
+  EXPECT_EQ(store->Release("job", "round1", "b", 2).value_or(false), true);
+  // Its last round's "closed" mark went with it: nothing of the job is left
+  // (another job's keys stay).
+  EXPECT_EQ(store->DeletePrefix("job", "").value_or(-1), 0);
+  EXPECT_EQ(store->CountPrefix("other", "round1/").value_or(-1), 1);
+}
+
 TEST_F(EtcdStoreTest, LeaseKeepsOwnKeysAliveAndRevokesThemOnClose) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::shared_ptr<EtcdClient> client = Client();

@@ -24,6 +24,7 @@ seconds to come up); a member that exits or does not answer raises
 EtcdError with the tail of its log. Members are started in their own
 session, so a test's SIGKILL of a daemon never reaches them.
 """
+import base64
 import json
 import os
 import shutil
@@ -213,6 +214,20 @@ class EtcdCluster:
                                      method="GET" if body is None else "POST")
         with urllib.request.urlopen(req, timeout=timeout, context=self._context()) as r:
             return json.loads(r.read().decode())
+
+    def keys(self, prefix, i=None):
+        """The keys under `prefix` (str), read through a live member's gRPC
+        gateway with the test client certificate."""
+        members = [i] if i is not None else [m for m in range(self.members)
+                                             if self.alive(m)]
+        start = prefix.encode()
+        end = bytearray(start)
+        end[-1] += 1  # the prefix's range end
+        body = {"key": base64.b64encode(start).decode(),
+                "range_end": base64.b64encode(bytes(end)).decode(),
+                "keys_only": True}
+        got = self._request(members[0], "/v3/kv/range", body)
+        return sorted(base64.b64decode(kv["key"]).decode() for kv in got.get("kvs", []))
 
     def _wait_healthy(self, i):
         m = self._members[i]

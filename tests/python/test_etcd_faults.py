@@ -14,9 +14,14 @@ recompute the parameters without gradd).
     steps, a job attached meanwhile fails within the join timeout naming
     the etcd endpoints, and once etcd is back a new job forms and ends.
 
+  - jobs that ended (an elastic one, whose last node deletes its keys, and
+    one that was not, whose rounds are released by every node) leave no key
+    in etcd.
+
 Each test's daemons and etcd are stopped and their directories deleted at
 its end, failed or not (fixtures etcd_nodes and etcd_factory).
 """
+import base64
 import threading
 import time
 
@@ -284,3 +289,36 @@ def test_etcd_down_then_back(etcd_nodes, job_id, tmp_path):
     assert _applied_live(res[0]) == [2] * 10, res[0]["attempts"]
     assert _close(res[0]["final"], reference([2] * 10, 2))
     assert all(n.proc.poll() is None for n in nodes.nodes), nodes.logs()
+
+
+# ------------------------------------------------ ended jobs leave nothing
+def test_ended_jobs_leave_no_key_in_etcd(etcd_nodes, job_id, tmp_path):
+    """Two jobs on 2 nodes end normally, one elastic (min_nodes 1) and one
+    not: once their trainers are gone, nothing is left under the nodes'
+    prefix in etcd (the daemons' liveness keys go with the elastic job, its
+    shared keys with its last node, the other job's rounds when both nodes
+    released them)."""
+    nodes = etcd_nodes(2)
+    jobs_prefix = nodes.prefix + "jobs/"
+    # The listing sees a key there (so an empty one below means something).
+    control = base64.b64encode((jobs_prefix + "control").encode()).decode()
+    nodes.etcd._request(0, "/v3/kv/put", {"key": control, "value": ""})
+    assert nodes.etcd.keys(jobs_prefix) == [jobs_prefix + "control"]
+    nodes.etcd._request(0, "/v3/kv/deleterange", {"key": control})
+    try:
+        for name, min_nodes in (("elastic", 1), ("plain", 0)):
+            (tmp_path / name).mkdir()
+            t = Trainers(nodes, f"{job_id}-{name}", 4, tmp_path / name, min_nodes=min_nodes)
+            for r in range(2):
+                t.start(r)
+            _all_succeed(t, range(2), 90)
+        left = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = nodes.etcd.keys(jobs_prefix)
+            if not left:
+                break
+            time.sleep(0.2)
+    finally:
+        _keep_logs(nodes, tmp_path)
+    assert left == [], left

@@ -183,6 +183,18 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
   // compares a missing key's mod_revision as.
   mvccpb::KeyValue seen;
   if (read.kvs_size() > 0) seen = read.kvs(0);
+  // A read (delta 0) writes nothing: a missing counter reads 0 and stays
+  // missing, so probes ("rounds/probe", the arrivals counter read by a
+  // watcher) leave no key behind when the job ends.
+  if (delta == 0) {
+    int64_t current = 0;
+    if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rendezvous Add: key '", Shown(key), "' in job '",
+                       Shown(job_id), "' holds a value that is not a counter"));
+    }
+    return current;
+  }
   for (int attempt = 0; attempt < kMaxAddAttempts; ++attempt) {
     int64_t current = 0;
     if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
@@ -312,6 +324,22 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   int64_t erased = 0;
   for (const etcdserverpb::ResponseOp& op : done.responses()) {
     erased += op.response_delete_range().deleted();
+  }
+  // Nothing of the job left but this round's "closed" mark (a job that was
+  // not elastic; an elastic one is deleted by its last node, LeaveJob):
+  // the job has ended everywhere, and its mark goes too, so an ended job
+  // leaves no key in etcd. (A new job of the same id forms from round 1.)
+  etcdserverpb::RangeRequest rest;
+  const std::string job_prefix = JobPrefix(job_id);
+  rest.set_key(job_prefix);
+  rest.set_range_end(EtcdPrefixEnd(job_prefix));
+  rest.set_count_only(true);
+  absl::StatusOr<etcdserverpb::RangeResponse> left =
+      client_->Range(rest, CallDeadline());
+  if (left.ok() && left->count() == 1) {
+    etcdserverpb::DeleteRangeRequest mark;
+    mark.set_key(kept);
+    if (client_->DeleteRange(mark, CallDeadline()).ok()) ++erased;
   }
   spdlog::debug(
       "rendezvous: job '{}' round '{}' ended on its {} nodes; {} keys deleted "
