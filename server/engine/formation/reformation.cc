@@ -199,8 +199,7 @@ absl::StatusOr<std::optional<Reformed>> EnterEpoch(
     if (!verdict.has_value()) return std::optional<Reformed>();  // too late
     // This node's liveness in the job, under its daemon's lease (an
     // arrival's first; a survivor's again, in case its lease was replaced).
-    RETURN_IF_ERROR(store.SetOwn(
-        o.job_id, AliveKey(o.elastic_prefix, o.node_id), o.node_id));
+    RETURN_IF_ERROR(MarkAlive(store, o.job_id, o.elastic_prefix, o.node_id));
   } else if (IsSurvivor(o)) {
     ASSIGN_OR_RETURN(int64_t closers, store.Add(o.job_id, keys.Closed(), 1));
     if (closers == 1) {
@@ -268,8 +267,7 @@ absl::Status MarkRunning(RendezvousStoreInterface& store,
   RETURN_IF_ERROR(Prefixed(
       store.Set(job_id, RunningKey(elastic_prefix), round_prefix), where));
   if (!store.HasLeases()) return absl::OkStatus();
-  return Prefixed(
-      store.SetOwn(job_id, AliveKey(elastic_prefix, node_id), node_id), where);
+  return Prefixed(MarkAlive(store, job_id, elastic_prefix, node_id), where);
 }
 
 absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
@@ -334,10 +332,14 @@ absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
 absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
                   const std::string& elastic_prefix,
                   const std::string& node_id) {
-  if (store.HasLeases()) {
-    return store.SetOwn(job_id, AliveKey(elastic_prefix, node_id), node_id);
-  }
   return store.Add(job_id, AliveKey(elastic_prefix, node_id), 1).status();
+}
+
+absl::Status MarkAlive(RendezvousStoreInterface& store,
+                       const std::string& job_id,
+                       const std::string& elastic_prefix,
+                       const std::string& node_id) {
+  return store.SetOwn(job_id, AliveKey(elastic_prefix, node_id), node_id);
 }
 
 absl::Status LeaveJob(RendezvousStoreInterface& store,

@@ -251,12 +251,20 @@ absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
 absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
                                         const ReformOptions& options);
 // How often a running node beats on the built-in store, and the beat:
-// Add(1) on "<elastic_prefix>/alive/<node_id>". On etcd (HasLeases) the
-// same call writes the liveness key under the daemon's lease instead.
+// Add(1) on "<elastic_prefix>/alive/<node_id>" (a closer tells a dead node
+// from a slow one by it).
 inline constexpr absl::Duration kBeatPeriod = absl::Milliseconds(200);
 absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
                   const std::string& elastic_prefix,
                   const std::string& node_id);
+// On a store with leases (etcd) instead: "<elastic_prefix>/alive/<node_id>"
+// under this daemon's lease (SetOwn), gone when the daemon is. Written once
+// a node runs (MarkRunning, an epoch entered), and again by the watcher
+// only so that a lease etcd replaced carries it too; nobody reads a rate.
+absl::Status MarkAlive(RendezvousStoreInterface& store,
+                       const std::string& job_id,
+                       const std::string& elastic_prefix,
+                       const std::string& node_id);
 // The job ended on node `node_id` (etcd only; nothing on the built-in
 // store, whose job TTL removes the keys): its liveness key goes, and when
 // it was the last live node, every key of the job.

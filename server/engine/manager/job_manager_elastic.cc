@@ -125,7 +125,10 @@ void JobManager::MakeElastic(
       }
       const bool leased = client->HasLeases();
       if (absl::Now() >= beat_due) {
-        if (!gradd::Beat(*client, job_id, elastic_prefix, node_id).ok()) {
+        const absl::Status beat =
+            leased ? MarkAlive(*client, job_id, elastic_prefix, node_id)
+                   : gradd::Beat(*client, job_id, elastic_prefix, node_id);
+        if (!beat.ok()) {
           client.reset();  // the store is gone: connect again
           absl::SleepFor(kWatcherRetry);
           continue;
