@@ -103,8 +103,9 @@ RendezvousServer::Options CoordinatorSelector::ServerOptions(
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
-    const std::string& address, absl::Duration connect_timeout) const {
+absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>>
+CoordinatorSelector::Connect(const std::string& address,
+                             absl::Duration connect_timeout) const {
   RETURN_IF_ERROR(CheckSecured());
   if (options_.etcd != nullptr) {
     EtcdStore::Options o = options_.etcd_store;
@@ -114,7 +115,7 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
     // formation (bounded by the join timeout) fails in it when etcd is
     // unreachable.
     o.call_timeout = connect_timeout;
-    return RendezvousClient::OverEtcd(
+    return std::unique_ptr<RendezvousStoreInterface>(
         std::make_unique<EtcdStore>(options_.etcd, options_.etcd_lease, o));
   }
   RendezvousClient::Options o;
@@ -124,7 +125,9 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> CoordinatorSelector::Connect(
   o.max_message_bytes = static_cast<int>(
       std::min<size_t>(options_.store.max_value_bytes + (1 << 20),
                        std::numeric_limits<int>::max()));
-  return RendezvousClient::Create(o);
+  ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                   RendezvousClient::Create(o));
+  return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
 }
 
 absl::StatusOr<std::string> CoordinatorSelector::Resolve(

@@ -104,10 +104,13 @@ class CoordinatorSelector {
   // malformed. May block on name resolution.
   absl::StatusOr<std::string> Resolve(const std::string& requested);
 
-  // A client of the coordinator at `address` (from Resolve) carrying this
-  // daemon's credentials; it retries an unavailable coordinator for
-  // `connect_timeout`. FAILED_PRECONDITION without credentials or insecure.
-  absl::StatusOr<std::unique_ptr<RendezvousClient>> Connect(
+  // The daemon's rendezvous store for one user: on the built-in backend a
+  // client of the coordinator at `address` (from Resolve) carrying this
+  // daemon's credentials, retrying an unavailable coordinator for
+  // `connect_timeout`; on etcd an EtcdStore whose every call gives up after
+  // `connect_timeout` (EtcdStore::Options::call_timeout). FAILED_PRECONDITION
+  // without credentials or insecure.
+  absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> Connect(
       const std::string& address, absl::Duration connect_timeout) const;
 
   // How the daemon <-> daemon plane is secured, for the log and `graddctl

@@ -121,7 +121,7 @@ class KvStore : public RendezvousStoreInterface {
   [[nodiscard]] absl::StatusOr<bool> Release(absl::string_view job_id,
                                              absl::string_view round,
                                              absl::string_view node_id,
-                                             int num_nodes);
+                                             int num_nodes) override;
 
   // Drops every key of `job_id` (when the job ends).
   void DeleteJob(absl::string_view job_id);

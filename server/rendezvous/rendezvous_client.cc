@@ -49,11 +49,6 @@ RendezvousClient::RendezvousClient(const Options& options) : options_(options) {
 RendezvousClient::~RendezvousClient() {
   if (!release_when_done_.has_value()) return;
   const PendingRelease& r = *release_when_done_;
-  // A job's end must not wait for an etcd that does not answer (this runs
-  // on the job manager's control thread): bounded as a coordinator's
-  // Release is, and the keys wait for the next node's release or the job's
-  // end (LeaveJob).
-  if (etcd_ != nullptr) etcd_->set_call_timeout(kReleaseTimeout);
   absl::StatusOr<bool> released =
       Release(r.job_id, r.round, r.node_id, r.num_nodes);
   if (!released.ok()) {
@@ -79,9 +74,6 @@ absl::StatusOr<bool> RendezvousClient::Release(absl::string_view job_id,
                                                absl::string_view round,
                                                absl::string_view node_id,
                                                int num_nodes) {
-  if (etcd_ != nullptr) {
-    return etcd_->Release(job_id, round, node_id, num_nodes);
-  }
   v1::RendezvousReleaseRequest request;
   request.set_job_id(std::string(job_id));
   request.set_round(std::string(round));
@@ -104,15 +96,6 @@ absl::StatusOr<bool> RendezvousClient::Release(absl::string_view job_id,
   return response.deleted();
 }
 
-std::unique_ptr<RendezvousClient> RendezvousClient::OverEtcd(
-    std::unique_ptr<EtcdStore> store) {
-  Options options;
-  options.address = store->Describe();
-  std::unique_ptr<RendezvousClient> client(new RendezvousClient(options));
-  client->etcd_ = std::move(store);
-  return client;
-}
-
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Create(
     const Options& options) {
   if (options.address.empty()) {
@@ -122,7 +105,6 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Create(
 }
 
 std::string RendezvousClient::Describe() const {
-  if (etcd_ != nullptr) return etcd_->Describe();
   return absl::StrCat("coordinator ", options_.address);
 }
 
@@ -195,7 +177,6 @@ absl::Status RendezvousClient::Call(absl::string_view what,
 absl::Status RendezvousClient::Set(absl::string_view job_id,
                                    absl::string_view key,
                                    absl::string_view value) {
-  if (etcd_ != nullptr) return etcd_->Set(job_id, key, value);
   v1::RendezvousSetRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -210,7 +191,6 @@ absl::Status RendezvousClient::Set(absl::string_view job_id,
 absl::StatusOr<std::string> RendezvousClient::Get(absl::string_view job_id,
                                                   absl::string_view key,
                                                   absl::Duration timeout) {
-  if (etcd_ != nullptr) return etcd_->Get(job_id, key, timeout);
   v1::RendezvousGetRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -229,7 +209,6 @@ absl::StatusOr<std::string> RendezvousClient::Get(absl::string_view job_id,
 absl::StatusOr<int64_t> RendezvousClient::Add(absl::string_view job_id,
                                               absl::string_view key,
                                               int64_t delta) {
-  if (etcd_ != nullptr) return etcd_->Add(job_id, key, delta);
   v1::RendezvousAddRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));
@@ -246,7 +225,6 @@ absl::StatusOr<int64_t> RendezvousClient::Add(absl::string_view job_id,
 absl::Status RendezvousClient::Wait(absl::string_view job_id,
                                     absl::Span<const std::string> keys,
                                     absl::Duration timeout) {
-  if (etcd_ != nullptr) return etcd_->Wait(job_id, keys, timeout);
   v1::RendezvousWaitRequest request;
   request.set_job_id(std::string(job_id));
   for (const std::string& key : keys) request.add_keys(key);
@@ -260,49 +238,8 @@ absl::Status RendezvousClient::Wait(absl::string_view job_id,
               });
 }
 
-bool RendezvousClient::HasLeases() const {
-  return etcd_ != nullptr && etcd_->HasLeases();
-}
-
-absl::Status RendezvousClient::SetOwn(absl::string_view job_id,
-                                      absl::string_view key,
-                                      absl::string_view value) {
-  if (etcd_ != nullptr) return etcd_->SetOwn(job_id, key, value);
-  return Set(job_id, key, value);
-}
-
-absl::StatusOr<bool> RendezvousClient::CompareAndSet(
-    absl::string_view job_id, absl::string_view key,
-    std::optional<std::string> expected, absl::string_view value,
-    absl::Span<const std::pair<std::string, std::string>> also) {
-  if (etcd_ != nullptr) {
-    return etcd_->CompareAndSet(job_id, key, std::move(expected), value, also);
-  }
-  return RendezvousStoreInterface::CompareAndSet(
-      job_id, key, std::move(expected), value, also);
-}
-
-absl::StatusOr<int64_t> RendezvousClient::DeletePrefix(
-    absl::string_view job_id, absl::string_view prefix) {
-  if (etcd_ != nullptr) return etcd_->DeletePrefix(job_id, prefix);
-  return RendezvousStoreInterface::DeletePrefix(job_id, prefix);
-}
-
-absl::StatusOr<int64_t> RendezvousClient::CountPrefix(
-    absl::string_view job_id, absl::string_view prefix) {
-  if (etcd_ != nullptr) return etcd_->CountPrefix(job_id, prefix);
-  return RendezvousStoreInterface::CountPrefix(job_id, prefix);
-}
-
-absl::Status RendezvousClient::DeleteJob(absl::string_view job_id) {
-  if (etcd_ != nullptr) return etcd_->DeleteJob(job_id);
-  return absl::UnimplementedError(
-      absl::StrCat(Describe(), " drops a job's keys by its TTL"));
-}
-
 absl::StatusOr<bool> RendezvousClient::Delete(absl::string_view job_id,
                                               absl::string_view key) {
-  if (etcd_ != nullptr) return etcd_->Delete(job_id, key);
   v1::RendezvousDeleteRequest request;
   request.set_job_id(std::string(job_id));
   request.set_key(std::string(key));

@@ -18,12 +18,6 @@
 // plaintext and no token (rendezvous.insecure, tests). The coordinator
 // refusing them is UNAUTHENTICATED, never retried.
 //
-// On etcd (rendezvous.backend: etcd), CoordinatorSelector::Connect hands
-// out a RendezvousClient made by OverEtcd: every call, Release included,
-// goes to the EtcdStore instead of a coordinator. (The engine's callers
-// name this class; once they name RendezvousStoreInterface, OverEtcd can
-// go.)
-//
 // Thread-safety: all methods may be called concurrently (one channel).
 #ifndef GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 #define GRADD_SERVER_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
@@ -42,7 +36,6 @@
 #include "gradd/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth/node_credentials.h"
-#include "server/rendezvous/etcd/etcd_store.h"
 #include "server/rendezvous/store_interface.h"
 
 namespace gradd {
@@ -74,9 +67,6 @@ class RendezvousClient : public RendezvousStoreInterface {
   // address.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Create(
       const Options& options);
-  // A client whose every call goes to `store` (see the header comment).
-  static std::unique_ptr<RendezvousClient> OverEtcd(
-      std::unique_ptr<EtcdStore> store);
 
   [[nodiscard]] absl::Status Set(absl::string_view job_id,
                                  absl::string_view key,
@@ -93,24 +83,6 @@ class RendezvousClient : public RendezvousStoreInterface {
   [[nodiscard]] absl::StatusOr<bool> Delete(absl::string_view job_id,
                                             absl::string_view key) override;
   std::string Describe() const override;
-  // On etcd, the EtcdStore's; on a coordinator, the interface's defaults
-  // (no leases, no transactions).
-  bool HasLeases() const override;
-  [[nodiscard]] absl::Status SetOwn(absl::string_view job_id,
-                                    absl::string_view key,
-                                    absl::string_view value) override;
-  [[nodiscard]] absl::StatusOr<bool> CompareAndSet(
-      absl::string_view job_id, absl::string_view key,
-      std::optional<std::string> expected, absl::string_view value,
-      absl::Span<const std::pair<std::string, std::string>> also) override;
-  [[nodiscard]] absl::StatusOr<int64_t> DeletePrefix(
-      absl::string_view job_id, absl::string_view prefix) override;
-  [[nodiscard]] absl::StatusOr<int64_t> CountPrefix(
-      absl::string_view job_id, absl::string_view prefix) override;
-  // Every key of `job_id` (etcd only: the built-in store drops a job by
-  // its TTL; UNIMPLEMENTED there).
-  [[nodiscard]] absl::Status DeleteJob(absl::string_view job_id);
-
   // Tells the coordinator that node `node_id` is done with `round` of
   // `job_id`, a job of `num_nodes` nodes (KvStore::Release): once every node
   // has, the coordinator deletes the round's keys. One attempt, bounded by
@@ -118,12 +90,12 @@ class RendezvousClient : public RendezvousStoreInterface {
   [[nodiscard]] absl::StatusOr<bool> Release(absl::string_view job_id,
                                              absl::string_view round,
                                              absl::string_view node_id,
-                                             int num_nodes);
+                                             int num_nodes) override;
   // Makes the destructor Release(...) (best effort, logged at debug level
   // when it fails): a formed job keeps its store client exactly as long as
   // it runs on this node, so the coordinator learns when it ended here.
   void ReleaseRoundWhenDone(std::string job_id, std::string round,
-                            std::string node_id, int num_nodes);
+                            std::string node_id, int num_nodes) override;
   ~RendezvousClient() override;
 
   const std::string& address() const { return options_.address; }
@@ -155,7 +127,6 @@ class RendezvousClient : public RendezvousStoreInterface {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::optional<PendingRelease> release_when_done_;
-  std::unique_ptr<EtcdStore> etcd_;
 };
 
 }  // namespace gradd

@@ -1,7 +1,9 @@
 // The rendezvous key-value store as the rest of the daemon sees it: the
-// in-process KvStore (the coordinator's own store, and tests) and the gRPC
-// RendezvousClient (every other daemon) both implement it, so GlooStore and
-// FormJob run on either.
+// in-process KvStore (the coordinator's own store, and tests), the gRPC
+// RendezvousClient (every other daemon on the built-in backend) and the
+// EtcdStore (rendezvous.backend: etcd) all implement it, so GlooStore,
+// formation and re-formation run on any; CoordinatorSelector::Connect hands
+// out the daemon's.
 //
 // Every key belongs to one job's namespace (`job_id`, non-empty); jobs never
 // see each other's keys. Implementations are thread-safe.
@@ -89,6 +91,28 @@ class RendezvousStoreInterface {
     (void)job_id, (void)prefix;
     return absl::UnimplementedError(
         absl::StrCat(Describe(), " cannot delete by prefix"));
+  }
+  // Node `node_id` is done with `round` (a first key segment, no '/') of
+  // `job_id`, a job of `num_nodes` nodes: once that many distinct nodes
+  // have said so, the store deletes the round's keys but its "closed" mark
+  // (KvStore::Release has the details). Returns whether this call deleted
+  // them. UNIMPLEMENTED where the store keeps no rounds.
+  [[nodiscard]] virtual absl::StatusOr<bool> Release(absl::string_view job_id,
+                                                     absl::string_view round,
+                                                     absl::string_view node_id,
+                                                     int num_nodes) {
+    (void)job_id, (void)round, (void)node_id, (void)num_nodes;
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " keeps no formation rounds"));
+  }
+  // Makes this store object Release(...) when it is destroyed (best effort,
+  // within a couple of seconds, logged at debug level when it fails): a
+  // formed job keeps a store object exactly as long as it runs on this
+  // node, so the store learns when the job ended here. Ignored by stores
+  // without rounds.
+  virtual void ReleaseRoundWhenDone(std::string job_id, std::string round,
+                                    std::string node_id, int num_nodes) {
+    (void)job_id, (void)round, (void)node_id, (void)num_nodes;
   }
   // How many keys of `job_id` start with `prefix` (non-empty).
   // UNIMPLEMENTED where the store cannot count them.

@@ -97,10 +97,11 @@
 // every key here is in the one round "elastic<k>", which starts with
 // MarkRunning, so epochs and arrivals never count against
 // max_rounds_per_job_per_minute; "running", "arrivals" and "epoch" keep the
-// round alive. Release("round<k>") (RendezvousClient::ReleaseRoundWhenDone)
-// deletes only "round<k>/..." keys, so nothing of "elastic<k>" goes while
-// the job runs; after the job, its elastic round stays until the job TTL
-// (or a Release("elastic<k>", ...) by whoever ends the job).
+// round alive. Release("round<k>")
+// (RendezvousStoreInterface::ReleaseRoundWhenDone) deletes only "round<k>/..."
+// keys, so nothing of "elastic<k>" goes while the job runs; after the job, its
+// elastic round stays until the job TTL (or a Release("elastic<k>", ...) by
+// whoever ends the job).
 //
 // Thread-safety: plain functions; they block the calling thread (the
 // JobManager's formation thread), bounded by the options' timeouts.

@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "server/engine/formation/bucket_specs.h"
 #include "server/logging.h"
-#include "server/rendezvous/rendezvous_client.h"
+#include "server/rendezvous/store_interface.h"
 
 namespace gradd {
 namespace {
@@ -433,9 +433,7 @@ std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
     options.store_factory = [address = spec.coordinator,
                              timeout = options.node_timeout, coordinators]()
         -> absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
-                       coordinators->Connect(address, timeout));
-      return std::unique_ptr<RendezvousStoreInterface>(std::move(client));
+      return coordinators->Connect(address, timeout);
     };
   }
   return std::make_unique<RebuildCoordinator>(job, std::move(options));

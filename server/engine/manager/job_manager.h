@@ -94,7 +94,7 @@
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
 #include "server/rendezvous/coordinator.h"
-#include "server/rendezvous/rendezvous_client.h"
+#include "server/rendezvous/store_interface.h"
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
@@ -243,10 +243,10 @@ class JobManager final : public NodeHandlerInterface,
         std::make_shared<std::atomic<uint64_t>>(0);
     StopFlag watcher;
     // Hold the job's formation round and elastic namespace in the store
-    // while it runs here (RendezvousClient::ReleaseRoundWhenDone): the
+    // while it runs here (RendezvousStoreInterface::ReleaseRoundWhenDone): the
     // reducers' clients change with every re-formation, so these are
     // kept apart and released when the job ends on this node.
-    std::vector<std::unique_ptr<RendezvousClient>> releases;
+    std::vector<std::unique_ptr<RendezvousStoreInterface>> releases;
   };
   // A node admitted into its running elastic job (the formation thread's
   // FindRunning found it): what the agreement said besides the layout.
@@ -277,7 +277,7 @@ class JobManager final : public NodeHandlerInterface,
     // Set when this node was admitted into its running elastic job.
     std::optional<Admission> admission;
     // Elastic jobs: see ElasticState::releases.
-    std::vector<std::unique_ptr<RendezvousClient>> releases;
+    std::vector<std::unique_ptr<RendezvousStoreInterface>> releases;
   };
   using Task = absl::AnyInvocable<void() &&>;
 
@@ -349,11 +349,12 @@ class JobManager final : public NodeHandlerInterface,
                            JobSpec spec, absl::StatusOr<FormedNodes> result);
   // Creates the job, hands every rank its memory and answers the Attaches
   // (rejoined = true for a node admitted into its running job).
-  void Activate(const std::string& job_id, JobSpec spec,
-                absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
-                std::vector<JobNode> members = {},
-                std::optional<Admission> admission = std::nullopt,
-                std::vector<std::unique_ptr<RendezvousClient>> releases = {});
+  void Activate(
+      const std::string& job_id, JobSpec spec,
+      absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
+      std::vector<JobNode> members = {},
+      std::optional<Admission> admission = std::nullopt,
+      std::vector<std::unique_ptr<RendezvousStoreInterface>> releases = {});
 
   // Elastic multi-node jobs (job_manager_elastic.cc). The collective
   // timeout between nodes: collective_timeout_ms, plus the job's rank
@@ -368,10 +369,10 @@ class JobManager final : public NodeHandlerInterface,
       std::unique_ptr<CollectiveBackendInterface> backend,
       std::unique_ptr<RendezvousStoreInterface> store);
   // Before Start: sets the job's reform handler and starts its watcher.
-  void MakeElastic(ActiveJob& active, const std::vector<JobNode>& members,
-                   int node_rank, int max_nodes, int64_t arrivals_seen,
-                   uint64_t epoch,
-                   std::vector<std::unique_ptr<RendezvousClient>> releases);
+  void MakeElastic(
+      ActiveJob& active, const std::vector<JobNode>& members, int node_rank,
+      int max_nodes, int64_t arrivals_seen, uint64_t epoch,
+      std::vector<std::unique_ptr<RendezvousStoreInterface>> releases);
   // Control thread: a break of job `job_id` (generation `generation`),
   // posted by its reform handler; starts the re-formation thread.
   void StartReformation(const std::string& job_id, uint64_t generation,

@@ -18,7 +18,7 @@
 #include "server/engine/reduce/hierarchical_reducer.h"
 #include "server/logging.h"
 #include "server/rendezvous/host_addresses.h"
-#include "server/rendezvous/rendezvous_client.h"
+#include "server/rendezvous/store_interface.h"
 
 namespace gradd {
 namespace {
@@ -72,7 +72,7 @@ std::unique_ptr<BucketReducerInterface> JobManager::MakeNodeReducer(
 void JobManager::MakeElastic(
     ActiveJob& active, const std::vector<JobNode>& members, int node_rank,
     int max_nodes, int64_t arrivals_seen, uint64_t epoch,
-    std::vector<std::unique_ptr<RendezvousClient>> releases) {
+    std::vector<std::unique_ptr<RendezvousStoreInterface>> releases) {
   auto state = std::make_unique<ElasticState>();
   state->releases = std::move(releases);
   state->members = members;
@@ -108,13 +108,13 @@ void JobManager::MakeElastic(
                node_id = members.at(node_rank).node_id,
                stopped = state->watcher.stopped, next = state->next_arrival,
                reformations = state->reformations]() {
-    std::unique_ptr<RendezvousClient> client;
+    std::unique_ptr<RendezvousStoreInterface> client;
     int64_t broke_for = 0;           // the arrival last broken for
     uint64_t broke_at = UINT64_MAX;  // ...at this many re-formations
     absl::Time beat_due = absl::InfinitePast();
     while (!stopped->load()) {
       if (client == nullptr) {
-        absl::StatusOr<std::unique_ptr<RendezvousClient>> c =
+        absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> c =
             selector->Connect(coordinator, kWatcherCallTimeout);
         if (!c.ok()) {
           absl::SleepFor(kWatcherRetry);
@@ -255,7 +255,7 @@ void JobManager::StartReformation(const std::string& job_id,
                coordinator = spec.coordinator, advertise = rv.advertise_host(),
                ifname = rv.interface(), options = std::move(options), job_id,
                generation, nccl, rank_devices = spec.rank_devices]() mutable {
-    std::unique_ptr<RendezvousClient> client;
+    std::unique_ptr<RendezvousStoreInterface> client;
     absl::StatusOr<Reformed> result = [&]() -> absl::StatusOr<Reformed> {
       absl::StatusOr<std::string> advertised =
           AdvertiseAddress(advertise, ifname, coordinator);

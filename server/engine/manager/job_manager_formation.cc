@@ -20,7 +20,7 @@
 #include "server/engine/reduce/hierarchical_reducer.h"
 #include "server/logging.h"
 #include "server/rendezvous/host_addresses.h"
-#include "server/rendezvous/rendezvous_client.h"
+#include "server/rendezvous/store_interface.h"
 
 namespace gradd {
 namespace {
@@ -108,7 +108,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           absl::StrCat("job '", job_id, "': node '", options.node_id,
                        "' joining ", options.num_nodes, " nodes through ",
                        coordinator, " (Gloo on ", options.advertise_host, ")"));
-      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStoreInterface> client,
                        selector->Connect(coordinator, options.join_timeout));
       if (elastic && spec.min_nodes > 0) {
         absl::StatusOr<std::string> running = FindRunning(
@@ -179,7 +179,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           out.round_prefix =
               absl::StrCat("round", absl::StripPrefix(*running, "elastic"));
           for (const std::string& round : {out.round_prefix, *running}) {
-            absl::StatusOr<std::unique_ptr<RendezvousClient>> holder =
+            absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> holder =
                 selector->Connect(coordinator, options.join_timeout);
             if (!holder.ok()) continue;
             (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
@@ -224,7 +224,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
         // and the elastic namespace are held by clients of their own.
         for (const std::string& round :
              {options.prefix, ElasticPrefix(options.prefix)}) {
-          absl::StatusOr<std::unique_ptr<RendezvousClient>> holder =
+          absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> holder =
               selector->Connect(coordinator, options.join_timeout);
           if (!holder.ok()) continue;  // the job TTL removes the keys
           (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
@@ -310,7 +310,7 @@ void JobManager::Activate(
     const std::string& job_id, JobSpec spec,
     absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
     std::vector<JobNode> members, std::optional<Admission> admission,
-    std::vector<std::unique_ptr<RendezvousClient>> releases) {
+    std::vector<std::unique_ptr<RendezvousStoreInterface>> releases) {
   PendingJob& p = pending_.at(job_id);
   if (reducer.ok()) {
     reducer = WrapDeviceReducer(spec.device_spec(), *std::move(reducer));

@@ -18,6 +18,9 @@ namespace gradd {
 namespace {
 
 constexpr int kMaxReleaseNodes = 65536;
+// A release at destruction runs when a job ends, on the job manager's
+// control thread: never long.
+constexpr absl::Duration kReleaseTimeout = absl::Seconds(2);
 constexpr absl::string_view kKeptInRound = "/closed";
 // An Add that loses the compare this many times in a row gives up
 // (ABORTED: retry the sequence); each loss means another writer won.
@@ -75,6 +78,25 @@ std::string EtcdStore::EtcdKey(absl::string_view job_id,
 absl::Status EtcdStore::CheckKey(absl::string_view job_id,
                                  absl::string_view key) const {
   return CheckStoreKey(job_id, key, options_.max_key_bytes);
+}
+
+EtcdStore::~EtcdStore() {
+  if (!release_when_done_.has_value()) return;
+  const PendingRelease& r = *release_when_done_;
+  call_timeout_ = kReleaseTimeout;
+  absl::StatusOr<bool> released =
+      Release(r.job_id, r.round, r.node_id, r.num_nodes);
+  if (!released.ok()) {
+    spdlog::debug("job '{}': telling etcd that round '{}' ended here: {}",
+                  Shown(r.job_id), Shown(r.round),
+                  released.status().ToString());
+  }
+}
+
+void EtcdStore::ReleaseRoundWhenDone(std::string job_id, std::string round,
+                                     std::string node_id, int num_nodes) {
+  release_when_done_ = PendingRelease{std::move(job_id), std::move(round),
+                                      std::move(node_id), num_nodes};
 }
 
 absl::Time EtcdStore::CallDeadline() const {

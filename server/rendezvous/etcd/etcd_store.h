@@ -113,14 +113,14 @@ class EtcdStore : public RendezvousStoreInterface {
   [[nodiscard]] absl::StatusOr<bool> Release(absl::string_view job_id,
                                              absl::string_view round,
                                              absl::string_view node_id,
-                                             int num_nodes);
+                                             int num_nodes) override;
+  // The release at destruction is bounded by 2 s (as a coordinator's), so
+  // a job's end never waits for an etcd that does not answer.
+  void ReleaseRoundWhenDone(std::string job_id, std::string round,
+                            std::string node_id, int num_nodes) override;
+  ~EtcdStore() override;
   // Deletes every key of `job_id`.
   [[nodiscard]] absl::Status DeleteJob(absl::string_view job_id);
-
-  // Bounds every later call by `timeout` (Options::call_timeout). Not
-  // thread-safe against calls running at the same time: for the store's
-  // sole owner, before its last calls (RendezvousClient's destructor).
-  void set_call_timeout(absl::Duration timeout) { call_timeout_ = timeout; }
 
   // The etcd key of `key` in `job_id` (tests, tools).
   std::string EtcdKey(absl::string_view job_id, absl::string_view key) const;
@@ -144,7 +144,15 @@ class EtcdStore : public RendezvousStoreInterface {
   const std::shared_ptr<EtcdClient> client_;
   const std::shared_ptr<EtcdLease> lease_;
   const Options options_;
+  // Options::call_timeout; the destructor's release bounds it shorter.
   absl::Duration call_timeout_;
+  struct PendingRelease {
+    std::string job_id;
+    std::string round;
+    std::string node_id;
+    int num_nodes = 0;
+  };
+  std::optional<PendingRelease> release_when_done_;
 };
 
 }  // namespace gradd
