@@ -21,7 +21,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/etcd_cluster.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/node_cluster.h"
 
 namespace gradd::testing {
 namespace {
@@ -45,13 +45,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 using Clock = std::chrono::steady_clock;
-
-// Number after "key=" in a trainer's output, or -1.
-long Field(const std::string& output, const std::string& key) {
-  size_t at = output.find(key + "=");
-  if (at == std::string::npos) return -1;
-  return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
-}
 
 // The body of GET http://127.0.0.1:<port>/metrics, or "" (with a failure).
 std::string Scrape(int port) {
@@ -89,56 +82,12 @@ std::string Scrape(int port) {
   return response.substr(body + 4);
 }
 
-// How the daemons reach etcd.
-enum class EtcdAuth { kPlaintext, kMutualTls };
-
-class EtcdMultiNodeTest : public GraddTest {
+// Each test starts the etcd it needs (plaintext, mutual TLS, with users, or
+// none at all).
+class EtcdMultiNodeTest : public NodeClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = MakeTestDir("gradd-etcd-mn-");
-    ASSERT_FALSE(dir_.empty());
-  }
-
-  void TearDown() override {
-    // The daemons before etcd: a daemon that stops cleanly revokes its
-    // lease, which needs etcd.
-    StopNodeDaemons(daemons_, milliseconds(20000), HasFailure());
-    if (HasFailure() && cluster_ != nullptr) {
-      std::cerr << "---- etcd log ----\n" << cluster_->LogTail(0);
-    }
-    cluster_.reset();
-    GraddTest::TearDown();
-  }
-
-  // Starts a one-member etcd; with kMutualTls it serves TLS and demands
-  // client certificates of the test CA (the certificates the daemons get).
-  // Fatal on failure: call under ASSERT_NO_FATAL_FAILURE.
-  void StartEtcd(EtcdAuth auth) {
-    EtcdCluster::Options o;
-    o.dir = dir_;
-    if (auth == EtcdAuth::kMutualTls) {
-      o.tls = true;
-      o.certs_dir = Certs();
-      ASSERT_FALSE(o.certs_dir.empty());
-    }
-    cluster_ = EtcdCluster::Start(o);
-    ASSERT_NE(cluster_, nullptr) << "etcd did not start (see above)";
-  }
-
-  // The test certificates (tests/tools/make_test_certs.sh), made once.
-  std::string Certs() {
-    if (!certs_.empty()) return certs_;
-    const std::string certs = dir_ + "/certs";
-    const std::string cmd = absl::StrCat("sh '", GRADD_SOURCE_DIR,
-                                         "/tests/tools/make_test_certs.sh' '",
-                                         certs, "' >", dir_, "/certs.log 2>&1");
-    if (std::system(cmd.c_str()) != 0) {
-      ADD_FAILURE() << "could not make test certificates: " << cmd;
-      return "";
-    }
-    certs_ = certs;
-    return certs_;
-  }
+  EtcdMultiNodeTest()
+      : NodeClusterTest(Backend::kEtcd, "gradd-etcd-mn-", std::nullopt) {}
 
   // The daemons' config: the etcd backend at the cluster's endpoints, with
   // `etcd_lines` (indented under rendezvous.etcd) for its credentials and
@@ -146,85 +95,11 @@ class EtcdMultiNodeTest : public GraddTest {
   std::string WriteConfig(const std::string& name,
                           const std::vector<std::string>& etcd_lines,
                           const std::vector<std::string>& top_lines = {}) {
-    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    std::ofstream out(path);
-    out << "rendezvous:\n"
-        << "  backend: etcd\n"
-        << "  join_timeout_ms: 30000\n"
-        << "  collective_timeout_ms: 20000\n"
-        << "  expected_node_ids: node-a, node-b, node-c\n"
-        << "  etcd:\n"
-        << "    endpoints: " << absl::StrJoin(cluster_->endpoints(), ",")
-        << "\n"
-        << "    prefix: /gradd-test/\n";
-    for (const std::string& line : etcd_lines) out << "    " << line << "\n";
-    for (const std::string& line : top_lines) out << line << "\n";
-    return path;
-  }
-
-  // The client certificate, key and CA of the test CA for etcd.
-  std::vector<std::string> EtcdTlsLines() {
-    return {"ca_file: " + Certs() + "/ca.crt",
-            "cert_file: " + Certs() + "/node.crt",
-            "key_file: " + Certs() + "/node.key"};
-  }
-
-  // Starts node `id`'s daemon with `config` and the Gloo pair credentials
-  // (NodeAuthFlags). False (with a failure) if it is not serving within
-  // 30 s (etcd's lease comes first).
-  bool StartNode(const std::string& id, const std::string& config) {
-    NodeDaemon d = SpawnNode(id, config);
-    daemons_.push_back(d);
-    const auto deadline = Clock::now() + milliseconds(30000);
-    struct stat st;
-    while (Clock::now() < deadline) {
-      if (stat(d.socket.c_str(), &st) == 0 &&
-          stat((d.socket + ".session").c_str(), &st) == 0) {
-        return true;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    ADD_FAILURE() << "gradd " << id << " did not come up:\n"
-                  << ReadFile(d.proc.log);
-    return false;
-  }
-
-  NodeDaemon SpawnNode(const std::string& id, const std::string& config,
-                       const std::string& log_name = "") {
-    NodeDaemon d;
-    d.node_id = id;
-    d.socket = absl::StrCat(dir_, "/", id, "/gradd.sock");
-    std::vector<std::string> argv = {DaemonBinary(),
-                                     "--socket",
-                                     d.socket,
-                                     "--node-id",
-                                     id,
-                                     "--config",
-                                     config,
-                                     "--metrics-port-file",
-                                     MetricsPortFile(id)};
-    const std::vector<std::string> auth = NodeAuthFlags();
-    argv.insert(argv.end(), auth.begin(), auth.end());
-    d.proc =
-        Spawn(log_name.empty() ? absl::StrCat("gradd-", id) : log_name, argv);
-    // Stopped by TearDown with SIGTERM, not by the trainers' SIGKILL sweep.
-    procs_.pop_back();
-    return d;
-  }
-
-  // Where node `id`'s daemon writes its /metrics port (when its config
-  // has metrics.listen_address).
-  std::string MetricsPortFile(const std::string& id) const {
-    return absl::StrCat(dir_, "/", id, ".metrics-port");
-  }
-  // Node `id`'s /metrics port, or 0 (with a failure) if it wrote none.
-  int MetricsPort(const std::string& id) {
-    int port = 0;
-    const std::string text = ReadFile(MetricsPortFile(id));
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
-      ADD_FAILURE() << id << " wrote no metrics port: '" << text << "'";
-    }
-    return port;
+    NodeConfig config;
+    config.name = name;
+    config.etcd_lines = etcd_lines;
+    config.top_lines = top_lines;
+    return WriteNodeConfig(config);
   }
 
   // graddctl `args` against node `id`'s daemon, bounded.
@@ -241,68 +116,15 @@ class EtcdMultiNodeTest : public GraddTest {
 #endif
   }
 
-  const NodeDaemon& Node(const std::string& id) {
-    for (const NodeDaemon& d : daemons_) {
-      if (d.node_id == id) return d;
-    }
-    ADD_FAILURE() << "no node " << id;
-    return daemons_.front();
-  }
-
-  // Trainers of `job` on every (node id, local world size), in order.
-  std::vector<Proc> StartJob(
-      const std::string& job,
-      const std::vector<std::pair<std::string, int>>& nodes,
-      const std::vector<std::string>& extra) {
-    std::vector<Proc> ps;
-    for (const auto& [id, world] : nodes) {
-      for (int r = 0; r < world; ++r) {
-        std::vector<std::string> argv = {TrainerBinary(),
-                                         "--socket",
-                                         Node(id).socket,
-                                         "--job",
-                                         job,
-                                         "--local-rank",
-                                         absl::StrCat(r),
-                                         "--local-world-size",
-                                         absl::StrCat(world),
-                                         "--num-nodes",
-                                         absl::StrCat(nodes.size())};
-        argv.insert(argv.end(), extra.begin(), extra.end());
-        ps.push_back(Spawn(absl::StrCat(job, ".", id, ".rank", r), argv));
-      }
-    }
-    return ps;
-  }
-
   // Three daemons on `config` run a job of 6 ranks over uneven local
   // worlds (a: 2, b: 1, c: 3); every trainer checks every averaged value
   // against its closed form with world size 6.
   void ExpectThreeNodeJobAveragesExactly(const std::string& config,
                                          const std::string& job) {
-    ASSERT_TRUE(StartNode("node-a", config));
-    ASSERT_TRUE(StartNode("node-b", config));
-    ASSERT_TRUE(StartNode("node-c", config));
-    std::vector<Proc> ps = StartJob(
-        job, {{"node-a", 2}, {"node-b", 1}, {"node-c", 3}},
-        {"--iterations", "50", "--seed", "11", "--bucket-cap-mb", "0.01",
-         "--first-bucket-cap-mb", "0.002", "--broadcast-bytes", "3000"});
-    std::vector<Exit> exits = WaitAll(ps, milliseconds(90000));
-    std::set<long> ranks;
-    long buckets = -1;
-    for (size_t i = 0; i < exits.size(); ++i) {
-      const Exit& e = exits[i];
-      ASSERT_EQ(e.code, 0) << ps[i].name << ":\n" << e.output;
-      EXPECT_THAT(e.output, HasSubstr("BROADCAST_OK bytes=3000"));
-      EXPECT_THAT(e.output, HasSubstr("PASS iterations=50"));
-      EXPECT_EQ(Field(e.output, "world"), 6) << ps[i].name;
-      EXPECT_GT(Field(e.output, "verified"), 0) << ps[i].name;
-      ranks.insert(Field(e.output, "rank"));
-      if (i == 0) buckets = Field(e.output, "buckets");
-      EXPECT_EQ(Field(e.output, "buckets"), buckets) << "plans differ";
-    }
-    EXPECT_EQ(ranks, (std::set<long>{0, 1, 2, 3, 4, 5}));
-    EXPECT_GE(buckets, 4);
+    ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
+    ASSERT_NO_FATAL_FAILURE(ExpectUnevenThreeNodeJobAveragesExactly(
+        job, /*iterations=*/50, /*seed=*/11, /*min_buckets=*/4,
+        milliseconds(90000)));
     // Every daemon used etcd, none served a store of its own.
     for (const NodeDaemon& d : daemons_) {
       const std::string log = ReadFile(d.proc.log);
@@ -332,9 +154,6 @@ class EtcdMultiNodeTest : public GraddTest {
     return e.output;
   }
 
-  std::unique_ptr<EtcdCluster> cluster_;
-  std::string certs_;
-  std::vector<NodeDaemon> daemons_;
   int refused_ = 0;
   int ctl_runs_ = 0;
 };
@@ -351,8 +170,8 @@ TEST_F(EtcdMultiNodeTest, ThreeDaemonsOnEtcdAverageExactly) {
   for (size_t i = 0; i < exits.size(); ++i) {
     ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
     EXPECT_THAT(exits[i].output, HasSubstr("PASS iterations=20"));
-    EXPECT_EQ(Field(exits[i].output, "world"), 3);
-    EXPECT_GT(Field(exits[i].output, "verified"), 0);
+    EXPECT_EQ(ReportedNumber(exits[i].output, "world"), 3);
+    EXPECT_GT(ReportedNumber(exits[i].output, "verified"), 0);
   }
 }
 
@@ -361,7 +180,7 @@ TEST_F(EtcdMultiNodeTest, ThreeDaemonsOnEtcdOverMutualTlsAverageExactly) {
   const std::string config = WriteConfig("mtls", EtcdTlsLines());
   ASSERT_NO_FATAL_FAILURE(ExpectThreeNodeJobAveragesExactly(config, "mn"));
   // The client key's text: in no answer and no log line.
-  const std::string key = ReadFile(Certs() + "/node.key");
+  const std::string key = ReadFile(TestCerts() + "/node.key");
   const std::string key_line = key.substr(key.find('\n') + 1, 40);
   ASSERT_GE(key_line.size(), 40u) << key;
   for (const NodeDaemon& d : daemons_) {
@@ -395,12 +214,12 @@ TEST_F(EtcdMultiNodeTest, ThreeDaemonsOnEtcdOverMutualTlsAverageExactly) {
 TEST_F(EtcdMultiNodeTest, ADaemonWithoutAcceptedEtcdCertificatesCannotStart) {
   ASSERT_NO_FATAL_FAILURE(StartEtcd(EtcdAuth::kMutualTls));
   const std::string no_cert =
-      WriteConfig("no-cert", {"ca_file: " + Certs() + "/ca.crt"});
+      WriteConfig("no-cert", {"ca_file: " + TestCerts() + "/ca.crt"});
   ExpectDaemonRefusesToStart(no_cert, milliseconds(60000));
   const std::string stranger =
-      WriteConfig("stranger", {"ca_file: " + Certs() + "/ca.crt",
-                               "cert_file: " + Certs() + "/stranger.crt",
-                               "key_file: " + Certs() + "/stranger.key"});
+      WriteConfig("stranger", {"ca_file: " + TestCerts() + "/ca.crt",
+                               "cert_file: " + TestCerts() + "/stranger.crt",
+                               "key_file: " + TestCerts() + "/stranger.key"});
   ExpectDaemonRefusesToStart(stranger, milliseconds(60000));
   // A plaintext client of a TLS etcd.
   const std::string plaintext = WriteConfig("plaintext", {});
@@ -439,8 +258,8 @@ TEST_F(EtcdMultiNodeTest, AWrongEtcdPasswordIsRefusedWithoutShowingIt) {
   for (size_t i = 0; i < exits.size(); ++i) {
     ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
     EXPECT_THAT(exits[i].output, HasSubstr("PASS iterations=20"));
-    EXPECT_EQ(Field(exits[i].output, "world"), 3);
-    EXPECT_GT(Field(exits[i].output, "verified"), 0);
+    EXPECT_EQ(ReportedNumber(exits[i].output, "world"), 3);
+    EXPECT_GT(ReportedNumber(exits[i].output, "verified"), 0);
   }
   for (const NodeDaemon& d : daemons_) {
     const std::string log = ReadFile(d.proc.log);

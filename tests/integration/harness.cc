@@ -321,16 +321,8 @@ std::vector<std::string> GraddTest::NodeAuthFlags() {
   if (kind == "insecure") {
     node_auth_flags_ = {"--rendezvous-insecure"};
   } else if (kind == "mtls") {
-    // From the source tree (not __FILE__, which a compiler cache may make
-    // relative to the build directory).
-    const std::string certs = dir_ + "/certs";
-    const std::string cmd =
-        absl::StrCat("sh '", GRADD_SOURCE_DIR,
-                     "/tests/tools/make_test_certs.sh' '", certs, "'");
-    if (std::system(cmd.c_str()) != 0) {
-      ADD_FAILURE() << "could not make test certificates: " << cmd;
-      return {};
-    }
+    const std::string certs = TestCerts();
+    if (certs.empty()) return {};
     node_auth_flags_ = {"--rendezvous-tls-cert", certs + "/node.crt",
                         "--rendezvous-tls-key",  certs + "/node.key",
                         "--rendezvous-tls-ca",   certs + "/ca.crt"};
@@ -351,6 +343,25 @@ std::vector<std::string> GraddTest::NodeAuthFlags() {
                   << "': expected token, mtls or insecure";
   }
   return node_auth_flags_;
+}
+
+std::string GraddTest::TestCerts() {
+  if (!certs_.empty()) return certs_;
+  // From the source tree (not __FILE__, which a compiler cache may make
+  // relative to the build directory).
+  const std::string certs = dir_ + "/certs";
+  const std::string cmd = absl::StrCat("sh '", GRADD_SOURCE_DIR,
+                                       "/tests/tools/make_test_certs.sh' '",
+                                       certs, "' >", dir_, "/certs.log 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << "could not make test certificates (is openssl "
+                     "installed?): "
+                  << cmd << "\n"
+                  << ReadFile(dir_ + "/certs.log");
+    return "";
+  }
+  certs_ = certs;
+  return certs_;
 }
 
 std::vector<std::string> GraddTest::StartNodeDaemons(
@@ -447,6 +458,12 @@ std::string ReportedValue(const std::string& output, const std::string& key) {
   const size_t begin = at + key.size() + 2;
   const size_t end = output.find_first_of(" \n", begin);
   return output.substr(begin, end - begin);
+}
+
+long ReportedNumber(const std::string& output, const std::string& key) {
+  const size_t at = output.find(key + "=");
+  if (at == std::string::npos) return -1;
+  return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
 }
 
 std::vector<int> ReportedInts(const std::string& csv) {

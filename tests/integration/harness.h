@@ -41,7 +41,7 @@ std::string ReadFile(const std::string& path);
 std::string DaemonBinary();
 std::string TrainerBinary();
 
-// One daemon of a multi-node test (multinode_test, etcd_multinode_test).
+// One daemon of a multi-node test (node_cluster.h).
 struct NodeDaemon {
   std::string node_id;
   std::string socket;
@@ -101,10 +101,15 @@ class GraddTest : public ::testing::Test {
   void ExpectHealthyJob(const std::string& job);
   // The gradd flags giving a node daemon the cluster's credentials, made in
   // dir_ on first use. Which kind comes from $GRADD_TEST_NODE_AUTH: "token"
-  // (the default), "mtls" (test certificates made with openssl by
-  // tests/tools/make_test_certs.sh) or "insecure" (--rendezvous-insecure);
-  // ctest runs the multi-node suite with token and with mtls.
+  // (the default), "mtls" (TestCerts()) or "insecure"
+  // (--rendezvous-insecure); ctest runs the multi-node suite with token and
+  // with mtls.
   std::vector<std::string> NodeAuthFlags();
+  // The test certificates (made with openssl by
+  // tests/tools/make_test_certs.sh, which lists them) in <dir_>/certs, made
+  // on first use: the daemons' mutual TLS and a test etcd's share them.
+  // "" with a test failure when they cannot be made.
+  std::string TestCerts();
   // `n` more daemons on loopback for multi-node jobs: node-0 is the
   // rendezvous coordinator (OS-chosen port), the others point at it; each
   // gets NodeAuthFlags(), daemon_flags_ and `flags`. Their sockets in node
@@ -128,8 +133,9 @@ class GraddTest : public ::testing::Test {
   std::string socket_;
   // Extra gradd flags for StartDaemon (set before GraddTest::SetUp).
   std::vector<std::string> daemon_flags_;
-  // NodeAuthFlags() once made.
+  // NodeAuthFlags() and TestCerts() once made.
   std::vector<std::string> node_auth_flags_;
+  std::string certs_;
   Proc daemon_;
   std::vector<Proc> procs_;
 };
@@ -143,6 +149,9 @@ std::string MakeTestDir(const std::string& prefix);
 // failed parse is a test failure).
 std::string ReportedValue(const std::string& output, const std::string& key);
 std::vector<int> ReportedInts(const std::string& csv);
+// The number after the first "key=" in `output` (world=, verified=,
+// buckets=, ...), or -1 when there is none.
+long ReportedNumber(const std::string& output, const std::string& key);
 // A reported plan ("0,2|1,3": buckets of parameter indices): inside every
 // bucket the parameters follow `order` (a test failure naming the bucket
 // and `whose` order otherwise). Returns the number of buckets.

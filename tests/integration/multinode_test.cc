@@ -1,20 +1,20 @@
-// Multi-node jobs on loopback: several real gradd daemons (one of them the
-// rendezvous coordinator on an OS-chosen port) with real trainer processes,
-// uneven local world sizes, every averaged value checked exactly against
-// its closed form with the global world size; a model mismatch between
-// nodes, a node that never arrives and a peer daemon killed mid-job.
+// Multi-node jobs on loopback: several real gradd daemons with real trainer
+// processes, uneven local world sizes, every averaged value checked exactly
+// against its closed form with the global world size; a stranger racing the
+// Gloo pair ports, a model mismatch between nodes, a node that never
+// arrives, a peer daemon killed or hung mid-job. Every test runs on both
+// rendezvous backends (node_cluster.h): Backends/MultiNodeTest.<name>/builtin
+// (one daemon is the coordinator, on an OS-chosen port) and .../etcd (a real
+// etcd over mutual TLS, no daemon special).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -23,12 +23,12 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/node_cluster.h"
 
 namespace gradd::testing {
 namespace {
@@ -38,13 +38,6 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 using Clock = std::chrono::steady_clock;
-
-// Number after "key=" in a trainer's output, or -1.
-long Field(const std::string& output, const std::string& key) {
-  size_t at = output.find(key + "=");
-  if (at == std::string::npos) return -1;
-  return std::strtol(output.c_str() + at + key.size() + 1, nullptr, 10);
-}
 
 // Inodes of the sockets process `pid` holds ("socket:[<inode>]" links).
 std::set<std::string> SocketInodes(pid_t pid) {
@@ -154,127 +147,25 @@ class PortRacer {
   std::thread thread_;
 };
 
-// Not GraddTest's single daemon: each test starts the daemons it needs.
-class MultiNodeTest : public GraddTest {
+// Not GraddTest's single daemon: each test starts the daemons it needs, on
+// the backend of its parameter. Every test here runs on both: none is
+// about the built-in coordinator itself (its port, its request checks and
+// limits are daemon_auth_test's CoordinatorAuthTest and the rendezvous
+// unit tests); formation, exact averages, the pair authentication of the
+// Gloo mesh (whose key travels through whichever store the daemons use),
+// missing, killed and hung nodes must behave the same with the store on
+// etcd.
+class MultiNodeTest : public NodeClusterTest,
+                      public ::testing::WithParamInterface<Backend> {
  protected:
-  void SetUp() override {
-    dir_ = MakeTestDir("gradd-mn-");
-    ASSERT_FALSE(dir_.empty());
-  }
-
-  void TearDown() override {
-    StopNodeDaemons(daemons_, milliseconds(10000), HasFailure());
-    GraddTest::TearDown();
-  }
+  MultiNodeTest() : NodeClusterTest(GetParam(), "gradd-mn-") {}
 
   // Writes the daemons' shared config (rendezvous timeouts).
   std::string WriteConfig(int join_timeout_ms, int collective_timeout_ms) {
-    const std::string path = dir_ + "/gradd.yaml";
-    std::ofstream(path) << "rendezvous:\n"
-                        << "  join_timeout_ms: " << join_timeout_ms << "\n"
-                        << "  collective_timeout_ms: " << collective_timeout_ms
-                        << "\n"
-                        << "  expected_node_ids: node-a, node-b, node-c\n";
-    return path;
-  }
-
-  // Starts node `id`'s daemon; the first one started is the coordinator.
-  // Returns false (with a failure) if it does not come up within 10 s.
-  // StartNode for each id in turn; false at the first that fails.
-  bool StartNodes(const std::vector<std::string>& ids,
-                  const std::string& config) {
-    for (const std::string& id : ids) {
-      if (!StartNode(id, config)) return false;
-    }
-    return true;
-  }
-
-  bool StartNode(const std::string& id, const std::string& config) {
-    NodeDaemon d;
-    d.node_id = id;
-    d.socket = absl::StrCat(dir_, "/", id, "/gradd.sock");
-    std::vector<std::string> argv = {
-        GRADD_DAEMON_BINARY, "--socket", d.socket, "--node-id", id,
-        "--config",          config};
-    const std::vector<std::string> auth = NodeAuthFlags();
-    argv.insert(argv.end(), auth.begin(), auth.end());
-    const std::string port_file = dir_ + "/coordinator.port";
-    if (daemons_.empty()) {
-      argv.insert(argv.end(), {"--rendezvous-listen", "127.0.0.1:0",
-                               "--rendezvous-port-file", port_file});
-    } else {
-      argv.insert(argv.end(), {"--coordinator", coordinator_});
-    }
-    d.proc = Spawn(absl::StrCat("gradd-", id), argv);
-    // Stopped by TearDown with SIGTERM, not by the trainers' SIGKILL sweep.
-    procs_.pop_back();
-    daemons_.push_back(d);
-    const auto deadline = Clock::now() + milliseconds(10000);
-    struct stat st;
-    while (Clock::now() < deadline) {
-      const bool up = stat(d.socket.c_str(), &st) == 0 &&
-                      stat((d.socket + ".session").c_str(), &st) == 0;
-      if (daemons_.size() == 1 && up && coordinator_.empty()) {
-        int port = 0;
-        std::string text(absl::StripAsciiWhitespace(ReadFile(port_file)));
-        if (absl::SimpleAtoi(text, &port) && port > 0) {
-          coordinator_ = absl::StrCat("127.0.0.1:", port);
-        }
-      }
-      if (up && !coordinator_.empty()) return true;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    ADD_FAILURE() << "gradd " << id << " did not come up:\n"
-                  << ReadFile(d.proc.log);
-    return false;
-  }
-
-  NodeDaemon& Node(const std::string& id) {
-    for (NodeDaemon& d : daemons_) {
-      if (d.node_id == id) return d;
-    }
-    ADD_FAILURE() << "no node " << id;
-    return daemons_.front();
-  }
-
-  // A trainer of `job` on node `id`.
-  Proc Trainer(const std::string& id, const std::string& job, int rank,
-               int world, int num_nodes,
-               const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {GRADD_TEST_TRAINER,
-                                     "--socket",
-                                     Node(id).socket,
-                                     "--job",
-                                     job,
-                                     "--local-rank",
-                                     absl::StrCat(rank),
-                                     "--local-world-size",
-                                     absl::StrCat(world),
-                                     "--num-nodes",
-                                     absl::StrCat(num_nodes)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return Spawn(absl::StrCat(job, ".", id, ".rank", rank), argv);
-  }
-
-  // Trainers for `job` on every (node id, local world size), in order.
-  std::vector<Proc> StartJob(
-      const std::string& job,
-      const std::vector<std::pair<std::string, int>>& nodes,
-      const std::vector<std::string>& extra,
-      const std::vector<std::string>& extra_last_node = {}) {
-    std::vector<Proc> ps;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      std::vector<std::string> flags = extra;
-      if (k + 1 == nodes.size()) {
-        flags.insert(flags.end(), extra_last_node.begin(),
-                     extra_last_node.end());
-      }
-      for (int r = 0; r < nodes[k].second; ++r) {
-        ps.push_back(Trainer(nodes[k].first, job, r, nodes[k].second,
-                             static_cast<int>(nodes.size()), flags));
-      }
-    }
-    return ps;
+    NodeConfig config;
+    config.join_timeout_ms = join_timeout_ms;
+    config.collective_timeout_ms = collective_timeout_ms;
+    return WriteNodeConfig(config);
   }
 
   // Starts one daemon per node of `nodes` with `config` and a job on them
@@ -297,40 +188,19 @@ class MultiNodeTest : public GraddTest {
     }
     return true;
   }
-
-  std::vector<NodeDaemon> daemons_;
-  std::string coordinator_;
 };
 
-TEST_F(MultiNodeTest, ThreeNodesUnevenLocalWorldsAverageExactly) {
+INSTANTIATE_TEST_SUITE_P(Backends, MultiNodeTest, BothBackends(), BackendName);
+
+TEST_P(MultiNodeTest, ThreeNodesUnevenLocalWorldsAverageExactly) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
-  // Node ranks follow the sorted node ids: a = 0 (ranks 0-1), b = 1 (rank
-  // 2), c = 2 (ranks 3-5). The broadcasts come from global ranks 0 and 5,
-  // i.e. from node a and from the last local rank of node c.
-  std::vector<Proc> ps = StartJob(
-      "mn", {{"node-a", 2}, {"node-b", 1}, {"node-c", 3}},
-      {"--iterations", "100", "--seed", "99", "--bucket-cap-mb", "0.01",
-       "--first-bucket-cap-mb", "0.002", "--broadcast-bytes", "3000"});
-  std::vector<Exit> exits = WaitAll(ps, milliseconds(55000));
-  std::set<long> ranks;
-  long buckets = -1;
-  for (size_t i = 0; i < exits.size(); ++i) {
-    const Exit& e = exits[i];
-    ASSERT_EQ(e.code, 0) << ps[i].name << ":\n" << e.output;
-    EXPECT_THAT(e.output, HasSubstr("BROADCAST_OK bytes=3000"));
-    EXPECT_THAT(e.output, HasSubstr("PASS iterations=100"));
-    EXPECT_EQ(Field(e.output, "world"), 6);
-    EXPECT_GT(Field(e.output, "verified"), 0);
-    ranks.insert(Field(e.output, "rank"));
-    if (i == 0) buckets = Field(e.output, "buckets");
-    EXPECT_EQ(Field(e.output, "buckets"), buckets) << "plans differ";
-  }
-  EXPECT_EQ(ranks, (std::set<long>{0, 1, 2, 3, 4, 5}));
-  EXPECT_GE(buckets, 8);
+  ExpectUnevenThreeNodeJobAveragesExactly("mn", /*iterations=*/100,
+                                          /*seed=*/99, /*min_buckets=*/8,
+                                          milliseconds(55000));
 }
 
-TEST_F(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
+TEST_P(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
   // Buckets of 0.8-1.2 MB: above the fused threshold, so the daemons
@@ -345,8 +215,8 @@ TEST_F(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
     ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
     EXPECT_THAT(exits[i].output,
                 AllOf(HasSubstr("PASS iterations=30"), HasSubstr("world=6")));
-    EXPECT_GT(Field(exits[i].output, "verified"), 0);
-    EXPECT_GE(Field(exits[i].output, "buckets"), 3);
+    EXPECT_GT(ReportedNumber(exits[i].output, "verified"), 0);
+    EXPECT_GE(ReportedNumber(exits[i].output, "buckets"), 3);
   }
 }
 
@@ -356,7 +226,7 @@ TEST_F(MultiNodeTest, LargeBucketsAverageExactlyThroughTheFusedRing) {
 // (TearDown checks that each exits cleanly). Before pairs proved
 // membership, the stranger took the pair and the real peer was refused, and
 // its unsolicited Gloo payload aborted the daemon.
-TEST_F(MultiNodeTest, StrangerRacingThePairPortsDoesNotStopJobs) {
+TEST_P(MultiNodeTest, StrangerRacingThePairPortsDoesNotStopJobs) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNodes({"node-a", "node-b"}, config));
   PortRacer racer({Node("node-a").proc.pid, Node("node-b").proc.pid});
@@ -370,8 +240,8 @@ TEST_F(MultiNodeTest, StrangerRacingThePairPortsDoesNotStopJobs) {
     for (size_t i = 0; i < exits.size(); ++i) {
       ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
       EXPECT_THAT(exits[i].output, HasSubstr("PASS iterations=20"));
-      EXPECT_EQ(Field(exits[i].output, "world"), 3);
-      EXPECT_GT(Field(exits[i].output, "verified"), 0);
+      EXPECT_EQ(ReportedNumber(exits[i].output, "world"), 3);
+      EXPECT_GT(ReportedNumber(exits[i].output, "verified"), 0);
     }
   }
   racer.Stop();
@@ -392,7 +262,7 @@ TEST_F(MultiNodeTest, StrangerRacingThePairPortsDoesNotStopJobs) {
   }
 }
 
-TEST_F(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
+TEST_P(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNode("node-a", config));
   ASSERT_TRUE(StartNode("node-b", config));
@@ -406,13 +276,13 @@ TEST_F(MultiNodeTest, NodeRankZeroPlanWinsOverOtherBucketCaps) {
   std::vector<Exit> exits = WaitAll(ps, milliseconds(40000));
   for (size_t i = 0; i < exits.size(); ++i) {
     ASSERT_EQ(exits[i].code, 0) << ps[i].name << ":\n" << exits[i].output;
-    EXPECT_EQ(Field(exits[i].output, "world"), 3);
-    EXPECT_EQ(Field(exits[i].output, "buckets"),
-              Field(exits[0].output, "buckets"));
+    EXPECT_EQ(ReportedNumber(exits[i].output, "world"), 3);
+    EXPECT_EQ(ReportedNumber(exits[i].output, "buckets"),
+              ReportedNumber(exits[0].output, "buckets"));
   }
 }
 
-TEST_F(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
+TEST_P(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
   const std::string config = WriteConfig(30000, 20000);
   ASSERT_TRUE(StartNodes({"node-a", "node-b", "node-c"}, config));
   std::vector<Proc> ps =
@@ -437,7 +307,7 @@ TEST_F(MultiNodeTest, ModelMismatchBetweenNodesFailsEveryRank) {
   }
 }
 
-TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
+TEST_P(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
   const std::string config = WriteConfig(3000, 20000);
   ASSERT_TRUE(StartNode("node-a", config));
   ASSERT_TRUE(StartNode("node-b", config));
@@ -474,11 +344,11 @@ TEST_F(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
   std::vector<Exit> again = WaitAll(retry, milliseconds(30000));
   for (size_t i = 0; i < again.size(); ++i) {
     EXPECT_EQ(again[i].code, 0) << retry[i].name << ":\n" << again[i].output;
-    EXPECT_EQ(Field(again[i].output, "world"), 4);
+    EXPECT_EQ(ReportedNumber(again[i].output, "world"), 4);
   }
 }
 
-TEST_F(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
+TEST_P(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
   // A long join timeout: the formation thread is still blocked in the
   // rendezvous (waiting for node-b, which never comes) when node-a gets
   // SIGTERM. The daemon must exit 0 promptly, and its trainers get an
@@ -512,7 +382,7 @@ TEST_F(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
   }
 }
 
-TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
+TEST_P(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
   std::vector<Proc> ps;
   ASSERT_TRUE(StartRunningJob(WriteConfig(30000, 5000), "doomed",
                               {{"node-a", 1}, {"node-b", 2}, {"node-c", 1}},
@@ -545,7 +415,7 @@ TEST_F(MultiNodeTest, KilledPeerDaemonFailsSurvivorsNamingIt) {
   EXPECT_TRUE(orphan.code.has_value() && *orphan.code != 0) << orphan.output;
 }
 
-TEST_F(MultiNodeTest, HungPeerDaemonTimesOutNamingIt) {
+TEST_P(MultiNodeTest, HungPeerDaemonTimesOutNamingIt) {
   std::vector<Proc> ps;
   ASSERT_TRUE(StartRunningJob(WriteConfig(30000, 3000), "hung",
                               {{"node-a", 1}, {"node-b", 1}, {"node-c", 1}},
