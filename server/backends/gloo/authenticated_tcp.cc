@@ -1221,9 +1221,28 @@ void TcpContext::AcceptLoop() {
                                   [](const Pending& p) { return p.fd < 0; }),
                    pending_.end());
   }
-  // Strangers still waiting get no verdict: the pairs are taken.
-  for (Pending& p : pending_) Drop(&p);
+  // Every pair is connected, so whoever is still waiting, or still queued
+  // in the kernel, is not a member of the job: refused, logged and counted
+  // like any stranger (gloo_backend.h), not dropped unseen when the port
+  // closes.
+  constexpr absl::string_view kLate =
+      "every pair of the job was connected already";
+  for (Pending& p : pending_) Refuse(&p, kLate);
   pending_.clear();
+  for (int i = 0; i < kMaxQueuedAtClose; ++i) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr),
+                             &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      break;
+    }
+    Pending queued;
+    queued.fd = fd;
+    queued.from = AddressText(addr);
+    Refuse(&queued, kLate);
+  }
   ::close(listen_fd_);
   listen_fd_ = -1;
 }

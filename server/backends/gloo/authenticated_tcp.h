@@ -38,7 +38,9 @@
 //     that has not sent its hello is dropped, else the oldest), so a flood
 //     costs bounded memory, and a stranger who connects and stays silent
 //     costs a slot, never the real peer's turn. The listener closes once
-//     every pair of the context is connected.
+//     every pair of the context is connected; connections still pending or
+//     queued then are refused as above ("every pair of the job was
+//     connected already"), not dropped unseen.
 //   - connecting side: connect, then the client half of the handshake, each
 //     step bounded by the pair timeout; a listener that cannot prove
 //     membership fails the pair ("pair to node X at <address> did not prove
@@ -116,6 +118,10 @@ struct PairAuthCounters {
 };
 
 inline constexpr int kMaxPendingConnections = 8;
+// When the last pair is connected, the connections still queued on the
+// port (strangers: every member is in) are accepted and refused, up to this
+// many; the rest are reset when the port closes.
+inline constexpr int kMaxQueuedAtClose = 256;
 
 // A context's listening address as its pairs publish it.
 class PairAddress final : public gloo::transport::Address {
