@@ -586,9 +586,18 @@ def test_every_node_reports_a_rank_restart_and_a_node_return_alike(
             assert s["live_node_ids"] == ["node-0", "node-1", "node-2"], (i, s)
             assert s.get("lost_node_ids", []) == [], (i, s)
         # The same iteration numbers (the nodes step together: at most a
-        # step apart between two answers).
-        its = [int(s["iteration"]) for s in summaries]
-        assert max(its) - min(its) <= 2, its
+        # step apart between two answers). Three graddctl calls in a row
+        # may straddle a few steps on a loaded machine, so the nodes get a
+        # few tries to answer close together; a node that numbers its
+        # iterations otherwise (3 where the others say 30) never does.
+        spreads = []
+        for _ in range(10):
+            its = [int(_ctl_job(ctl, nodes.nodes[i], job_id)["iteration"])
+                   for i in range(3)]
+            spreads.append(its)
+            if max(its) - min(its) <= 2:
+                break
+        assert max(its) - min(its) <= 2, spreads
         for i in range(3):
             text = nodes.metrics(i)
             for node in ("node-0", "node-1", "node-2"):
