@@ -38,6 +38,7 @@ using reformation_internal::Left;
 using reformation_internal::Prefixed;
 using reformation_internal::Probe;
 using reformation_internal::RunningKey;
+using reformation_internal::StillRunning;
 using reformation_internal::StoredVerdict;
 using reformation_internal::Where;
 
@@ -183,6 +184,7 @@ absl::StatusOr<std::optional<Reformed>> EnterEpoch(
     absl::Time deadline) {
   const EpochKeys keys = KeysOf(o.elastic_prefix, o.epoch);
   const absl::Time entered = absl::Now();
+  if (store.HasLeases()) RETURN_IF_ERROR(StillRunning(store, o));
   RETURN_IF_ERROR(store.Set(o.job_id, keys.Member(o.node_id),
                             MemberOf(o).SerializeAsString()));
   ASSIGN_OR_RETURN(int64_t slot, store.Add(o.job_id, keys.Joined(), 1));

@@ -309,6 +309,10 @@ absl::StatusOr<v1::ElasticMembers> AwaitVerdict(RendezvousStoreInterface& store,
 }
 namespace {
 
+// How often a node waiting on etcd looks at the entrants and the nodes'
+// liveness keys (each look is a few reads).
+constexpr absl::Duration kLeasedStep = absl::Milliseconds(250);
+
 bool Mentions(const v1::ElasticMembers& verdict, const std::string& id) {
   return std::any_of(verdict.entrants().begin(), verdict.entrants().end(),
                      [&](const auto& e) { return e.node_id() == id; }) ||
@@ -327,6 +331,17 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> ParseVerdict(
 }
 
 }  // namespace
+
+absl::Status StillRunning(RendezvousStoreInterface& store,
+                          const ReformOptions& o) {
+  ASSIGN_OR_RETURN(
+      std::optional<std::string> running,
+      Probe(store, o.job_id, RunningKey(o.elastic_prefix), kProbe));
+  if (running.has_value()) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat("the job's keys are gone from ", store.Describe(),
+                   " (it ended on every other node); nothing to re-form"));
+}
 
 absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
     RendezvousStoreInterface& store, const ReformOptions& o,
@@ -390,6 +405,9 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
         expected.ids.erase(id);
       }
       if (expected.ids.empty() || now >= settle_end) {
+        // The job still runs somewhere: its last node to leave deletes its
+        // keys (LeaveJob), and a verdict written then would stay forever.
+        RETURN_IF_ERROR(StillRunning(store, o));
         ASSIGN_OR_RETURN(std::vector<v1::ElasticMember> entrants,
                          ReadEntrants(store, o, keys, joined));
         ASSIGN_OR_RETURN(
@@ -426,14 +444,21 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
           }
           return std::optional<v1::ElasticMembers>(std::move(verdict));
         }
-        continue;  // another node decided first: read its verdict
+        // Another node decided first (its verdict is read next), or the
+        // epoch key no longer holds the last epoch: a later epoch went on
+        // (this node is too late, next) or the job's keys are gone.
+        ASSIGN_OR_RETURN(uint64_t now_last,
+                         LastClosedEpoch(store, o.job_id, o.elastic_prefix));
+        if (now_last + 1 < o.epoch) RETURN_IF_ERROR(StillRunning(store, o));
+        continue;
       }
     }
     // Until the verdict, the next entrant, or the next look at the nodes'
-    // liveness.
+    // liveness. A watch wakes it at the verdict, so the step only bounds
+    // how soon a new entrant or a gone lease is seen.
     const absl::Time until =
-        survivor ? std::min({settle_end, deadline, now + kPulseStep})
-                 : std::min(deadline, now + kPulseStep);
+        survivor ? std::min({settle_end, deadline, now + kLeasedStep})
+                 : std::min(deadline, now + kLeasedStep);
     absl::Status s = store.Wait(o.job_id, {keys.Members()}, Left(until));
     if (!s.ok() && !absl::IsDeadlineExceeded(s)) return s;
   }

@@ -54,6 +54,12 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
     RendezvousStoreInterface& store, const ReformOptions& o,
     const EpochKeys& keys, absl::Time entered, absl::Time deadline);
 
+// On a store with leases: ABORTED when the job's running mark is gone (it
+// ended on every node and its last node deleted its keys, LeaveJob), so
+// there is nothing left to agree on and nothing may be written.
+absl::Status StillRunning(RendezvousStoreInterface& store,
+                          const ReformOptions& o);
+
 // The last epoch decided (0: none yet).
 absl::StatusOr<uint64_t> LastClosedEpoch(RendezvousStoreInterface& store,
                                          const std::string& job,

@@ -388,8 +388,10 @@ absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id) {
       Call("LeaseKeepAlive", [&](Endpoint& e, grpc::ClientContext* c) {
         auto stream = e.lease->LeaseKeepAlive(c);
         if (stream->Write(request) && stream->Read(&response)) {
+          // A clean close: etcd ends the stream when the client half-closes
+          // it. (A cancel, which ended it before, is counted by etcd as a
+          // failed call, so etcd's error alerts fired on every keep-alive.)
           stream->WritesDone();
-          c->TryCancel();
           stream->Finish().IgnoreError();
           return grpc::Status::OK;
         }

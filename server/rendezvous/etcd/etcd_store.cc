@@ -21,6 +21,8 @@ constexpr int kMaxReleaseNodes = 65536;
 // A release at destruction runs when a job ends, on the job manager's
 // control thread: never long.
 constexpr absl::Duration kReleaseTimeout = absl::Seconds(2);
+// A Get with a shorter timeout only reads (see Get).
+constexpr absl::Duration kShortestWatch = absl::Milliseconds(20);
 constexpr absl::string_view kKeptInRound = "/closed";
 // An Add that loses the compare this many times in a row gives up
 // (ABORTED: retry the sequence); each loss means another writer won.
@@ -181,6 +183,13 @@ absl::StatusOr<std::string> EtcdStore::Get(absl::string_view job_id,
                      client_->Range(range, CallDeadline()));
     if (got.kvs_size() > 0)
       return std::move(*got.mutable_kvs(0)->mutable_value());
+    // A probe (a wait shorter than a watch takes to set up) is answered by
+    // the read alone: no watch stream for a key that is simply not there.
+    if (timeout < kShortestWatch) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous Get: key '", Shown(key), "' of job '",
+                       Shown(job_id), "' not set (", Describe(), ")"));
+    }
     absl::Status waited = client_->WaitForKeys({etcd_key}, deadline, nullptr);
     if (absl::IsDeadlineExceeded(waited)) {
       return absl::DeadlineExceededError(

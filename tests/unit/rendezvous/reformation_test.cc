@@ -236,6 +236,10 @@ class ReformationTest : public ::testing::TestWithParam<bool> {
 
   void MarkAlive() {
     if (!GetParam()) return;
+    // The job runs (MarkRunning's mark): a re-formation on a store with
+    // leases checks it before deciding.
+    EXPECT_TRUE(
+        store_.Set(kJob, absl::StrCat(kElastic, "/running"), "round1").ok());
     for (const char* id : {"a", "b", "c", "d"}) {
       EXPECT_TRUE(
           store_.SetOwn(kJob, absl::StrCat(kElastic, "/alive/", id), id).ok());
@@ -892,6 +896,32 @@ TEST_P(DecidedByTransactionTest, OneSwapDecidesNoCloserNoBeatsNoTombstone) {
   for (const std::string& key : store_.Added()) {
     EXPECT_FALSE(absl::StrContains(key, "/alive/")) << key;
   }
+}
+
+TEST_P(DecidedByTransactionTest, AJobWhoseKeysWentEndsTheReformationAtOnce) {
+  // b re-forms epoch 2 alone while the job ends on every node and its last
+  // node deletes its keys (LeaveJob): b stops with ABORTED in moments,
+  // rather than deciding into a deleted job or retrying until the timeout,
+  // and writes nothing into the deleted job.
+  std::vector<JobNode> two = {JobNode{"a", 0, 1, 0}, JobNode{"b", 1, 1, 1}};
+  ASSERT_TRUE(store_.Set(kJob, "elastic1/epoch", "1").ok());
+  ASSERT_TRUE(store_.Delete(kJob, "elastic1/alive/a").ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "c").ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "d").ok());
+  ASSERT_TRUE(LeaveJob(store_, kJob, kElastic, "b").ok());
+  ASSERT_EQ(store_.NumKeys(kJob), 0u);
+  ReformOptions b = Survivor("b", two, 2);
+  b.min_nodes = 2;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Reformed> r = ReformNodeJob(store_, b);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("the job's keys are gone"));
+  EXPECT_FALSE(
+      store_.Get(kJob, "elastic1/epoch2/members", absl::ZeroDuration()).ok());
+  EXPECT_EQ(store_.SwapsTried(), 0);
+  EXPECT_EQ(store_.NumKeys(kJob), 0u);
 }
 
 TEST_P(DecidedByTransactionTest, LeaveJobDeletesTheJobWithTheLastNode) {
