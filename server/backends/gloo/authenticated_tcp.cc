@@ -443,6 +443,9 @@ class TcpContext final : public gloo::transport::Context,
  private:
   void AcceptLoop();
   void AcceptSome();
+  // One connection off the port into p->fd and p->from; false when none is
+  // waiting (or accept failed, logged).
+  bool AcceptOne(Pending* p);
   Pending* FreeSlot();
   void Progress(Pending* p);
   void Refuse(Pending* p, absl::string_view why);
@@ -1230,17 +1233,8 @@ void TcpContext::AcceptLoop() {
   for (Pending& p : pending_) Refuse(&p, kLate);
   pending_.clear();
   for (int i = 0; i < kMaxQueuedAtClose; ++i) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr),
-                             &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      break;
-    }
     Pending queued;
-    queued.fd = fd;
-    queued.from = AddressText(addr);
+    if (!AcceptOne(&queued)) break;
     Refuse(&queued, kLate);
   }
   ::close(listen_fd_);
@@ -1270,9 +1264,8 @@ Pending* TcpContext::FreeSlot() {
   return oldest;
 }
 
-void TcpContext::AcceptSome() {
-  // Bounded per wake-up so the pending connections keep their turn.
-  for (int i = 0; i < kMaxPendingConnections; ++i) {
+bool TcpContext::AcceptOne(Pending* p) {
+  while (true) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr),
@@ -1283,13 +1276,24 @@ void TcpContext::AcceptSome() {
         spdlog::warn("{}: accepting on the pair port: {}", Where(),
                      strerror(errno));
       }
-      return;
+      return false;
     }
-    SetNoDelay(fd);
-    Pending* p = FreeSlot();
     p->fd = fd;
-    p->order = next_order_++;
     p->from = AddressText(addr);
+    return true;
+  }
+}
+
+void TcpContext::AcceptSome() {
+  // Bounded per wake-up so the pending connections keep their turn.
+  for (int i = 0; i < kMaxPendingConnections; ++i) {
+    Pending accepted;
+    if (!AcceptOne(&accepted)) return;
+    SetNoDelay(accepted.fd);
+    Pending* p = FreeSlot();
+    p->fd = accepted.fd;
+    p->order = next_order_++;
+    p->from = std::move(accepted.from);
     p->deadline = Clock::now() + milliseconds(handshake_ms_.load());
     // The hello may already be here.
     Progress(p);
