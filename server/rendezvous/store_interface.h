@@ -43,6 +43,8 @@ class RendezvousStoreInterface {
       absl::Duration timeout) = 0;
   // Atomically adds `delta` to the counter `key` (missing = 0) and returns
   // the new value. The counter is stored as decimal text, so Get sees it.
+  // Add(key, 0) is a read: a store may leave a missing counter missing
+  // (etcd does, so that probes leave no keys behind).
   [[nodiscard]] virtual absl::StatusOr<int64_t> Add(absl::string_view job_id,
                                                     absl::string_view key,
                                                     int64_t delta) = 0;

@@ -46,6 +46,20 @@ std::string EscapeJob(absl::string_view job_id) {
   return out;
 }
 
+// The counter `seen` holds (absent: 0), INVALID_ARGUMENT when it holds
+// something else.
+absl::StatusOr<int64_t> CounterOf(const mvccpb::KeyValue& seen,
+                                  absl::string_view job_id,
+                                  absl::string_view key) {
+  int64_t current = 0;
+  if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous Add: key '", Shown(key), "' in job '",
+                     Shown(job_id), "' holds a value that is not a counter"));
+  }
+  return current;
+}
+
 bool IsLeaseNotFound(const absl::Status& s) {
   return absl::StrContains(s.message(), "requested lease not found");
 }
@@ -99,6 +113,16 @@ void EtcdStore::ReleaseRoundWhenDone(std::string job_id, std::string round,
                                      std::string node_id, int num_nodes) {
   release_when_done_ = PendingRelease{std::move(job_id), std::move(round),
                                       std::move(node_id), num_nodes};
+}
+
+absl::StatusOr<int64_t> EtcdStore::CountUnder(const std::string& etcd_prefix) {
+  etcdserverpb::RangeRequest count;
+  count.set_key(etcd_prefix);
+  count.set_range_end(EtcdPrefixEnd(etcd_prefix));
+  count.set_count_only(true);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got,
+                   client_->Range(count, CallDeadline()));
+  return got.count();
 }
 
 absl::Time EtcdStore::CallDeadline() const {
@@ -217,22 +241,9 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view job_id,
   // A read (delta 0) writes nothing: a missing counter reads 0 and stays
   // missing, so probes ("rounds/probe", the arrivals counter read by a
   // watcher) leave no key behind when the job ends.
-  if (delta == 0) {
-    int64_t current = 0;
-    if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rendezvous Add: key '", Shown(key), "' in job '",
-                       Shown(job_id), "' holds a value that is not a counter"));
-    }
-    return current;
-  }
+  if (delta == 0) return CounterOf(seen, job_id, key);
   for (int attempt = 0; attempt < kMaxAddAttempts; ++attempt) {
-    int64_t current = 0;
-    if (seen.mod_revision() != 0 && !absl::SimpleAtoi(seen.value(), &current)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rendezvous Add: key '", Shown(key), "' in job '",
-                       Shown(job_id), "' holds a value that is not a counter"));
-    }
+    ASSIGN_OR_RETURN(const int64_t current, CounterOf(seen, job_id, key));
     if ((delta > 0 && current > std::numeric_limits<int64_t>::max() - delta) ||
         (delta < 0 && current < std::numeric_limits<int64_t>::min() - delta)) {
       return absl::OutOfRangeError(absl::StrCat("rendezvous Add: counter '",
@@ -323,22 +334,12 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   }
   const std::string round_prefix = EtcdKey(job_id, absl::StrCat(round, "/"));
   const std::string round_end = EtcdPrefixEnd(round_prefix);
-  etcdserverpb::RangeRequest any;
-  any.set_key(round_prefix);
-  any.set_range_end(round_end);
-  any.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse present,
-                   client_->Range(any, CallDeadline()));
-  if (present.count() == 0) return false;  // nothing left of that round
+  ASSIGN_OR_RETURN(const int64_t present, CountUnder(round_prefix));
+  if (present == 0) return false;  // nothing left of that round
   const std::string marks = absl::StrCat(round_prefix, "released/");
   RETURN_IF_ERROR(Put(absl::StrCat(marks, node_id), "", /*own=*/false));
-  etcdserverpb::RangeRequest count;
-  count.set_key(marks);
-  count.set_range_end(EtcdPrefixEnd(marks));
-  count.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse released,
-                   client_->Range(count, CallDeadline()));
-  if (released.count() < num_nodes) return false;
+  ASSIGN_OR_RETURN(const int64_t released, CountUnder(marks));
+  if (released < num_nodes) return false;
   // Everything of the round but its "closed" mark, in one transaction.
   const std::string kept = EtcdKey(job_id, absl::StrCat(round, kKeptInRound));
   etcdserverpb::TxnRequest txn;
@@ -360,14 +361,8 @@ absl::StatusOr<bool> EtcdStore::Release(absl::string_view job_id,
   // not elastic; an elastic one is deleted by its last node, LeaveJob):
   // the job has ended everywhere, and its mark goes too, so an ended job
   // leaves no key in etcd. (A new job of the same id forms from round 1.)
-  etcdserverpb::RangeRequest rest;
-  const std::string job_prefix = JobPrefix(job_id);
-  rest.set_key(job_prefix);
-  rest.set_range_end(EtcdPrefixEnd(job_prefix));
-  rest.set_count_only(true);
-  absl::StatusOr<etcdserverpb::RangeResponse> left =
-      client_->Range(rest, CallDeadline());
-  if (left.ok() && left->count() == 1) {
+  absl::StatusOr<int64_t> left = CountUnder(JobPrefix(job_id));
+  if (left.ok() && *left == 1) {
     etcdserverpb::DeleteRangeRequest mark;
     mark.set_key(kept);
     if (client_->DeleteRange(mark, CallDeadline()).ok()) ++erased;
@@ -443,25 +438,11 @@ absl::StatusOr<int64_t> EtcdStore::DeletePrefix(absl::string_view job_id,
 absl::StatusOr<int64_t> EtcdStore::CountPrefix(absl::string_view job_id,
                                                absl::string_view prefix) {
   RETURN_IF_ERROR(CheckKey(job_id, prefix));
-  const std::string from = EtcdKey(job_id, prefix);
-  etcdserverpb::RangeRequest count;
-  count.set_key(from);
-  count.set_range_end(EtcdPrefixEnd(from));
-  count.set_count_only(true);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse got,
-                   client_->Range(count, CallDeadline()));
-  return got.count();
+  return CountUnder(EtcdKey(job_id, prefix));
 }
 
 absl::Status EtcdStore::DeleteJob(absl::string_view job_id) {
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError("rendezvous: empty job id");
-  }
-  const std::string prefix = JobPrefix(job_id);
-  etcdserverpb::DeleteRangeRequest del;
-  del.set_key(prefix);
-  del.set_range_end(EtcdPrefixEnd(prefix));
-  return client_->DeleteRange(del, CallDeadline()).status();
+  return DeletePrefix(job_id, "").status();
 }
 
 }  // namespace gradd

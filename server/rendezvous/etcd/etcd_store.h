@@ -133,6 +133,8 @@ class EtcdStore : public RendezvousStoreInterface {
   // lease once when etcd no longer knows the old one).
   absl::Status Put(absl::string_view etcd_key, absl::string_view value,
                    bool own);
+  // How many keys start with `etcd_prefix` (a full etcd key prefix).
+  absl::StatusOr<int64_t> CountUnder(const std::string& etcd_prefix);
   // The deadline of one etcd call made now (Options::call_timeout).
   absl::Time CallDeadline() const;
   // The lease id to attach to writes, 0 without a lease.
