@@ -208,16 +208,10 @@ class Trainer:
         self.attach, self.formed, self.steps = [], [], []
         self.lines = []
         self.cond = threading.Condition()
-        full = dict(os.environ)
-        for var in ("GRADD_MIN_NODES", "GRADD_RANK_RESTART_GRACE_MS",
-                    "GRADD_TEST_PAUSE_AT_STEP", "GRADD_TEST_DIE_AT_STEP",
-                    "GRADD_TEST_STEP_SLEEP_S", "GRADD_TEST_DIVIDE_BY_INITIAL",
-                    "MASTER_ADDR", "MASTER_PORT"):
-            full.pop(var, None)
-        full.update(nodes.rank_env(rank))
-        full.update(GRADD_JOB=job, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                    PYTHONPATH=os.pathsep.join(
-                        p for p in (args.python_dir, os.environ.get("PYTHONPATH")) if p))
+        from conftest import trainer_env
+        full = trainer_env(nodes, rank, job)
+        full["PYTHONPATH"] = os.pathsep.join(
+            p for p in (args.python_dir, os.environ.get("PYTHONPATH")) if p)
         full.update(env)
         with args.signals.shield():
             self.proc = subprocess.Popen(

@@ -289,6 +289,22 @@ class Nodes:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def trainer_env(nodes, rank, job_id):
+    """The environment of the trainer of global rank `rank` of `job_id` on
+    `nodes` (Nodes): the caller's, without the test knobs a test may have
+    left set (min_nodes, grace, pause/die/sleep, divisor, MASTER_*), plus
+    the rank's variables and one thread each for OpenMP and OpenBLAS."""
+    full = dict(os.environ)
+    for var in ("GRADD_MIN_NODES", "GRADD_RANK_RESTART_GRACE_MS",
+                "GRADD_TEST_PAUSE_AT_STEP", "GRADD_TEST_DIE_AT_STEP",
+                "GRADD_TEST_STEP_SLEEP_S", "GRADD_TEST_DIVIDE_BY_INITIAL",
+                "MASTER_ADDR", "MASTER_PORT"):
+        full.pop(var, None)
+    full.update(nodes.rank_env(rank))
+    full.update(GRADD_JOB=job_id, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return full
+
+
 class TorchrunDaemons:
     """Two real gradd daemons configured as a fresh install is, except for
     a node id each and a free rendezvous port (29600 on real machines): no

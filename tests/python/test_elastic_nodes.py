@@ -38,7 +38,7 @@ from torch import nn
 
 import gradd
 from trainer_procs import TrainerProcs
-from conftest import HERE, Nodes
+from conftest import HERE, Nodes, trainer_env
 
 sys.path.insert(0, HERE)
 import elastic_worker  # noqa: E402
@@ -120,14 +120,7 @@ class Trainers(TrainerProcs):
         self.args = args if args is not None else [str(steps), str(out_dir), str(min_nodes)]
 
     def start(self, rank, **env):
-        full = dict(os.environ)
-        for var in ("GRADD_MIN_NODES", "GRADD_RANK_RESTART_GRACE_MS",
-                    "GRADD_TEST_PAUSE_AT_STEP", "GRADD_TEST_DIE_AT_STEP",
-                    "GRADD_TEST_STEP_SLEEP_S", "GRADD_TEST_DIVIDE_BY_INITIAL",
-                    "MASTER_ADDR", "MASTER_PORT"):
-            full.pop(var, None)
-        full.update(self.nodes.rank_env(rank))
-        full.update(GRADD_JOB=self.job_id, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        full = trainer_env(self.nodes, rank, self.job_id)
         full.update(env)
         self.procs[rank] = subprocess.Popen(
             [sys.executable, self.script, *self.args], env=full, stdout=subprocess.PIPE,
