@@ -34,5 +34,5 @@ def test_sparse_matches_torch_one_node(daemon, job_id, tmp_path, world):
 def test_sparse_matches_torch_two_nodes(two_daemons, job_id, tmp_path):
     outs = run_workers("sparse_worker.py", 4, [str(tmp_path / "gloo"), str(STEPS)],
                        {"GRADD_JOB": job_id}, timeout=150,
-                       rank_env=lambda r: two_daemons.rank_env(r, 2))
+                       rank_env=lambda r: two_daemons.rank_env(r, 2), logs=two_daemons.logs)
     _check(outs)

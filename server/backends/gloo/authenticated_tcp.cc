@@ -349,7 +349,12 @@ class TcpPair final : public gloo::transport::Pair {
     std::lock_guard<std::mutex> lock(mu_);
     return state_ == State::kWaiting;
   }
-  void Fail(const std::string& why);
+  // `keep_received`: messages that arrived whole before the failure stay
+  // deliverable to receives posted later (the peer sent them and then
+  // closed: a collective whose last step is a send from the peer, e.g. a
+  // broadcast rooted there, ends on the peer's side before this side has
+  // posted its receive). Every other receive fails with `why`.
+  void Fail(const std::string& why, bool keep_received = false);
   // Fail, telling the peer why first (best effort, never blocking).
   void FailWithNotice(const std::string& why);
 
@@ -726,7 +731,7 @@ bool TcpPair::Establish(int fd, const std::string& from) {
   return true;
 }
 
-void TcpPair::Fail(const std::string& why) {
+void TcpPair::Fail(const std::string& why, bool keep_received) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kFailed) return;
@@ -744,7 +749,7 @@ void TcpPair::Fail(const std::string& why) {
       for (PostedRecv& r : recvs) r.buf->SetError(why);
     }
     posted_.clear();
-    early_.clear();
+    if (!keep_received) early_.clear();
     spare_.clear();
     recv_cv_.notify_all();
   }
@@ -888,9 +893,9 @@ void TcpPair::WriteLoop() {
 void TcpPair::PostRecv(TcpBuffer* buf, uint64_t slot, char* data,
                        size_t nbytes) {
   std::unique_lock<std::mutex> lock(recv_mu_);
-  if (!recv_error_.empty()) throw gloo::IoException(recv_error_);
   auto early = early_.find(slot);
   if (early == early_.end()) {
+    if (!recv_error_.empty()) throw gloo::IoException(recv_error_);
     posted_[slot].push_back({buf, data, nbytes});
     return;
   }
@@ -914,10 +919,13 @@ void TcpPair::PostRecv(TcpBuffer* buf, uint64_t slot, char* data,
 }
 
 void TcpPair::ReadLoop() {
+  // The connection ending between frames (the peer closed it, or reset it)
+  // keeps the messages that arrived whole before.
   auto fail = [&](int err) {
     Fail(err == 0
              ? absl::StrCat("Connection closed by peer ", PeerText())
-             : absl::StrCat("Read error ", PeerText(), ": ", strerror(err)));
+             : absl::StrCat("Read error ", PeerText(), ": ", strerror(err)),
+         /*keep_received=*/true);
   };
   for (;;) {
     uint64_t header[2];

@@ -297,6 +297,56 @@ TEST(GlooTcpTransportTest, PeerClosingFailsPendingWaitsNamingItsAddress) {
   EXPECT_TRUE(to1->waitSend(milliseconds(10000)));
 }
 
+// A collective whose last step is a send from the peer (a broadcast rooted
+// there) ends on the peer's side first, and the peer may close before this
+// side posts its receive: what arrived whole before the close is still
+// delivered, and only receives of what never came fail.
+TEST(GlooTcpTransportTest, MessagesSentBeforeThePeerClosedAreStillDelivered) {
+  Mesh mesh = FormMesh(2);
+  ASSERT_EQ(std::count(mesh.begin(), mesh.end(), nullptr), 0);
+  std::vector<char> first(1000, 'a');
+  std::vector<char> second(64 << 10, 'b');
+  auto out_first = mesh[1]->createUnboundBuffer(first.data(), first.size());
+  auto out_second = mesh[1]->createUnboundBuffer(second.data(), second.size());
+  out_first->send(0, 5);
+  out_second->send(0, 6);
+  ASSERT_TRUE(out_first->waitSend(milliseconds(10000)));
+  ASSERT_TRUE(out_second->waitSend(milliseconds(10000)));
+  mesh[1]->closeConnections();
+  // The pair reads in order: once a receive of something never sent fails
+  // on the close, both messages have been read with no receive posted.
+  char never = 0;
+  auto pending = mesh[0]->createUnboundBuffer(&never, 1);
+  pending->recv(1, 7);
+  try {
+    pending->waitRecv(milliseconds(10000));
+    FAIL() << "waitRecv of a message never sent returned";
+  } catch (const gloo::IoException& e) {
+    EXPECT_THAT(e.what(), HasSubstr("closed by peer"));
+  }
+  std::vector<char> in_second(second.size());
+  std::vector<char> in_first(first.size());
+  auto recv_second =
+      mesh[0]->createUnboundBuffer(in_second.data(), in_second.size());
+  auto recv_first =
+      mesh[0]->createUnboundBuffer(in_first.data(), in_first.size());
+  recv_second->recv(1, 6);
+  ASSERT_TRUE(recv_second->waitRecv(milliseconds(10000)));
+  recv_first->recv(1, 5);
+  ASSERT_TRUE(recv_first->waitRecv(milliseconds(10000)));
+  EXPECT_EQ(in_first, first);
+  EXPECT_EQ(in_second, second);
+  // Nothing more came: a further receive fails at once, naming the close.
+  auto after = mesh[0]->createUnboundBuffer(&never, 1);
+  try {
+    after->recv(1, 5);
+    after->waitRecv(milliseconds(10000));
+    FAIL() << "a receive after the delivered ones returned";
+  } catch (const gloo::IoException& e) {
+    EXPECT_THAT(e.what(), HasSubstr("closed by peer"));
+  }
+}
+
 TEST(GlooTcpTransportTest, AbortEndsAWaitWithFalse) {
   Mesh mesh = FormMesh(2);
   ASSERT_EQ(std::count(mesh.begin(), mesh.end(), nullptr), 0);
