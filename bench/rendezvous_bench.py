@@ -9,7 +9,7 @@ with a few hundred parameters), node i holding global rank i:
 
   builtin  node-0's daemon serves the rendezvous store from its memory;
            liveness: beats every 200 ms, a node silent for
-           rendezvous.reform_silence_ms is lost; a closer decides an epoch.
+           rendezvous.reformation_silence_ms is lost; a closer decides an epoch.
   etcd     a real etcd (Debian's etcd-server, tests/python/etcd_cluster.py)
            on loopback over mutual TLS; no daemon is special; liveness:
            each daemon's etcd lease (rendezvous.etcd.lease_ttl_ms); an
@@ -312,9 +312,9 @@ class Backend:
             self._tls.load_cert_chain(self.etcd.cert_file, self.etcd.key_file)
         with args.signals.shield():  # so does Nodes
             self.nodes = Nodes(args.gradd, NODES, backend=name, etcd=self.etcd,
-                               reform_settle_ms=args.reform_settle_ms,
-                               reform_silence_ms=args.reform_silence_ms,
-                               lease_ttl_ms=args.lease_ttl_ms, join_timeout_ms=60000)
+                               reformation_settle_ms=args.reformation_settle_ms,
+                               reformation_silence_ms=args.reformation_silence_ms,
+                               lease_ttl_ms=args.lease_ttl_ms, formation_timeout_ms=60000)
             args.node_sets.append(self.nodes)
 
     def _metrics(self, i):
@@ -674,7 +674,7 @@ def summarize(args, results, rates, failures):
          lambda r: total(r["idle_calls_per_s"]) if "idle_calls_per_s" in r else None),
     ]
     summary = {"config": {k: getattr(args, k) for k in (
-        "rounds", "idle_s", "lease_ttl_ms", "reform_silence_ms", "reform_settle_ms",
+        "rounds", "idle_s", "lease_ttl_ms", "reformation_silence_ms", "reformation_settle_ms",
         "step_sleep_ms", "grace_ms", "warmup", "tail_steps", "etcd_members")},
         "machine": {"cpus": os.cpu_count(), "load_start": args.load_start,
                     "load_end": os.getloadavg()},
@@ -711,9 +711,9 @@ def print_table(args, summary):
     print(f"rendezvous_bench: {NODES} nodes on loopback, one gradd.torch trainer each "
           f"(tests/python elastic_worker / restart_worker), {c['rounds']} rounds, "
           f"backends alternating")
-    print(f"  builtin: node-0 serves the store, reform_silence_ms {c['reform_silence_ms']}; "
+    print(f"  builtin: node-0 serves the store, reformation_silence_ms {c['reformation_silence_ms']}; "
           f"etcd: {c['etcd_members']} member(s), mTLS, lease_ttl_ms {c['lease_ttl_ms']}; "
-          f"both: reform_settle_ms {c['reform_settle_ms']}, step sleep {c['step_sleep_ms']} ms, "
+          f"both: reformation_settle_ms {c['reformation_settle_ms']}, step sleep {c['step_sleep_ms']} ms, "
           f"rank_restart_grace_ms {c['grace_ms']}, idle window {c['idle_s']:g} s")
     m = summary["machine"]
     print(f"  machine: {m['cpus']} CPUs; load average (1, 5, 15 min) at the start "
@@ -789,9 +789,9 @@ def main():
     ap.add_argument("--lease-ttl-ms", type=int, default=2000,
                     help="etcd: rendezvous.etcd.lease_ttl_ms (2000 is the lowest allowed)")
     ap.add_argument("--reform-silence-ms", type=int, default=1000,
-                    help="builtin: rendezvous.reform_silence_ms (1000: the daemon's default)")
+                    help="builtin: rendezvous.reformation_silence_ms (1000: the daemon's default)")
     ap.add_argument("--reform-settle-ms", type=int, default=10000,
-                    help="both: rendezvous.reform_settle_ms (above the liveness bounds, so "
+                    help="both: rendezvous.reformation_settle_ms (above the liveness bounds, so "
                          "that they, not the settle, end a loss's wait)")
     ap.add_argument("--step-sleep-ms", type=int, default=20,
                     help="sleep per step in the node loss and rank restart jobs")

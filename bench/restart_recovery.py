@@ -32,8 +32,8 @@ trainer of --mib MiB per node, each node's own daemon):
   node drop      3 nodes, min_nodes 2: SIGKILLs node 2's daemon and trainer;
                  recovery = the kill -> rank 0's next applied step (the
                  survivors notice the broken network, wait for node 2 until
-                 it has been silent for reform_silence_ms (1 s; at most
-                 reform_settle_ms), re-form on 2 nodes, abort and retry the
+                 it has been silent for reformation_silence_ms (1 s; at most
+                 reformation_settle_ms), re-form on 2 nodes, abort and retry the
                  step after the state sync). The node is started again between
                  rounds (not timed).
   2-node rank restart
@@ -174,8 +174,8 @@ class Cluster:
         self.args, self.tmp = args, tmp
         self.config = os.path.join(tmp, "gradd.yaml")
         with open(self.config, "w") as f:
-            f.write("rendezvous:\n  join_timeout_ms: 60000\n  collective_timeout_ms: 30000\n"
-                    f"  reform_settle_ms: {args.reform_settle_ms}\n")
+            f.write("rendezvous:\n  formation_timeout_ms: 60000\n  collective_timeout_ms: 30000\n"
+                    f"  reformation_settle_ms: {args.reformation_settle_ms}\n")
         self.token = os.path.join(tmp, "node-token")
         fd = os.open(self.token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -327,12 +327,12 @@ def run_multinode(args):
     }
     summary["step_ms"] = statistics.median(bases)
     summary["mib"] = args.mib
-    summary["reform_settle_ms"] = args.reform_settle_ms
+    summary["reformation_settle_ms"] = args.reformation_settle_ms
     if args.format == "json":
         print(json.dumps(summary))
         return
     print(f"multi-node on loopback: one trainer per node, {args.mib:g} MiB of parameters, "
-          f"{args.rounds} rounds, reform_settle_ms {args.reform_settle_ms}; ordinary step "
+          f"{args.rounds} rounds, reformation_settle_ms {args.reformation_settle_ms}; ordinary step "
           f"(3 nodes) {summary['step_ms']:.1f} ms")
     print(f"{'recovery (kill -> next applied step)':40s} {'min':>9s} {'median':>9s} {'max':>9s}")
     for k, label in (("node_drop", "node drop 3 -> 2 (min_nodes 2)"),
@@ -353,7 +353,7 @@ def main():
     ap.add_argument("--multinode", action="store_true",
                     help="node drop (3 daemons -> 2) and rank restart on 2 daemons instead")
     ap.add_argument("--reform-settle-ms", type=int, default=1000,
-                    help="--multinode: the daemons' rendezvous.reform_settle_ms")
+                    help="--multinode: the daemons' rendezvous.reformation_settle_ms")
     args = ap.parse_args()
     if args.trainers < 2:
         ap.error("--trainers must be at least 2 (rank 1 is the one killed)")

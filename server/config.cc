@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -48,14 +49,14 @@ constexpr uint32_t kDefaultMaxParams = 100000;
 constexpr uint64_t kDefaultMaxJobMemoryBytes = uint64_t{64} << 30;
 constexpr uint32_t kDefaultMaxLocalWorldSize = 256;
 constexpr uint32_t kDefaultSpinUs = 50;
-constexpr uint32_t kDefaultJoinTimeoutMs = 60000;
+constexpr uint32_t kDefaultFormationTimeoutMs = 60000;
 constexpr uint32_t kDefaultCollectiveTimeoutMs = 30000;
 // Elastic jobs: how long a re-formation waits for a node that has not come
-// back (config.proto's reform_settle_ms).
-constexpr uint32_t kDefaultReformSettleMs = 3000;
+// back (config.proto's reformation_settle_ms).
+constexpr uint32_t kDefaultReformationSettleMs = 3000;
 // ... and how long a node of the job may be silent before it stops waiting
-// for it (config.proto's reform_silence_ms).
-constexpr uint32_t kDefaultReformSilenceMs = 1000;
+// for it (config.proto's reformation_silence_ms).
+constexpr uint32_t kDefaultReformationSilenceMs = 1000;
 // Well below the fd limit the daemon raises itself to (see main.cc), so idle
 // connections can never use up the descriptors the jobs need.
 constexpr uint32_t kDefaultMaxSessions = 1024;
@@ -90,6 +91,40 @@ std::string Where(absl::string_view source, const std::string& key,
     return absl::StrCat(source, ":", mark.line + 1, ": key '", key, "'");
   }
   return absl::StrCat(source, ": key '", key, "'");
+}
+
+// Keys renamed to the engine's glossary (server/engine/README.md): the old
+// key still works for one release and warns (ParseConfigYaml's
+// `deprecations`, logged by LoadConfigFile). Dotted path of the old key ->
+// the field's new name in the same message.
+struct DeprecatedKey {
+  absl::string_view old_key;
+  absl::string_view new_name;
+};
+constexpr DeprecatedKey kDeprecatedKeys[] = {
+    {"rendezvous.join_timeout_ms", "formation_timeout_ms"},
+    {"rendezvous.reform_settle_ms", "reformation_settle_ms"},
+    {"rendezvous.reform_silence_ms", "reformation_silence_ms"},
+};
+
+// The field an old key stands for now (nullptr if `key` is not an old
+// key), with the deprecation said in `*note`.
+const FieldDescriptor* DeprecatedField(const google::protobuf::Descriptor* d,
+                                       const std::string& key,
+                                       const std::string& prefix,
+                                       std::string* note) {
+  for (const DeprecatedKey& k : kDeprecatedKeys) {
+    if (k.old_key != key) continue;
+    const FieldDescriptor* field = d->FindFieldByName(std::string(k.new_name));
+    if (field == nullptr) return nullptr;
+    const std::string new_key =
+        prefix.empty() ? std::string(k.new_name)
+                       : absl::StrCat(prefix, ".", k.new_name);
+    *note = absl::StrCat(key, " is deprecated and will be removed in the next "
+                         "release: use ", new_key);
+    return field;
+  }
+  return nullptr;
 }
 
 std::string KnownKeys(const google::protobuf::Descriptor* d) {
@@ -177,8 +212,12 @@ absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
 
 absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
                             absl::string_view source,
-                            const std::string& prefix) {
+                            const std::string& prefix,
+                            std::vector<std::string>* deprecations) {
   const google::protobuf::Descriptor* d = msg->GetDescriptor();
+  // The fields set so far in this map, by the key that set them: an old key
+  // and its new name together are an error, not a silent winner.
+  absl::flat_hash_map<const FieldDescriptor*, std::string> set_by;
   for (auto it = map.begin(); it != map.end(); ++it) {
     if (!it->first.IsScalar()) {
       return absl::InvalidArgumentError(
@@ -187,6 +226,27 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
     const std::string name = it->first.Scalar();
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     const FieldDescriptor* field = d->FindFieldByName(name);
+    if (field == nullptr) {
+      std::string note;
+      field = DeprecatedField(d, key, prefix, &note);
+      if (field != nullptr) {
+        deprecations->push_back(
+            absl::StrCat(Where(source, key, it->first), ": ", note));
+      }
+    }
+    if (field != nullptr) {
+      auto [previous, first] = set_by.emplace(field, key);
+      if (!first && previous->second == key) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(source, key, it->first), " is set twice"));
+      }
+      if (!first) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(source, key, it->first), " sets the same setting as '",
+            previous->second,
+            "' (one is the deprecated name of the other): keep one"));
+      }
+    }
     if (field == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(source, key, it->first), " is not a known setting (known in ",
@@ -207,7 +267,7 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
       }
       RETURN_IF_ERROR(MapOntoMessage(
           value, msg->GetReflection()->MutableMessage(msg, field), source,
-          key));
+          key, deprecations));
       continue;
     }
     RETURN_IF_ERROR(SetScalar(field, value, msg, source, key));
@@ -364,6 +424,13 @@ std::string HostName() {
 
 absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
                                                  absl::string_view source) {
+  std::vector<std::string> deprecations;
+  return ParseConfigYaml(yaml, source, &deprecations);
+}
+
+absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(
+    absl::string_view yaml, absl::string_view source,
+    std::vector<std::string>* deprecations) {
   v1::DaemonConfig config;
   YAML::Node root;
   try {
@@ -378,7 +445,7 @@ absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
         source, ": the top level must be a map of settings (key: value)"));
   }
   try {
-    RETURN_IF_ERROR(MapOntoMessage(root, &config, source, ""));
+    RETURN_IF_ERROR(MapOntoMessage(root, &config, source, "", deprecations));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
@@ -393,7 +460,10 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  ASSIGN_OR_RETURN(v1::DaemonConfig config, ParseConfigYaml(text.str(), path));
+  std::vector<std::string> deprecations;
+  ASSIGN_OR_RETURN(v1::DaemonConfig config,
+                   ParseConfigYaml(text.str(), path, &deprecations));
+  for (const std::string& note : deprecations) spdlog::warn("{}", note);
   ApplyConfigDefaults(&config);
   absl::Status valid = ValidateConfig(config);
   if (!valid.ok()) {
@@ -449,17 +519,17 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   if (c->node_id().empty()) c->set_node_id(HostName());
   if (c->log_level().empty()) c->set_log_level("info");
   v1::RendezvousConfig* rv = c->mutable_rendezvous();
-  if (rv->join_timeout_ms() == 0)
-    rv->set_join_timeout_ms(kDefaultJoinTimeoutMs);
+  if (rv->formation_timeout_ms() == 0)
+    rv->set_formation_timeout_ms(kDefaultFormationTimeoutMs);
   if (rv->collective_timeout_ms() == 0) {
     rv->set_collective_timeout_ms(kDefaultCollectiveTimeoutMs);
   }
   if (rv->port() == 0) rv->set_port(kDefaultRendezvousPort);
-  if (rv->reform_settle_ms() == 0) {
-    rv->set_reform_settle_ms(kDefaultReformSettleMs);
+  if (rv->reformation_settle_ms() == 0) {
+    rv->set_reformation_settle_ms(kDefaultReformationSettleMs);
   }
-  if (rv->reform_silence_ms() == 0) {
-    rv->set_reform_silence_ms(kDefaultReformSilenceMs);
+  if (rv->reformation_silence_ms() == 0) {
+    rv->set_reformation_silence_ms(kDefaultReformationSilenceMs);
   }
   v1::RendezvousLimits* l = rv->mutable_limits();
   if (l->max_key_bytes() == 0) l->set_max_key_bytes(kDefaultMaxKeyBytes);
@@ -563,18 +633,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         absl::StrCat("min_nodes = ", c.min_nodes(), " is above ", kMaxMinNodes,
                      " (0 = a multi-node job needs all of its nodes)"));
   }
-  if (c.rendezvous().reform_settle_ms() > kMaxReformSettleMs) {
+  if (c.rendezvous().reformation_settle_ms() > kMaxReformationSettleMs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous.reform_settle_ms = ", c.rendezvous().reform_settle_ms(),
-        " is above ", kMaxReformSettleMs,
+        "rendezvous.reformation_settle_ms = ", c.rendezvous().reformation_settle_ms(),
+        " is above ", kMaxReformationSettleMs,
         " (ten minutes): every node of an elastic job would wait that long "
         "for a lost node at each re-formation"));
   }
-  if (c.rendezvous().reform_silence_ms() < kMinReformSilenceMs ||
-      c.rendezvous().reform_silence_ms() > kMaxReformSettleMs) {
+  if (c.rendezvous().reformation_silence_ms() < kMinReformationSilenceMs ||
+      c.rendezvous().reformation_silence_ms() > kMaxReformationSettleMs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous.reform_silence_ms = ", c.rendezvous().reform_silence_ms(),
-        " is outside ", kMinReformSilenceMs, "..", kMaxReformSettleMs,
+        "rendezvous.reformation_silence_ms = ", c.rendezvous().reformation_silence_ms(),
+        " is outside ", kMinReformationSilenceMs, "..", kMaxReformationSettleMs,
         ": nodes beat every 200 ms, so a shorter silence would take live "
         "nodes for gone"));
   }

@@ -4,13 +4,14 @@
 // resulting message is passed to the Daemon's constructor.
 //
 // Errors: INVALID_ARGUMENT naming the file, the key (dotted path, e.g.
-// "rendezvous.join_timeout_ms") and, for YAML problems, the line; NOT_FOUND
+// "rendezvous.formation_timeout_ms") and, for YAML problems, the line; NOT_FOUND
 // when the file cannot be read.
 #ifndef GRADD_SERVER_CONFIG_H_
 #define GRADD_SERVER_CONFIG_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,11 +24,11 @@ namespace gradd {
 // (AttachRequest) may ask for: one hour.
 inline constexpr uint32_t kMaxRankRestartGraceMs = 3'600'000;
 // Bounds of the elastic settings (DaemonConfig.min_nodes: the attach's
-// node count bound; RendezvousConfig.reform_settle_ms).
+// node count bound; RendezvousConfig.reformation_settle_ms).
 inline constexpr uint32_t kMaxMinNodes = 65536;
-inline constexpr uint32_t kMaxReformSettleMs = 600'000;
-// RendezvousConfig.reform_silence_ms: at least two of the 200 ms beats.
-inline constexpr uint32_t kMinReformSilenceMs = 400;
+inline constexpr uint32_t kMaxReformationSettleMs = 600'000;
+// RendezvousConfig.reformation_silence_ms: at least two of the 200 ms beats.
+inline constexpr uint32_t kMinReformationSilenceMs = 400;
 
 // Parses YAML text onto DaemonConfig field by field (snake_case keys as in
 // config.proto). Unknown keys, wrong types and out-of-range numbers are
@@ -35,8 +36,16 @@ inline constexpr uint32_t kMinReformSilenceMs = 400;
 // Does not apply defaults.
 absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(absl::string_view yaml,
                                                  absl::string_view source);
+// The same, adding one line to `*deprecations` for each deprecated key used
+// (a key renamed to the engine's glossary: it still works for one release;
+// the line names the file, the line, the old key and its new name).
+// Setting a key and its deprecated name together is an error.
+absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(
+    absl::string_view yaml, absl::string_view source,
+    std::vector<std::string>* deprecations);
 
-// Reads and parses `path` (ParseConfigYaml), applies defaults and validates.
+// Reads and parses `path` (ParseConfigYaml), applies defaults and validates;
+// logs a warning for each deprecated key it used.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 
 // Fills every zero/empty field with its documented default.

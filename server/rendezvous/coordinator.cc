@@ -112,7 +112,7 @@ CoordinatorSelector::Connect(const std::string& address,
     o.max_key_bytes = options_.store.max_key_bytes;
     o.max_value_bytes = options_.store.max_value_bytes;
     // As a coordinator's client keeps trying for connect_timeout: a
-    // formation (bounded by the join timeout) fails in it when etcd is
+    // formation (bounded by the formation timeout) fails in it when etcd is
     // unreachable.
     o.call_timeout = connect_timeout;
     return std::unique_ptr<RendezvousStoreInterface>(

@@ -13,7 +13,7 @@
 //      is this one, this daemon starts serving the store on that port on
 //      demand, so under torchrun the daemon on MASTER_ADDR's machine (node
 //      rank 0's) becomes the coordinator by itself; the others connect to it,
-//      retrying until the join timeout while it comes up.
+//      retrying until the formation timeout while it comes up.
 //
 // On a machine running several daemons (tests, one-host emulations) the
 // first to bind the port serves; the others find it taken and connect to

@@ -258,7 +258,7 @@ TEST_F(CoordinatorAuthTest,
   std::vector<Exit> exits = RunOneTrainerPerNode(
       {dir_ + "/host0/gradd.sock", dir_ + "/host1/gradd.sock"}, "two-nodes",
       {"--iterations", "2", "--coordinator", "127.0.0.1"}, milliseconds(30000));
-  // Far below the 60 s join timeout: refused, not timed out.
+  // Far below the 60 s formation timeout: refused, not timed out.
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   for (const Exit& e : exits) {
     EXPECT_EQ(e.code, 3) << e.output;

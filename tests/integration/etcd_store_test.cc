@@ -453,7 +453,7 @@ TEST_F(EtcdStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
 
 TEST_F(EtcdStoreTest, ACallTimeoutBoundsEveryCallWhenEtcdIsUnreachable) {
   // The client alone would try for 15 s; a formation's store gives up in
-  // its call timeout (the join timeout, CoordinatorSelector::Connect), and
+  // its call timeout (the formation timeout, CoordinatorSelector::Connect), and
   // says which etcd it could not reach.
   EtcdClient::Options o;
   o.endpoints = {"127.0.0.1:1", "127.0.0.1:2"};

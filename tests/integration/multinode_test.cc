@@ -161,9 +161,9 @@ class MultiNodeTest : public NodeClusterTest,
   MultiNodeTest() : NodeClusterTest(GetParam(), "gradd-mn-") {}
 
   // Writes the daemons' shared config (rendezvous timeouts).
-  std::string WriteConfig(int join_timeout_ms, int collective_timeout_ms) {
+  std::string WriteConfig(int formation_timeout_ms, int collective_timeout_ms) {
     NodeConfig config;
-    config.join_timeout_ms = join_timeout_ms;
+    config.formation_timeout_ms = formation_timeout_ms;
     config.collective_timeout_ms = collective_timeout_ms;
     return WriteNodeConfig(config);
   }
@@ -349,7 +349,7 @@ TEST_P(MultiNodeTest, MissingNodeFailsEveryRankNamingIt) {
 }
 
 TEST_P(MultiNodeTest, SigtermWhileFormingExitsCleanlyAndFailsTheTrainers) {
-  // A long join timeout: the formation thread is still blocked in the
+  // A long formation timeout: the formation thread is still blocked in the
   // rendezvous (waiting for node-b, which never comes) when node-a gets
   // SIGTERM. The daemon must exit 0 promptly, and its trainers get an
   // error rather than a hang.

@@ -92,7 +92,7 @@ std::string NodeClusterTest::WriteNodeConfig(const NodeConfig& config) {
   std::ofstream out(path);
   out << "rendezvous:\n";
   if (backend_ == Backend::kEtcd) out << "  backend: etcd\n";
-  out << "  join_timeout_ms: " << config.join_timeout_ms << "\n"
+  out << "  formation_timeout_ms: " << config.formation_timeout_ms << "\n"
       << "  collective_timeout_ms: " << config.collective_timeout_ms << "\n";
   if (!config.expected_node_ids.empty()) {
     out << "  expected_node_ids: " << config.expected_node_ids << "\n";

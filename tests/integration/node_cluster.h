@@ -68,7 +68,7 @@ class NodeClusterTest : public GraddTest {
   struct NodeConfig {
     // Written to <dir_>/<name>.yaml.
     std::string name = "gradd";
-    int join_timeout_ms = 30000;
+    int formation_timeout_ms = 30000;
     int collective_timeout_ms = 20000;
     // rendezvous.expected_node_ids; "" leaves it out.
     std::string expected_node_ids = "node-a, node-b, node-c";

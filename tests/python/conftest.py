@@ -120,7 +120,7 @@ class TwoDaemons:
         self.dir = tempfile.mkdtemp(prefix="gradd-pytest-2n-")
         config = os.path.join(self.dir, "gradd.yaml")
         with open(config, "w") as f:
-            f.write("rendezvous:\n  join_timeout_ms: 60000\n  collective_timeout_ms: 60000\n")
+            f.write("rendezvous:\n  formation_timeout_ms: 60000\n  collective_timeout_ms: 60000\n")
         port_file = os.path.join(self.dir, "coordinator.port")
         self.nodes = []
         auth = node_token_args(self.dir)
@@ -175,12 +175,12 @@ class Nodes:
     daemon on etcd takes the store from its config, whatever its trainers
     name). Either way the daemons share one node token (their Gloo pairs)."""
 
-    # reform_silence_ms: 3 s rather than the daemon's 1 s default, so that a
+    # reformation_silence_ms: 3 s rather than the daemon's 1 s default, so that a
     # daemon starved of CPU on a loaded CI machine (sanitizers) is not
     # taken for a silent one, which would re-form the job once more than a
     # test expects. lease_ttl_ms (etcd) plays the same part there: 3 s.
-    def __init__(self, binary, n, reform_settle_ms=1500, reform_silence_ms=3000,
-                 backend="builtin", etcd=None, lease_ttl_ms=3000, join_timeout_ms=30000):
+    def __init__(self, binary, n, reformation_settle_ms=1500, reformation_silence_ms=3000,
+                 backend="builtin", etcd=None, lease_ttl_ms=3000, formation_timeout_ms=30000):
         if backend not in ("builtin", "etcd"):
             raise ValueError(f"unknown rendezvous backend {backend!r}")
         if (backend == "etcd") != (etcd is not None):
@@ -192,11 +192,11 @@ class Nodes:
         self.dir = tempfile.mkdtemp(prefix="gradd-pytest-elastic-")
         self.config = os.path.join(self.dir, "gradd.yaml")
         with open(self.config, "w") as f:
-            f.write(f"rendezvous:\n  join_timeout_ms: {join_timeout_ms}\n"
+            f.write(f"rendezvous:\n  formation_timeout_ms: {formation_timeout_ms}\n"
                     "  collective_timeout_ms: 20000\n"
-                    f"  reform_settle_ms: {reform_settle_ms}\n")
-            if reform_silence_ms is not None:
-                f.write(f"  reform_silence_ms: {reform_silence_ms}\n")
+                    f"  reformation_settle_ms: {reformation_settle_ms}\n")
+            if reformation_silence_ms is not None:
+                f.write(f"  reformation_silence_ms: {reformation_silence_ms}\n")
             if etcd is not None:
                 # One prefix per Nodes: jobs of two tests never meet.
                 self.prefix = f"/gradd-pytest/{uuid.uuid4().hex[:12]}/"

@@ -243,13 +243,13 @@ def test_node_lost_job_goes_on_with_the_others(nodes_factory, job_id, tmp_path):
     end equal to each other and to the recomputation; the job's world size
     shrinks to 2 and the daemons name the lost node. The settle is longer
     than the whole test may take: the survivors stop waiting for node-2
-    because its beat stopped (built-in store: rendezvous.reform_silence_ms,
+    because its beat stopped (built-in store: rendezvous.reformation_silence_ms,
     default 1 s, 3 s of silence here, conftest.Nodes) or its daemon's
     etcd lease expired (etcd: rendezvous.etcd.lease_ttl_ms, 3 s here), not
     because the settle ran out."""
     steps, k = 16, 4
-    # The settle is capped by the join timeout (30 s here).
-    nodes = nodes_factory(3, reform_settle_ms=60000)
+    # The settle is capped by the formation timeout (30 s here).
+    nodes = nodes_factory(3, reformation_settle_ms=60000)
     require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)
     slow = {"GRADD_TEST_STEP_SLEEP_S": "0.1"}  # time to read the metrics
@@ -383,10 +383,10 @@ def test_admitted_node_divides_by_the_initial_world_size(nodes_factory, job_id, 
     steps, k, k2 = 14, 3, 7
     # Long enough for node-1's trainer to start and ask to be admitted
     # while node-0 waits in the re-formation for node-2.
-    # (node-2's silence must not end the wait: reform_silence_ms above the
+    # (node-2's silence must not end the wait: reformation_silence_ms above the
     # settle leaves only the settle; on etcd, where liveness is the
     # daemon's lease, so does a lease TTL above the settle.)
-    nodes = nodes_factory(3, reform_settle_ms=10000, reform_silence_ms=20000,
+    nodes = nodes_factory(3, reformation_settle_ms=10000, reformation_silence_ms=20000,
                           lease_ttl_ms=20000)
     require_elastic(nodes, job_id)
     t = Trainers(nodes, job_id, steps, tmp_path, min_nodes=2)

@@ -209,7 +209,7 @@ def test_etcd_member_killed_changes_nothing(etcd_nodes, job_id, tmp_path, victim
 
 # ---------------------------------------------------- etcd down, then back
 def test_etcd_down_then_back(etcd_nodes, job_id, tmp_path):
-    """2 nodes (join_timeout_ms 8000), an elastic job (min_nodes 1) running;
+    """2 nodes (formation_timeout_ms 8000), an elastic job (min_nodes 1) running;
     every etcd member is SIGKILLed mid-job. The running job needs no store
     to go on: both trainers complete every step on 2 nodes, no aborted
     iteration, parameters of the recomputation (and no node decides the
@@ -219,7 +219,7 @@ def test_etcd_down_then_back(etcd_nodes, job_id, tmp_path):
     endpoints. After restart_all() a new 2-node job forms and completes on
     the same daemons."""
     steps, kill_at, join_timeout_s = 60, 5, 8
-    nodes = etcd_nodes(2, join_timeout_ms=join_timeout_s * 1000)
+    nodes = etcd_nodes(2, formation_timeout_ms=join_timeout_s * 1000)
     etcd = nodes.etcd
     require_elastic(nodes, job_id)
     (tmp_path / "running").mkdir()

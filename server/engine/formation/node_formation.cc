@@ -12,7 +12,7 @@ namespace {
 
 constexpr size_t kPage = 4096;
 // Every later step gets at least this long, even when FormJob used up most
-// of the join timeout (the others are then just as late and arrive soon).
+// of the formation timeout (the others are then just as late and arrive soon).
 constexpr absl::Duration kMinStep = absl::Seconds(2);
 // Formation rounds one job id may go through in one coordinator's life
 // (each costs OpenRound one store lookup).

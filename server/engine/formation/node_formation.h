@@ -4,7 +4,7 @@
 //   1. FormJob through the rendezvous store (rendezvous/job_formation.h):
 //      node ranks, global rank offsets, world size, fingerprint check
 //      (a mismatch names the parameter and both nodes; a node that never
-//      arrives fails everyone after the join timeout, listing the missing
+//      arrives fails everyone after the formation timeout, listing the missing
 //      node ids when they are configured);
 //   2. the bucket plan: node rank 0 publishes its plan under
 //      "<prefix>/plan", every other node adopts it after checking that it

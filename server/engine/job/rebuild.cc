@@ -424,7 +424,7 @@ std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(
   RebuildOptions options;
   options.local_timeout = absl::Milliseconds(config.attach_timeout_ms());
   options.node_timeout =
-      absl::Milliseconds(config.rendezvous().join_timeout_ms());
+      absl::Milliseconds(config.rendezvous().formation_timeout_ms());
   options.switch_timeout =
       absl::Milliseconds(config.rendezvous().collective_timeout_ms());
   const JobSpec& spec = job->spec();

@@ -42,7 +42,7 @@
 // thread. The work (waiting for the other ranks, the store exchange, the
 // engine switch) runs on a thread of the coordinator's own, started by
 // the first Add; callbacks run there. Every wait is bounded (the ranks'
-// deadlines, the daemon's attach timeout, the rendezvous join timeout) and
+// deadlines, the daemon's attach timeout, the rendezvous formation timeout) and
 // re-checks cancellation and the job's failure every 100 ms. The
 // destructor cancels and joins.
 #ifndef GRADD_SERVER_ENGINE_JOB_REBUILD_H_
@@ -171,7 +171,7 @@ struct RebuildAgreement {
 
 // The coordinator for `job` with the daemon's bounds: local waits like
 // attaches (attach_timeout_ms), node agreement like the formation
-// (rendezvous.join_timeout_ms, through the coordinator and round the job
+// (rendezvous.formation_timeout_ms, through the coordinator and round the job
 // formed through, connected by `coordinators`), the engine switch within
 // rendezvous.collective_timeout_ms.
 std::unique_ptr<RebuildCoordinator> MakeRebuildCoordinator(

@@ -48,7 +48,7 @@
 // forming: the rendezvous with the other nodes' daemons (node_formation.h)
 // runs on a thread of its own and posts its result back to the control
 // thread, so other jobs on this daemon are served meanwhile. It is bounded
-// by the join timeout (and the ranks' Attach deadlines); a rank that leaves
+// by the formation timeout (and the ranks' Attach deadlines); a rank that leaves
 // while its job forms fails the others at once and the result is dropped.
 //
 // A pending Attach holds no thread: its callback waits in pending_ until
@@ -61,7 +61,7 @@
 // FAILED_PRECONDITION (no live session, job running, model or plan mismatch
 // between nodes naming the parameter and both nodes), UNAVAILABLE (shutting
 // down, coordinator unreachable), DEADLINE_EXCEEDED (nodes missing after the
-// join timeout, named when rendezvous.expected_node_ids is configured).
+// formation timeout, named when rendezvous.expected_node_ids is configured).
 #ifndef GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
 #define GRADD_SERVER_ENGINE_MANAGER_JOB_MANAGER_H_
 

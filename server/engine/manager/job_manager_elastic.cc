@@ -231,9 +231,9 @@ void JobManager::StartReformation(const std::string& job_id,
   // Published by the closer for the arrivals; a node that was admitted
   // itself passes on what it learned then (JobSpec::initial_world_size).
   options.initial_world_size = spec.initial_global_world_size();
-  options.settle = absl::Milliseconds(rv.reform_settle_ms());
-  options.silence = absl::Milliseconds(rv.reform_silence_ms());
-  options.timeout = absl::Milliseconds(rv.join_timeout_ms());
+  options.settle = absl::Milliseconds(rv.reformation_settle_ms());
+  options.silence = absl::Milliseconds(rv.reformation_silence_ms());
+  options.timeout = absl::Milliseconds(rv.formation_timeout_ms());
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
   options.reason = broke.reason;
@@ -243,7 +243,7 @@ void JobManager::StartReformation(const std::string& job_id,
   spdlog::debug(
       "job '{}': re-forming after epoch {} with the nodes that are there "
       "(at least {}, settling {} ms)",
-      job_id, broke.epoch, options.min_nodes, rv.reform_settle_ms());
+      job_id, broke.epoch, options.min_nodes, rv.reformation_settle_ms());
 
   // A CUDA job connects a fresh NCCL communicator among the new group
   // (nccl_job_setup.h says why not ncclCommShrink); every node of the

@@ -47,7 +47,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   options.local_world_size = p.world;
   options.params = spec.params;
   options.local_plan = spec.plan;
-  options.join_timeout = std::min(absl::Milliseconds(rv.join_timeout_ms()),
+  options.join_timeout = std::min(absl::Milliseconds(rv.formation_timeout_ms()),
                                   limit - absl::Now() - kFormationMargin);
   // A peer node waits in the network while a rank of another node restarts.
   options.collective_timeout = InterNodeCollectiveTimeout(
@@ -71,7 +71,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   NcclJobPlatformInterface* nccl = UsesDeviceReducer(spec.params, spec.devices)
                                        ? DaemonNcclJobPlatform()
                                        : nullptr;
-  // The rendezvous blocks (up to the join timeout) and so may finding the
+  // The rendezvous blocks (up to the formation timeout) and so may finding the
   // coordinator (name resolution); both run on a thread of their own and
   // post back through the mailbox, which outlives this object, as does the
   // shared coordinator selector.
@@ -82,7 +82,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
                requested = request.coordinator(), selector = coordinators_,
                advertise = rv.advertise_host(), ifname = rv.interface(),
                spec = std::move(spec), job_id, formation, nccl, elastic,
-               settle = absl::Milliseconds(rv.reform_settle_ms()),
+               settle = absl::Milliseconds(rv.reformation_settle_ms()),
                limit = limit - kFormationMargin]() mutable {
     absl::StatusOr<FormedNodes> result = [&]() -> absl::StatusOr<FormedNodes> {
       absl::StatusOr<std::string> found = selector->Resolve(requested);

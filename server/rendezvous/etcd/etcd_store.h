@@ -72,7 +72,7 @@ class EtcdStore : public RendezvousStoreInterface {
     size_t max_key_bytes = 1024;
     size_t max_value_bytes = size_t{32} << 20;
     // How long one call may take when etcd does not answer (failover
-    // included), so that a formation bounded by the join timeout fails in
+    // included), so that a formation bounded by the formation timeout fails in
     // it, naming the endpoints; infinite: the client's retry_timeout.
     absl::Duration call_timeout = absl::InfiniteDuration();
   };

@@ -38,36 +38,36 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
   EXPECT_GE(c->reduce_threads(), 1u);
   EXPECT_FALSE(c->node_id().empty());
   EXPECT_FALSE(c->socket_path().empty());
-  EXPECT_EQ(c->rendezvous().join_timeout_ms(), 60000u);
+  EXPECT_EQ(c->rendezvous().formation_timeout_ms(), 60000u);
   EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
   // Neither torchrun's rendezvous port (29400) nor torch's store (29500).
   EXPECT_EQ(c->rendezvous().port(), 29600u);
   // Node loss and arrival: not elastic by default; 3 s of settling.
   EXPECT_EQ(c->min_nodes(), 0u);
-  EXPECT_EQ(c->rendezvous().reform_settle_ms(), 3000u);
-  EXPECT_EQ(c->rendezvous().reform_silence_ms(), 1000u);
+  EXPECT_EQ(c->rendezvous().reformation_settle_ms(), 3000u);
+  EXPECT_EQ(c->rendezvous().reformation_silence_ms(), 1000u);
 }
 
 TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
   absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(
-      "min_nodes: 2\nrendezvous:\n  reform_settle_ms: 500\n", "e.yaml");
+      "min_nodes: 2\nrendezvous:\n  reformation_settle_ms: 500\n", "e.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   ApplyConfigDefaults(&*c);
   EXPECT_TRUE(ValidateConfig(*c).ok());
   EXPECT_EQ(c->min_nodes(), 2u);
-  EXPECT_EQ(c->rendezvous().reform_settle_ms(), 500u);  // kept, not defaulted
-  c->mutable_rendezvous()->set_reform_settle_ms(600001);
+  EXPECT_EQ(c->rendezvous().reformation_settle_ms(), 500u);  // kept, not defaulted
+  c->mutable_rendezvous()->set_reformation_settle_ms(600001);
   EXPECT_THAT(Message(ValidateConfig(*c)),
-              HasSubstr("rendezvous.reform_settle_ms = 600001 is above "
+              HasSubstr("rendezvous.reformation_settle_ms = 600001 is above "
                         "600000"));
-  c->mutable_rendezvous()->set_reform_settle_ms(3000);
+  c->mutable_rendezvous()->set_reformation_settle_ms(3000);
   for (uint32_t bad : {399u, 600001u}) {
-    c->mutable_rendezvous()->set_reform_silence_ms(bad);
+    c->mutable_rendezvous()->set_reformation_silence_ms(bad);
     EXPECT_THAT(Message(ValidateConfig(*c)),
-                HasSubstr(absl::StrCat("rendezvous.reform_silence_ms = ", bad,
+                HasSubstr(absl::StrCat("rendezvous.reformation_silence_ms = ", bad,
                                        " is outside 400..600000")));
   }
-  c->mutable_rendezvous()->set_reform_silence_ms(400);
+  c->mutable_rendezvous()->set_reformation_silence_ms(400);
   EXPECT_TRUE(ValidateConfig(*c).ok());
   c->set_min_nodes(65537);
   EXPECT_THAT(Message(ValidateConfig(*c)),
@@ -96,7 +96,7 @@ max_job_memory_bytes: 1099511627776
 node_id: 42
 rendezvous:
   coordinator_address: "10.0.0.1:29400"
-  join_timeout_ms: 5000
+  formation_timeout_ms: 5000
 metrics:
   listen_address: ":9400"
 )",
@@ -110,9 +110,52 @@ metrics:
   EXPECT_EQ(c->max_job_memory_bytes(), uint64_t{1} << 40);
   EXPECT_EQ(c->node_id(), "42");  // a number where a string is expected
   EXPECT_EQ(c->rendezvous().coordinator_address(), "10.0.0.1:29400");
-  EXPECT_EQ(c->rendezvous().join_timeout_ms(), 5000u);
+  EXPECT_EQ(c->rendezvous().formation_timeout_ms(), 5000u);
   EXPECT_EQ(c->rendezvous().collective_timeout_ms(), 30000u);
   EXPECT_EQ(c->metrics().listen_address(), ":9400");
+}
+
+// Keys renamed to the engine's glossary (server/engine/README.md) keep
+// working for one release: each use is reported (LoadConfigFile logs it as
+// a warning) naming the file, line, old key and new key; setting both the
+// old and the new name is an error; the new names report nothing.
+TEST(ConfigTest, DeprecatedKeysStillWorkAndSaySo) {
+  std::vector<std::string> notes;
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(
+      "rendezvous:\n  join_timeout_ms: 5000\n  reform_settle_ms: 700\n"
+      "  reform_silence_ms: 600\n",
+      "old.yaml", &notes);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rendezvous().formation_timeout_ms(), 5000u);
+  EXPECT_EQ(c->rendezvous().reformation_settle_ms(), 700u);
+  EXPECT_EQ(c->rendezvous().reformation_silence_ms(), 600u);
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_THAT(notes[0], HasSubstr("old.yaml:2: key 'rendezvous.join_timeout_ms'"));
+  EXPECT_THAT(notes[0], HasSubstr("deprecated"));
+  EXPECT_THAT(notes[0], HasSubstr("use rendezvous.formation_timeout_ms"));
+  EXPECT_THAT(notes[1], HasSubstr("use rendezvous.reformation_settle_ms"));
+  EXPECT_THAT(notes[2], HasSubstr("use rendezvous.reformation_silence_ms"));
+
+  notes.clear();
+  c = ParseConfigYaml(
+      "rendezvous:\n  formation_timeout_ms: 5000\n"
+      "  reformation_settle_ms: 700\n  reformation_silence_ms: 600\n",
+      "new.yaml", &notes);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(notes.empty());
+
+  c = ParseConfigYaml(
+      "rendezvous:\n  formation_timeout_ms: 5000\n  join_timeout_ms: 6000\n",
+      "both.yaml", &notes);
+  EXPECT_THAT(Message(c.status()),
+              HasSubstr("both.yaml:3: key 'rendezvous.join_timeout_ms' sets "
+                        "the same setting as 'rendezvous.formation_timeout_ms'"));
+  // An old name is only known where it was: not at the top level.
+  EXPECT_THAT(Message(ParseConfigYaml("join_timeout_ms: 1\n", "top.yaml")
+                          .status()),
+              HasSubstr("is not a known setting"));
+  c = ParseConfigYaml("spin_us: 10\nspin_us: 20\n", "twice.yaml");
+  EXPECT_THAT(Message(c.status()), HasSubstr("key 'spin_us' is set twice"));
 }
 
 TEST(ConfigTest, UnknownKeyNamesKeyFileAndLine) {
