@@ -32,10 +32,15 @@ int PyClient::BeginStateSync() {
 void DefineRankRestart(py::module_& m, py::class_<PyClient>& client) {
   client
       .def_property_readonly(
-          "rejoined", [](PyClient& c) { return c.client().rejoined(); },
+          "restarted", [](PyClient& c) { return c.client().restarted(); },
           "True when this attach re-attached a restarted rank to its running "
           "job (rank_restart_grace_ms > 0); its first iteration is then "
           "`iteration`, past 1.")
+      // The extension is private (gradd._C); its old name stays until
+      // gradd.torch no longer reads it.
+      .def_property_readonly(
+          "rejoined", [](PyClient& c) { return c.client().restarted(); },
+          "Old name of `restarted`.")
       .def_property_readonly(
           "rank_restart_grace_ms",
           [](PyClient& c) { return c.client().rank_restart_grace_ms(); },

@@ -238,7 +238,7 @@ int Train(const Flags& flags, gradd::Client& client) {
   std::printf(
       "rank %d/%d: training %d steps (grace %u ms, rejoined %d) t_ns=%llu\n",
       rank, world, flags.iterations, client.rank_restart_grace_ms(),
-      client.rejoined() ? 1 : 0, NowNs());
+      client.restarted() ? 1 : 0, NowNs());
   std::fflush(stdout);
   while (step < static_cast<uint64_t>(flags.iterations)) {
     // The state sync, before anything else of this step. Another restart
@@ -317,7 +317,7 @@ int Train(const Flags& flags, gradd::Client& client) {
   std::printf(
       "rank %d/%d: FINAL rejoined=%d aborted=%llu restarts=%llu live=%d "
       "epoch=%llu min_nodes=%u steps=%llu checksum=%016llx w0=%.9g\n",
-      rank, world, client.rejoined() ? 1 : 0,
+      rank, world, client.restarted() ? 1 : 0,
       static_cast<unsigned long long>(client.iterations_aborted()),
       static_cast<unsigned long long>(client.restarts()),
       client.live_world_size(), static_cast<unsigned long long>(client.epoch()),

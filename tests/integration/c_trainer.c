@@ -127,6 +127,17 @@ static int Train(const char* socket, const char* job, int rank, int world,
     printf("FAIL: getters disagree with the registration\n");
     return 1;
   }
+  /* A first attach is no restart; gradd_rejoined, the deprecated name of
+   * gradd_restarted, still answers the same for this release. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const int rejoined = gradd_rejoined(c);
+#pragma GCC diagnostic pop
+  if (gradd_restarted(c) != 0 || rejoined != gradd_restarted(c)) {
+    printf("FAIL: restarted %d, rejoined %d on a first attach\n",
+           gradd_restarted(c), rejoined);
+    return 1;
+  }
   int rc = gradd_mark_ready(c, 3);
   if (rc != GRADD_OUT_OF_RANGE) {
     printf("FAIL: mark_ready(3) returned %d\n", rc);

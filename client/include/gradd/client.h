@@ -157,7 +157,7 @@ struct ClientOptions {
   // The GPU (this process's CUDA ordinal) every CUDA parameter lives on;
   // required when any ClientParam::device is 1.
   int cuda_device = -1;
-  // Rank restart (Client::rejoined): how long the daemon keeps this job
+  // Rank restart (Client::restarted): how long the daemon keeps this job
   // waiting for a rank whose process died (0: the job fails at once).
   // Unset: $GRADD_RANK_RESTART_GRACE_MS if set, else the daemon's
   // rank_restart_grace_ms. Every local rank must choose the same.
@@ -390,16 +390,22 @@ class Client {
   //
   // True when this Attach re-attached a restarted rank to its running job
   // (its first iteration is then iteration(), past 1).
-  virtual bool rejoined() const { return false; }
+  virtual bool restarted() const { return false; }
+  // The name restarted() had until this release (server/engine/README.md,
+  // "Glossary": "join" is only uneven inputs); removed in the next one.
+  [[deprecated("use restarted(); rejoined() goes in the next release")]] bool
+  rejoined() const {
+    return restarted();
+  }
   // The grace the job runs with (0: none).
   virtual uint32_t rank_restart_grace_ms() const { return 0; }
-  // A state sync is due: a rank rejoined since this rank last synced, or
-  // this rank rejoined and has not synced yet. Every rank of the job sees
+  // A state sync is due: a rank restarted since this rank last synced, or
+  // this rank restarted and has not synced yet. Every rank of the job sees
   // the same at the same point of its iteration sequence (the daemon aborts
   // what was in flight when the rank came back).
   virtual bool StateSyncPending() const { return false; }
   // The sync's root: the lowest global rank that holds the job's state
-  // (an allreduce MIN over the ranks, a rejoined rank not yet synced
+  // (an allreduce MIN over the ranks, a restarted rank not yet synced
   // offering none), and marks the sync handled; the caller broadcasts its
   // state from it. FAILED_PRECONDITION when no rank holds the state (every
   // rank restarted before a sync); ABORTED (IsIterationAborted) when
@@ -426,7 +432,7 @@ class Client {
   // The last re-formation found this rank's node one iteration behind the
   // others (header.state_behind) and the rank has not synced since: it
   // offers no state in the next state sync and must load what the root
-  // broadcasts (like a rejoined rank).
+  // broadcasts (like a restarted rank).
   virtual bool state_behind() const { return false; }
 };
 

@@ -28,6 +28,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Marks a function kept for one release under an old name: compilers that
+ * know the attribute warn where it is called. */
+#if defined(__GNUC__) || defined(__clang__)
+#define GRADD_DEPRECATED(why) __attribute__((deprecated(why)))
+#else
+#define GRADD_DEPRECATED(why)
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -249,7 +257,7 @@ int gradd_rebuild_buckets(gradd_client* client, int* rebuilt);
 /* 1 once the buckets were rebuilt, else 0. */
 int gradd_buckets_rebuilt(const gradd_client* client);
 
-/* Rank restart (gradd::Client::rejoined ... BeginStateSync; the job's
+/* Rank restart (gradd::Client::restarted ... BeginStateSync; the job's
  * rank_restart_grace_ms > 0). When a rank of the job dies and its new
  * process attaches again within the grace, the iteration (or collective) in
  * progress is aborted on every rank: gradd_wait_all (or the collective)
@@ -279,9 +287,14 @@ int gradd_buckets_rebuilt(const gradd_client* client);
 int gradd_last_error_is_iteration_aborted(void);
 /* 1 when this attach re-attached a restarted rank to its running job (its
  * first iteration is then gradd_iteration(), past 1), else 0. */
-int gradd_rejoined(const gradd_client* client);
+int gradd_restarted(const gradd_client* client);
+/* The name gradd_restarted had until this release ("join" is only uneven
+ * inputs now); removed in the next one. */
+int gradd_rejoined(const gradd_client* client) GRADD_DEPRECATED(
+    "use gradd_restarted; gradd_rejoined goes in the next "
+    "release");
 /* 1 when a state sync is due before the next iteration, else 0: a rank of
- * the job rejoined since this rank last synced, or this rank rejoined and
+ * the job restarted since this rank last synced, or this rank restarted and
  * has not synced yet. Every rank sees the same at the same point. */
 int gradd_state_sync_pending(const gradd_client* client);
 /* The state sync's first step (a collective: every rank calls it): stores

@@ -330,8 +330,12 @@ int gradd_last_error_is_iteration_aborted(void) {
   return last_error_aborted_iteration ? 1 : 0;
 }
 
+int gradd_restarted(const gradd_client* client) {
+  return client != nullptr && client->impl->restarted() ? 1 : 0;
+}
+
 int gradd_rejoined(const gradd_client* client) {
-  return client != nullptr && client->impl->rejoined() ? 1 : 0;
+  return gradd_restarted(client);
 }
 
 int gradd_state_sync_pending(const gradd_client* client) {

@@ -40,7 +40,7 @@ bool IsIterationAborted(const absl::Status& status) {
          status.GetPayload(kIterationAbortedPayload).has_value();
 }
 
-// Rank restart: clients without it never rejoin, so no sync is ever due.
+// Rank restart: clients without it never restart, so no sync is ever due.
 absl::StatusOr<int> Client::BeginStateSync() {
   return absl::FailedPreconditionError(
       "BeginStateSync: this client does not take part in rank restarts");

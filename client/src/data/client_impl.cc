@@ -146,7 +146,7 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
   hooks.broadcast = [this](void* data, size_t bytes, int root) {
     return BroadcastImpl(data, bytes, root);
   };
-  // A rejoined rank's JoinSlot was cleared by the daemon: the JoinClient
+  // A restarted rank's JoinSlot was cleared by the daemon: the JoinClient
   // reads epoch 0 from it, as for a new job.
   join_ = std::make_unique<JoinClient>(layout_, control_.data(),
                                        options_.local_rank, bell_.get(),
@@ -159,7 +159,7 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
     // plan just received is the job's current one, and the ranks that
     // stayed will not ask for another.
     if (response.next_iteration() < 1) {
-      return bad("rejoined at iteration 0");
+      return bad("restarted at iteration 0");
     }
     iteration_.store(response.next_iteration(), std::memory_order_release);
     broadcast_seq_ = response.collective_seq();

@@ -212,11 +212,11 @@ class ClientImpl final : public Client {
   int local_rank() const override { return options_.local_rank; }
   int local_world_size() const override { return options_.local_world_size; }
 
-  // Rank restart (rank_restart.h; client.h "Rank restart"). A rejoined
+  // Rank restart (rank_restart.h; client.h "Rank restart"). A restarted
   // client starts at AttachResponse.next_iteration and collective_seq, and
   // never rebuilds its buckets: the running job already has its plan (the
   // attach answer carries it), and the other ranks will not rebuild again.
-  bool rejoined() const override { return restart_.rejoined(); }
+  bool restarted() const override { return restart_.restarted(); }
   uint32_t rank_restart_grace_ms() const override {
     return restart_.grace_ms();
   }

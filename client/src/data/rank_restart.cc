@@ -18,17 +18,17 @@ absl::Status Aborted(std::string message) {
 
 }  // namespace
 
-void RankRestart::Attach(const ControlHeader* header, bool rejoined,
+void RankRestart::Attach(const ControlHeader* header, bool restarted,
                          uint32_t grace_ms, uint64_t sync_seq) {
   header_ = header;
-  rejoined_ = rejoined;
+  restarted_ = restarted;
   grace_ms_ = grace_ms;
   handled_ = sync_seq;
   // Nothing is known to be accounted for: an abort this rank meets before
   // its first sync waits for the re-attach's bump.
   known_aborted_iteration_ = 0;
   known_aborted_round_ = 0;
-  unsynced_.store(rejoined, std::memory_order_relaxed);
+  unsynced_.store(restarted, std::memory_order_relaxed);
   synced_once_.store(false, std::memory_order_relaxed);
   synced_epoch_.store(kNoEpoch, std::memory_order_relaxed);
   caught_up_epoch_.store(kNoEpoch, std::memory_order_relaxed);

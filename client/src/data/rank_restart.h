@@ -5,20 +5,20 @@
 // kIterationAbortedPayload), and when this rank owes the job a state sync.
 //
 //   attach ──► [synced] ──sync_seq bumped──► [sync pending]
-//     │ rejoined     ▲                            │ BeginStateSync: one
+//     │ restarted    ▲                            │ BeginStateSync: one
 //     ▼              │ first MarkReady after      │ allreduce (MIN) of
 //   [unsynced] ──────┴── a successful sync ◄──────┘ SyncOffer.values
 //
 // What the sync agrees on (every rank computes the same from the same
 // allreduce):
 //   root    MIN over the ranks of (global rank, or INT32_MAX for a rank that
-//           rejoined and has not been synced since): the lowest rank that
+//           restarted and has not been synced since): the lowest rank that
 //           holds the job's state; INT32_MAX: nobody does (an error).
 //   handled MAX over the ranks of the sync_seq each read before the
 //           allreduce (carried as MIN of its negation in the same round).
 //           Every rank then considers the same re-attaches handled: a rank
 //           that read sync_seq just before a re-attach and one that read it
-//           just after take part in the same round (the rejoined rank's own
+//           just after take part in the same round (the restarted rank's own
 //           offer is in it, and its read includes its own bump), so a
 //           per-rank value could make one of them sync again alone.
 //
@@ -37,7 +37,7 @@
 // pending when it is *above* what was handled (handled may be another
 // node's larger value, taken in the last sync's MAX). A rank whose node the
 // re-formation found one iteration behind (header.state_behind) offers no
-// state, like a rejoined rank, until it has synced in that epoch and handed
+// state, like a restarted rank, until it has synced in that epoch and handed
 // over a gradient.
 //
 // Owns no memory: the header belongs to the client's control mapping.
@@ -70,10 +70,10 @@ class RankRestart {
 
   // At attach: the mapped job header (outlives this object) and what the
   // AttachResponse said.
-  void Attach(const ControlHeader* header, bool rejoined, uint32_t grace_ms,
+  void Attach(const ControlHeader* header, bool restarted, uint32_t grace_ms,
               uint64_t sync_seq);
 
-  bool rejoined() const { return rejoined_; }
+  bool restarted() const { return restarted_; }
   uint32_t grace_ms() const { return grace_ms_; }
   uint64_t iterations_aborted() const { return iterations_aborted_; }
   uint64_t restarts() const;
@@ -94,7 +94,7 @@ class RankRestart {
   // when no rank holds the state.
   absl::StatusOr<int> Agreed(const SyncOffer& offer, const int64_t* reduced,
                              const std::string& who);
-  // A gradient was handed over: a rejoined rank that synced holds the
+  // A gradient was handed over: a restarted rank that synced holds the
   // job's state from now on (any thread).
   void NoteMarkReady();
 
@@ -119,7 +119,7 @@ class RankRestart {
   std::string AbortCause() const;
 
   const ControlHeader* header_ = nullptr;
-  bool rejoined_ = false;
+  bool restarted_ = false;
   uint32_t grace_ms_ = 0;
   // The sync_seq the job's last sync (or the attach) accounted for.
   uint64_t handled_ = 0;
@@ -128,7 +128,7 @@ class RankRestart {
   uint64_t known_aborted_iteration_ = 0;
   uint64_t known_aborted_round_ = 0;
   // Rejoined and not synced since (offers no state), and whether a sync
-  // ran since rejoining (the first MarkReady after it ends "unsynced").
+  // ran since restarting (the first MarkReady after it ends "unsynced").
   std::atomic<bool> unsynced_{false};
   std::atomic<bool> synced_once_{false};
   // state_behind handling: the epoch of the last successful sync (before

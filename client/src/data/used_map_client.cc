@@ -195,7 +195,7 @@ class UsedMapClient final : public Client {
   int world_size() const override { return inner_->world_size(); }
   int local_rank() const override { return inner_->local_rank(); }
   int local_world_size() const override { return inner_->local_world_size(); }
-  bool rejoined() const override { return inner_->rejoined(); }
+  bool restarted() const override { return inner_->restarted(); }
   uint32_t rank_restart_grace_ms() const override {
     return inner_->rank_restart_grace_ms();
   }

@@ -57,7 +57,7 @@ TEST(RankRestartTest, NewJobHasNothingPending) {
   Fixture f;
   RankRestart r;
   r.Attach(f.header.get(), /*rejoined=*/false, /*grace_ms=*/5000, 0);
-  EXPECT_FALSE(r.rejoined());
+  EXPECT_FALSE(r.restarted());
   EXPECT_EQ(r.grace_ms(), 5000u);
   EXPECT_FALSE(r.SyncPending());
   EXPECT_FALSE(r.IterationAborted(1));

@@ -65,7 +65,7 @@ class FakeClient final : public Client {
     return absl::OkStatus();
   }
   // Rank restart: fixed answers, to see that the decorator forwards them.
-  bool rejoined() const override { return true; }
+  bool restarted() const override { return true; }
   uint32_t rank_restart_grace_ms() const override { return 1234; }
   bool StateSyncPending() const override { return true; }
   absl::StatusOr<int> BeginStateSync() override { return 5; }
@@ -208,7 +208,7 @@ TEST(UsedMapClientTest, AbortedIterationClearsTheMapAndKeepsTheLastAnswer) {
 
 TEST(UsedMapClientTest, ForwardsRankRestart) {
   Fixture f;
-  EXPECT_TRUE(f.client->rejoined());
+  EXPECT_TRUE(f.client->restarted());
   EXPECT_EQ(f.client->rank_restart_grace_ms(), 1234u);
   EXPECT_TRUE(f.client->StateSyncPending());
   absl::StatusOr<int> root = f.client->BeginStateSync();
