@@ -117,11 +117,13 @@ const FieldDescriptor* DeprecatedField(const google::protobuf::Descriptor* d,
     if (k.old_key != key) continue;
     const FieldDescriptor* field = d->FindFieldByName(std::string(k.new_name));
     if (field == nullptr) return nullptr;
-    const std::string new_key =
-        prefix.empty() ? std::string(k.new_name)
-                       : absl::StrCat(prefix, ".", k.new_name);
-    *note = absl::StrCat(key, " is deprecated and will be removed in the next "
-                         "release: use ", new_key);
+    const std::string new_key = prefix.empty()
+                                    ? std::string(k.new_name)
+                                    : absl::StrCat(prefix, ".", k.new_name);
+    *note = absl::StrCat(key,
+                         " is deprecated and will be removed in the next "
+                         "release: use ",
+                         new_key);
     return field;
   }
   return nullptr;
@@ -211,8 +213,7 @@ absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
 }
 
 absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
-                            absl::string_view source,
-                            const std::string& prefix,
+                            absl::string_view source, const std::string& prefix,
                             std::vector<std::string>* deprecations) {
   const google::protobuf::Descriptor* d = msg->GetDescriptor();
   // The fields set so far in this map, by the key that set them: an old key
@@ -266,8 +267,8 @@ absl::Status MapOntoMessage(const YAML::Node& map, Message* msg,
             Where(source, key, value), ": expected a map of settings"));
       }
       RETURN_IF_ERROR(MapOntoMessage(
-          value, msg->GetReflection()->MutableMessage(msg, field), source,
-          key, deprecations));
+          value, msg->GetReflection()->MutableMessage(msg, field), source, key,
+          deprecations));
       continue;
     }
     RETURN_IF_ERROR(SetScalar(field, value, msg, source, key));
@@ -635,16 +636,18 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   }
   if (c.rendezvous().reformation_settle_ms() > kMaxReformationSettleMs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous.reformation_settle_ms = ", c.rendezvous().reformation_settle_ms(),
-        " is above ", kMaxReformationSettleMs,
+        "rendezvous.reformation_settle_ms = ",
+        c.rendezvous().reformation_settle_ms(), " is above ",
+        kMaxReformationSettleMs,
         " (ten minutes): every node of an elastic job would wait that long "
         "for a lost node at each re-formation"));
   }
   if (c.rendezvous().reformation_silence_ms() < kMinReformationSilenceMs ||
       c.rendezvous().reformation_silence_ms() > kMaxReformationSettleMs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous.reformation_silence_ms = ", c.rendezvous().reformation_silence_ms(),
-        " is outside ", kMinReformationSilenceMs, "..", kMaxReformationSettleMs,
+        "rendezvous.reformation_silence_ms = ",
+        c.rendezvous().reformation_silence_ms(), " is outside ",
+        kMinReformationSilenceMs, "..", kMaxReformationSettleMs,
         ": nodes beat every 200 ms, so a shorter silence would take live "
         "nodes for gone"));
   }

@@ -4,8 +4,8 @@
 // resulting message is passed to the Daemon's constructor.
 //
 // Errors: INVALID_ARGUMENT naming the file, the key (dotted path, e.g.
-// "rendezvous.formation_timeout_ms") and, for YAML problems, the line; NOT_FOUND
-// when the file cannot be read.
+// "rendezvous.formation_timeout_ms") and, for YAML problems, the line;
+// NOT_FOUND when the file cannot be read.
 #ifndef GRADD_SERVER_CONFIG_H_
 #define GRADD_SERVER_CONFIG_H_
 

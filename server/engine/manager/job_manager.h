@@ -48,8 +48,9 @@
 // forming: the rendezvous with the other nodes' daemons (node_formation.h)
 // runs on a thread of its own and posts its result back to the control
 // thread, so other jobs on this daemon are served meanwhile. It is bounded
-// by the formation timeout (and the ranks' Attach deadlines); a rank that leaves
-// while its job forms fails the others at once and the result is dropped.
+// by the formation timeout (and the ranks' Attach deadlines); a rank that
+// leaves while its job forms fails the others at once and the result is
+// dropped.
 //
 // A pending Attach holds no thread: its callback waits in pending_ until
 // the job forms, it times out or its client cancels

@@ -55,7 +55,8 @@ TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
   ApplyConfigDefaults(&*c);
   EXPECT_TRUE(ValidateConfig(*c).ok());
   EXPECT_EQ(c->min_nodes(), 2u);
-  EXPECT_EQ(c->rendezvous().reformation_settle_ms(), 500u);  // kept, not defaulted
+  EXPECT_EQ(c->rendezvous().reformation_settle_ms(),
+            500u);  // kept, not defaulted
   c->mutable_rendezvous()->set_reformation_settle_ms(600001);
   EXPECT_THAT(Message(ValidateConfig(*c)),
               HasSubstr("rendezvous.reformation_settle_ms = 600001 is above "
@@ -64,8 +65,8 @@ TEST(ConfigTest, ElasticSettingsAreParsedAndBounded) {
   for (uint32_t bad : {399u, 600001u}) {
     c->mutable_rendezvous()->set_reformation_silence_ms(bad);
     EXPECT_THAT(Message(ValidateConfig(*c)),
-                HasSubstr(absl::StrCat("rendezvous.reformation_silence_ms = ", bad,
-                                       " is outside 400..600000")));
+                HasSubstr(absl::StrCat("rendezvous.reformation_silence_ms = ",
+                                       bad, " is outside 400..600000")));
   }
   c->mutable_rendezvous()->set_reformation_silence_ms(400);
   EXPECT_TRUE(ValidateConfig(*c).ok());
@@ -130,7 +131,8 @@ TEST(ConfigTest, DeprecatedKeysStillWorkAndSaySo) {
   EXPECT_EQ(c->rendezvous().reformation_settle_ms(), 700u);
   EXPECT_EQ(c->rendezvous().reformation_silence_ms(), 600u);
   ASSERT_EQ(notes.size(), 3u);
-  EXPECT_THAT(notes[0], HasSubstr("old.yaml:2: key 'rendezvous.join_timeout_ms'"));
+  EXPECT_THAT(notes[0],
+              HasSubstr("old.yaml:2: key 'rendezvous.join_timeout_ms'"));
   EXPECT_THAT(notes[0], HasSubstr("deprecated"));
   EXPECT_THAT(notes[0], HasSubstr("use rendezvous.formation_timeout_ms"));
   EXPECT_THAT(notes[1], HasSubstr("use rendezvous.reformation_settle_ms"));
@@ -147,13 +149,14 @@ TEST(ConfigTest, DeprecatedKeysStillWorkAndSaySo) {
   c = ParseConfigYaml(
       "rendezvous:\n  formation_timeout_ms: 5000\n  join_timeout_ms: 6000\n",
       "both.yaml", &notes);
-  EXPECT_THAT(Message(c.status()),
-              HasSubstr("both.yaml:3: key 'rendezvous.join_timeout_ms' sets "
-                        "the same setting as 'rendezvous.formation_timeout_ms'"));
+  EXPECT_THAT(
+      Message(c.status()),
+      HasSubstr("both.yaml:3: key 'rendezvous.join_timeout_ms' sets "
+                "the same setting as 'rendezvous.formation_timeout_ms'"));
   // An old name is only known where it was: not at the top level.
-  EXPECT_THAT(Message(ParseConfigYaml("join_timeout_ms: 1\n", "top.yaml")
-                          .status()),
-              HasSubstr("is not a known setting"));
+  EXPECT_THAT(
+      Message(ParseConfigYaml("join_timeout_ms: 1\n", "top.yaml").status()),
+      HasSubstr("is not a known setting"));
   c = ParseConfigYaml("spin_us: 10\nspin_us: 20\n", "twice.yaml");
   EXPECT_THAT(Message(c.status()), HasSubstr("key 'spin_us' is set twice"));
 }
