@@ -77,6 +77,13 @@ endfunction()
 function(gradd_use_pch)
   gradd_pch(gradd_server std absl protobuf grpc spdlog
     "gradd/v1/node.pb.h" "gradd/v1/config.pb.h")
+  # The engine's components (gradd_engine_observe has 4 files: none) and
+  # the base they are built on.
+  gradd_pch(gradd_server_base std absl protobuf spdlog "gradd/v1/config.pb.h")
+  foreach(component formation reduce job manager)
+    gradd_pch(gradd_engine_${component} std absl protobuf
+      "gradd/v1/node.pb.h")
+  endforeach()
   gradd_pch(gradd_client std absl protobuf)
   gradd_pch(gradd_common std absl)
   gradd_pch(gradd_proto std absl protobuf grpc)

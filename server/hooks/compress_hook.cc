@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "common/reduce.h"
-#include "server/engine/reduce/bucket_reducer.h"
+#include "common/split_across_pool.h"
 
 namespace gradd {
 namespace {

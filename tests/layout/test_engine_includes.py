@@ -127,3 +127,44 @@ def test_including_what_is_built_on_the_engine_fails(tmp_path):
                  "job/d.cc:1", "manager/e.cc:1"):
         assert any(l.startswith("server/engine/" + path + ": includes")
                    for l in lines), (path, result.stdout)
+
+
+def test_a_fake_beside_its_interface_passes_and_an_engine_file_using_it_fails(
+        tmp_path):
+    tree = make_tree(tmp_path, {
+        "reduce/bucket_reducer.h": [],
+        "reduce/fake_bucket_reducer.h": [
+            "server/engine/reduce/bucket_reducer.h"],
+    })
+    assert run(tree).returncode == 0
+    (tmp_path / "server/engine/job/job.cc").write_text(
+        '#include "server/engine/reduce/fake_bucket_reducer.h"\n')
+    result = run(tree)
+    assert result.returncode == 1
+    assert ("server/engine/job/job.cc:1: includes "
+            "server/engine/reduce/fake_bucket_reducer.h: fake_*.h are test "
+            "doubles" in result.stdout), result.stdout
+    assert len(result.stdout.splitlines()) == 1, result.stdout
+
+
+def test_what_the_engine_is_built_on_including_the_engine_fails(tmp_path):
+    tree = make_tree(tmp_path, {"reduce/bucket_reducer.h": []})
+    for relative in ("server/hooks/compress_hook.cc", "server/config.cc",
+                     "server/backends/gloo/gloo_backend.cc",
+                     "common/thread_pool.h"):
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('#include "common/reduce.h"\n'
+                        '#include "server/engine/reduce/bucket_reducer.h"\n')
+    # The daemon's wiring is built on the engine: it may include it.
+    (tmp_path / "server/daemon.cc").write_text(
+        '#include "server/engine/reduce/bucket_reducer.h"\n')
+    result = run(tree)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    for relative in ("server/hooks/compress_hook.cc", "server/config.cc",
+                     "server/backends/gloo/gloo_backend.cc",
+                     "common/thread_pool.h"):
+        assert any(l.startswith(relative + ":2: includes server/engine/")
+                   for l in lines), (relative, result.stdout)

@@ -167,12 +167,6 @@ class BucketReducerInterface {
   virtual void DescribeDevice(int rank, v1::AttachResponse* response) const {}
 };
 
-// Runs fn(b, e) over [begin, end) of a bucket of `dtype`, split across
-// `pool` (inline when pool is null or the range is small): both reducers'
-// rule for when a second core pays for itself.
-void SplitAcrossPool(ThreadPool* pool, DType dtype, size_t begin, size_t end,
-                     absl::FunctionRef<void(size_t, size_t)> fn);
-
 // The single-node path. Thread-compatible (one engine thread).
 class FusedReducer final : public BucketReducerInterface {
  public:

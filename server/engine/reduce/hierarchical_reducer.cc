@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
+#include "common/split_across_pool.h"
 #include "common/status_macros.h"
 #include "server/engine/reduce/area_collective.h"
 
