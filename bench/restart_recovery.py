@@ -44,7 +44,7 @@ trainer of --mib MiB per node, each node's own daemon):
 
 These need the daemon side of node loss and arrival (min_nodes).
 
-  /usr/bin/python3 bench/restart_recovery.py --multinode [--reform-settle-ms 1000]
+  /usr/bin/python3 bench/restart_recovery.py --multinode [--reformation-settle-ms 1000]
 """
 import argparse
 import json
@@ -352,7 +352,7 @@ def main():
     ap.add_argument("--format", default="text", choices=["text", "json"])
     ap.add_argument("--multinode", action="store_true",
                     help="node drop (3 daemons -> 2) and rank restart on 2 daemons instead")
-    ap.add_argument("--reform-settle-ms", type=int, default=1000,
+    ap.add_argument("--reformation-settle-ms", type=int, default=1000,
                     help="--multinode: the daemons' rendezvous.reformation_settle_ms")
     args = ap.parse_args()
     if args.trainers < 2:
