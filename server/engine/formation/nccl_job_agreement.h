@@ -20,8 +20,8 @@
 // store).
 //
 // Called by SetUpNcclJob (nccl_job_setup.h) on the formation thread;
-// tested over the in-memory store (tests/unit/server/
-// nccl_job_agreement_test.cc).
+// tested over the in-memory store (tests/unit/engine/
+// formation/nccl_job_agreement_test.cc).
 #ifndef GRADD_SERVER_ENGINE_FORMATION_NCCL_JOB_AGREEMENT_H_
 #define GRADD_SERVER_ENGINE_FORMATION_NCCL_JOB_AGREEMENT_H_
 

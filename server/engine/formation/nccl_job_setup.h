@@ -36,7 +36,7 @@
 //
 // Blocking; any thread. The platform (NCCL and the GPUs) is an interface:
 // CudaNcclJobPlatform (cuda/nccl_job_platform.h) on real GPUs, fakes in
-// tests (tests/unit/server/nccl_job_setup_test.cc).
+// tests (tests/unit/engine/formation/nccl_job_setup_test.cc).
 #ifndef GRADD_SERVER_ENGINE_FORMATION_NCCL_JOB_SETUP_H_
 #define GRADD_SERVER_ENGINE_FORMATION_NCCL_JOB_SETUP_H_
 

@@ -1,7 +1,7 @@
 // What the engine needs from trainer sessions (common/session.h): whether a
 // session is alive, and a way to hand a rank its file descriptors. The real
 // implementation is server/session_listener.h; tests use FakeSessionRegistry
-// (tests/unit/server/fake_session_registry.h).
+// (tests/unit/engine/manager/fake_session_registry.h).
 #ifndef GRADD_SERVER_ENGINE_MANAGER_SESSION_REGISTRY_H_
 #define GRADD_SERVER_ENGINE_MANAGER_SESSION_REGISTRY_H_
 

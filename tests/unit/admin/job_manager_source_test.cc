@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/admin/admin_handler.h"
-#include "tests/unit/server/job_manager_fixture.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
 
 namespace gradd {
 namespace {

@@ -35,6 +35,7 @@
 #include "server/auth/pair_handshake.h"
 #include "server/backends/gloo/authenticated_tcp.h"
 #include "server/backends/gloo/gloo_backend.h"
+#include "server/rendezvous/fake_store.h"
 #include "server/rendezvous/rendezvous_client.h"
 #include "server/rendezvous/rendezvous_service.h"
 
@@ -399,48 +400,24 @@ TEST(GlooPairAuthTest, PeerWithAnotherKeyIsRefusedAndNamed) {
 
 // The same race through GlooBackend and the real rendezvous service: the
 // backend forms and its AllreduceSum is exact.
-class RacingRendezvousStore : public RendezvousStoreInterface {
- public:
-  RacingRendezvousStore(RendezvousStoreInterface* inner, Strangers* strangers,
-                        int n)
-      : inner_(inner), strangers_(strangers), n_(n) {}
-  absl::Status Set(absl::string_view job_id, absl::string_view key,
-                   absl::string_view value) override {
+// Before a node publishes its pair addresses (the key "<round>/mesh/<rank>"),
+// the strangers attack them.
+std::unique_ptr<FakeRendezvousStore> RacingStore(
+    RendezvousStoreInterface* inner, Strangers* strangers, int n) {
+  FakeRendezvousStore::Options options;
+  options.inner = inner;
+  options.before_set = [strangers, n](absl::string_view key,
+                                      absl::string_view value) {
     const size_t slash = key.rfind('/');
     int rank = 0;
     if (slash != absl::string_view::npos &&
         absl::EndsWith(key.substr(0, slash), "/mesh") &&
         absl::SimpleAtoi(key.substr(slash + 1), &rank)) {
-      strangers_->Attack(std::vector<char>(value.begin(), value.end()), rank,
-                         n_);
+      strangers->Attack(std::vector<char>(value.begin(), value.end()), rank, n);
     }
-    return inner_->Set(job_id, key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view job_id,
-                                  absl::string_view key,
-                                  absl::Duration timeout) override {
-    return inner_->Get(job_id, key, timeout);
-  }
-  absl::StatusOr<int64_t> Add(absl::string_view job_id, absl::string_view key,
-                              int64_t delta) override {
-    return inner_->Add(job_id, key, delta);
-  }
-  absl::Status Wait(absl::string_view job_id,
-                    absl::Span<const std::string> keys,
-                    absl::Duration timeout) override {
-    return inner_->Wait(job_id, keys, timeout);
-  }
-  absl::StatusOr<bool> Delete(absl::string_view job_id,
-                              absl::string_view key) override {
-    return inner_->Delete(job_id, key);
-  }
-  std::string Describe() const override { return inner_->Describe(); }
-
- private:
-  RendezvousStoreInterface* const inner_;
-  Strangers* const strangers_;
-  const int n_;
-};
+  };
+  return std::make_unique<FakeRendezvousStore>(std::move(options));
+}
 
 TEST(GlooPairAuthTest, GlooBackendFormsDespiteAStrangerAndSumsExactly) {
   auto server = RendezvousServer::Start("127.0.0.1:0");
@@ -448,15 +425,14 @@ TEST(GlooPairAuthTest, GlooBackendFormsDespiteAStrangerAndSumsExactly) {
   constexpr int kNodes = 2;
   Strangers strangers(Stranger::kGlooUnboundSend);
   std::vector<std::unique_ptr<RendezvousClient>> clients;
-  std::vector<std::unique_ptr<RacingRendezvousStore>> stores;
+  std::vector<std::unique_ptr<FakeRendezvousStore>> stores;
   for (int r = 0; r < kNodes; ++r) {
     RendezvousClient::Options options;
     options.address = (*server)->address();
     auto client = RendezvousClient::Create(options);
     ASSERT_TRUE(client.ok()) << client.status();
     clients.push_back(*std::move(client));
-    stores.push_back(std::make_unique<RacingRendezvousStore>(
-        clients.back().get(), &strangers, kNodes));
+    stores.push_back(RacingStore(clients.back().get(), &strangers, kNodes));
   }
   std::vector<std::unique_ptr<GlooBackend>> backends(kNodes);
   std::vector<absl::Status> status(kNodes);

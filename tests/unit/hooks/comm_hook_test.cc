@@ -23,6 +23,7 @@
 #include "server/hooks/comm_hook_factory.h"
 #include "server/hooks/compress_hook.h"
 #include "server/hooks/powersgd_hook.h"
+#include "server/rendezvous/fake_store.h"
 #include "server/rendezvous/kv_store.h"
 
 namespace gradd {
@@ -233,36 +234,6 @@ TEST(Compress16HookTest, HierarchicalReducerRunsTheHook) {
   }
 }
 
-// Both nodes' reducers reach one in-process store through this.
-class SharedStore final : public RendezvousStoreInterface {
- public:
-  explicit SharedStore(KvStore* kv) : kv_(kv) {}
-  absl::Status Set(absl::string_view job, absl::string_view key,
-                   absl::string_view value) override {
-    return kv_->Set(job, key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view job, absl::string_view key,
-                                  absl::Duration timeout) override {
-    return kv_->Get(job, key, timeout);
-  }
-  absl::StatusOr<int64_t> Add(absl::string_view job, absl::string_view key,
-                              int64_t delta) override {
-    return kv_->Add(job, key, delta);
-  }
-  absl::Status Wait(absl::string_view job, absl::Span<const std::string> keys,
-                    absl::Duration timeout) override {
-    return kv_->Wait(job, keys, timeout);
-  }
-  absl::StatusOr<bool> Delete(absl::string_view job,
-                              absl::string_view key) override {
-    return kv_->Delete(job, key);
-  }
-  std::string Describe() const override { return "test store"; }
-
- private:
-  KvStore* const kv_;
-};
-
 // Nodes compare their hooks through the store and name each other.
 TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheHook) {
   for (bool same : {true, false}) {
@@ -279,7 +250,9 @@ TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheHook) {
       options.store_prefix = "round0";
       options.agree_timeout = absl::Seconds(10);
       reducers.push_back(std::make_unique<HierarchicalReducer>(
-          options, std::move(backends[n]), std::make_unique<SharedStore>(&kv)));
+          options, std::move(backends[n]),
+          std::make_unique<FakeRendezvousStore>(
+              FakeRendezvousStore::Options{.inner = &kv})));
     }
     std::vector<absl::Status> status(2);
     OnEachNode(2, [&](int n) {

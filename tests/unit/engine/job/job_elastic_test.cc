@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/job/job.h"
+#include "server/engine/reduce/fake_bucket_reducer.h"
 
 namespace gradd {
 namespace {
@@ -29,106 +30,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr auto kWait = absl::Seconds(10);
-
-// What one fake reducer was handed; outlives the reducer (the job destroys
-// it at a break).
-struct FakeNet {
-  struct Work {
-    enum Kind { kBucket, kBroadcast, kRound } kind = kBucket;
-    int bucket = -1;
-    uint64_t iteration = 0;  // or the round's seq
-    double divisor = 0;
-    BucketReducerInterface::Completion done;
-    BucketReducerInterface::RoundCompletion round_done;
-  };
-  absl::Mutex mu;
-  std::vector<Work> started ABSL_GUARDED_BY(mu);
-  bool destroyed ABSL_GUARDED_BY(mu) = false;
-  std::vector<std::string> agreed ABSL_GUARDED_BY(mu);  // AgreeCommHook
-
-  bool WaitStarted(size_t n) {
-    absl::MutexLock lock(&mu);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return started.size() >= n;
-    };
-    return mu.AwaitWithTimeout(absl::Condition(&enough), kWait);
-  }
-  size_t count() {
-    absl::MutexLock lock(&mu);
-    return started.size();
-  }
-  std::pair<int, uint64_t> at(size_t k) {
-    absl::MutexLock lock(&mu);
-    return {started.at(k).bucket, started.at(k).iteration};
-  }
-  double divisor(size_t k) {
-    absl::MutexLock lock(&mu);
-    return started.at(k).divisor;
-  }
-  // Completes the k-th hand-over with `s`.
-  void Finish(size_t k, absl::Status s) {
-    BucketReducerInterface::Completion done;
-    BucketReducerInterface::RoundCompletion round_done;
-    {
-      absl::MutexLock lock(&mu);
-      done = std::move(started.at(k).done);
-      round_done = std::move(started.at(k).round_done);
-    }
-    if (done) std::move(done)(std::move(s));
-    if (round_done) std::move(round_done)(std::move(s), {});
-  }
-  std::vector<std::string> agreed_hooks() {
-    absl::MutexLock lock(&mu);
-    return agreed;
-  }
-  bool is_destroyed() {
-    absl::MutexLock lock(&mu);
-    return destroyed;
-  }
-};
-
-class FakeNetReducer final : public BucketReducerInterface {
- public:
-  explicit FakeNetReducer(std::shared_ptr<FakeNet> net)
-      : net_(std::move(net)) {}
-  ~FakeNetReducer() override {
-    absl::MutexLock lock(&net_->mu);
-    net_->destroyed = true;
-  }
-  void Start(const BucketWork& work, Completion done) override {
-    absl::MutexLock lock(&net_->mu);
-    FakeNet::Work w;
-    w.bucket = work.bucket;
-    w.iteration = work.iteration;
-    w.divisor = work.divisor;
-    w.done = std::move(done);
-    net_->started.push_back(std::move(w));
-  }
-  void StartBroadcast(const BroadcastWork& work, Completion done) override {
-    absl::MutexLock lock(&net_->mu);
-    FakeNet::Work w;
-    w.kind = FakeNet::Work::kBroadcast;
-    w.iteration = work.seq;
-    w.done = std::move(done);
-    net_->started.push_back(std::move(w));
-  }
-  absl::Status AgreeCommHook(const std::string& description) override {
-    absl::MutexLock lock(&net_->mu);
-    net_->agreed.push_back(description);
-    return absl::OkStatus();
-  }
-  void StartJoinRound(JoinRoundWork work, RoundCompletion done) override {
-    absl::MutexLock lock(&net_->mu);
-    FakeNet::Work w;
-    w.kind = FakeNet::Work::kRound;
-    w.iteration = work.iteration;
-    w.round_done = std::move(done);
-    net_->started.push_back(std::move(w));
-  }
-
- private:
-  std::shared_ptr<FakeNet> net_;
-};
 
 class RecordingSink final : public JobEventSinkInterface {
  public:
@@ -212,9 +113,9 @@ class JobElasticTest : public ::testing::Test {
     spec.planner.bucket_cap_bytes = 64;
     spec.plan = *PlanBuckets(spec.params, spec.planner);
     ASSERT_EQ(spec.plan.buckets.size(), 2u);
-    net_ = std::make_shared<FakeNet>();
-    auto job =
-        Job::Create(std::move(spec), std::make_unique<FakeNetReducer>(net_));
+    net_ = std::make_shared<FakeReductions>();
+    auto job = Job::Create(std::move(spec), std::make_unique<FakeBucketReducer>(
+                                                net_, /*multi_node=*/true));
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     auto sink = std::make_unique<RecordingSink>();
@@ -280,7 +181,7 @@ class JobElasticTest : public ::testing::Test {
   }
   // Both ranks hand iteration `it` over; the reducer's hand-overs from
   // *next on complete with OK.
-  void RunIteration(FakeNet& net, uint64_t it, size_t* next) {
+  void RunIteration(FakeReductions& net, uint64_t it, size_t* next) {
     for (int b = 0; b < 2; ++b) {
       Publish(0, b, it);
       Publish(1, b, it);
@@ -290,10 +191,10 @@ class JobElasticTest : public ::testing::Test {
     ASSERT_TRUE(WaitFor([&] { return Done(0) >= it && Done(1) >= it; }));
   }
   // A re-formation result over a fresh fake reducer (*net).
-  Job::ReformedNetwork Result(std::shared_ptr<FakeNet>* net) {
-    *net = std::make_shared<FakeNet>();
+  Job::ReformedNetwork Result(std::shared_ptr<FakeReductions>* net) {
+    *net = std::make_shared<FakeReductions>();
     Job::ReformedNetwork r;
-    r.reducer = std::make_unique<FakeNetReducer>(*net);
+    r.reducer = std::make_unique<FakeBucketReducer>(*net, /*multi_node=*/true);
     r.epoch = 1;
     r.node_rank = 0;
     r.num_nodes = 1;
@@ -308,7 +209,7 @@ class JobElasticTest : public ::testing::Test {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
   }
 
-  std::shared_ptr<FakeNet> net_;
+  std::shared_ptr<FakeReductions> net_;
   RecordingSink* sink_ = nullptr;
   std::unique_ptr<Job> job_;
   std::unique_ptr<ControlLayout> layout_;
@@ -401,7 +302,7 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   (void)job_->reducer_stats();
   EXPECT_EQ(job_->ResponseFor(0).world_size(), 4);
 
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   Job::ReformedNetwork r = Result(&net2);
   r.behind = true;
   job_->Reformed(std::move(r));
@@ -450,7 +351,7 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   // new group, before its first bucket.
   EXPECT_EQ(net_->agreed_hooks().size(), 1u);
   EXPECT_EQ(net2->agreed_hooks(), net_->agreed_hooks());
-  EXPECT_EQ(net_->count(), 4u);
+  EXPECT_EQ(net_->size(), 4u);
   EXPECT_TRUE(job_->status().ok());
 }
 
@@ -464,7 +365,7 @@ TEST_F(JobElasticTest, IdleBreakAbortsTheNextIteration) {
   ASSERT_TRUE(WaitBreaks(1));
   EXPECT_EQ(break_at(0).completed_iteration, 1u);
   EXPECT_EQ(break_at(0).reason, "node 'c' asks to be admitted");
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   Job::ReformedNetwork r = Result(&net2);
   r.num_nodes = 3;
   r.world_size = 6;
@@ -499,7 +400,7 @@ TEST_F(JobElasticTest, ABreakRequestedWhileReFormingIsDropped) {
   ASSERT_TRUE(WaitBreaks(1));
   job_->BreakNetwork("node 'c' asks to be admitted");
   Settle();
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   Job::ReformedNetwork r = Result(&net2);
   r.sync_seq = 1;
   job_->Reformed(std::move(r));
@@ -528,7 +429,7 @@ TEST_F(JobElasticTest, AdmittedNodeDividesByTheInitialWorldSize) {
 
   job_->BreakNetwork("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   job_->Reformed(Result(&net2));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
   size_t next2 = 0;
@@ -589,7 +490,7 @@ TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
   Settle();
   EXPECT_FALSE(result->answered());
 
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   Job::ReformedNetwork r = Result(&net2);
   r.num_nodes = 2;
   r.world_size = 4;
@@ -664,7 +565,7 @@ TEST_F(JobElasticTest, RoundInFlightAtTheBreakIsAborted) {
   ASSERT_TRUE(WaitBreaks(1));
   EXPECT_EQ(break_at(0).completed_iteration, 0u);
   EXPECT_EQ(header_->bcast_done_seq.load(), 0u);
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   job_->Reformed(Result(&net2));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
   EXPECT_EQ(header_->aborted_round.load(), 1u);
@@ -687,7 +588,7 @@ TEST_F(JobElasticTest, JoinAfterANodeWasLostFailsClearly) {
   MakeJob({.min_nodes = 1});
   job_->BreakNetwork("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
-  std::shared_ptr<FakeNet> net2;
+  std::shared_ptr<FakeReductions> net2;
   job_->Reformed(Result(&net2));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
   JoinSlot* slot = layout_->join_slot(control_.data(), 0);

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/job/job.h"
+#include "server/engine/reduce/fake_bucket_reducer.h"
 
 namespace gradd {
 namespace {
@@ -22,65 +23,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-class FakeReducer final : public BucketReducerInterface {
- public:
-  struct Started {
-    int bucket;
-    uint64_t iteration;
-    size_t count;
-    DeviceKind device;
-    std::vector<void*> buffers;
-    Completion done;
-  };
-  void Start(const BucketWork& work, Completion done) override {
-    absl::MutexLock lock(&mu_);
-    started_.push_back({work.bucket, work.iteration, work.count, work.device,
-                        *work.rank_buffers, std::move(done)});
-  }
-  void Replan(uint64_t first_iteration, int num_buckets) override {
-    absl::MutexLock lock(&mu_);
-    replans_.push_back({first_iteration, num_buckets});
-  }
-  // Waits (bounded) until `n` buckets were started in total.
-  bool WaitStarted(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return started_.size() >= n;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-  }
-  // Completes the k-th started bucket.
-  void Complete(size_t k) {
-    Completion done;
-    {
-      absl::MutexLock lock(&mu_);
-      done = std::move(started_.at(k).done);
-    }
-    std::move(done)(absl::OkStatus());
-  }
-  std::pair<int, uint64_t> started(size_t k) {
-    absl::MutexLock lock(&mu_);
-    return {started_.at(k).bucket, started_.at(k).iteration};
-  }
-  size_t count(size_t k) {
-    absl::MutexLock lock(&mu_);
-    return started_.at(k).count;
-  }
-  std::pair<DeviceKind, std::vector<void*>> buffers(size_t k) {
-    absl::MutexLock lock(&mu_);
-    return {started_.at(k).device, started_.at(k).buffers};
-  }
-  std::vector<std::pair<uint64_t, int>> replans() {
-    absl::MutexLock lock(&mu_);
-    return replans_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<Started> started_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint64_t, int>> replans_ ABSL_GUARDED_BY(mu_);
-};
 
 class JobRebuildTest : public ::testing::Test {
  protected:
@@ -105,9 +47,9 @@ class JobRebuildTest : public ::testing::Test {
     spec.plan = *PlanBuckets(spec.params, spec.planner);
     ASSERT_EQ(spec.plan.buckets.size(), 2u);
     params_ = spec.params;
-    auto reducer = std::make_unique<FakeReducer>();
-    reducer_ = reducer.get();
-    auto job = Job::Create(std::move(spec), std::move(reducer));
+    reducer_ = std::make_shared<FakeReductions>();
+    auto job = Job::Create(std::move(spec),
+                           std::make_unique<FakeBucketReducer>(reducer_));
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
@@ -149,7 +91,7 @@ class JobRebuildTest : public ::testing::Test {
       Publish(1, b, it);
     }
     ASSERT_TRUE(reducer_->WaitStarted(*next_start + buckets));
-    for (int b = 0; b < buckets; ++b) reducer_->Complete((*next_start)++);
+    for (int b = 0; b < buckets; ++b) reducer_->Finish((*next_start)++);
     ASSERT_TRUE(WaitForDaemon(
         header_, me_,
         [&] {
@@ -163,7 +105,7 @@ class JobRebuildTest : public ::testing::Test {
 
   FakeDeviceAllocator devices_{{std::string(16, 'g')}};
   std::vector<ParamInfo> params_;
-  FakeReducer* reducer_ = nullptr;
+  std::shared_ptr<FakeReductions> reducer_;
   std::unique_ptr<Job> job_;
   std::unique_ptr<ControlLayout> layout_;
   ControlMapping control_;
@@ -199,7 +141,7 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   Publish(0, 1, 2);
   Publish(1, 1, 2);
   ASSERT_TRUE(reducer_->WaitStarted(next + 2));
-  reducer_->Complete(next++);
+  reducer_->Finish(next++);
 
   // Rebuild after iteration 2 into one bucket per parameter.
   PlannerOptions one_each;
@@ -212,7 +154,7 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   EXPECT_FALSE(
       result->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   EXPECT_TRUE(reducer_->replans().empty());
-  reducer_->Complete(next++);
+  reducer_->Finish(next++);
   ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(result->status.ok()) << result->status;
   EXPECT_THAT(reducer_->replans(), ElementsAre(std::pair<uint64_t, int>(3, 4)));
@@ -222,9 +164,8 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   // Iteration 3 runs on the new plan: four buckets of 16 elements each.
   RunIteration(4, 3, &next);
   for (int b = 0; b < 4; ++b) {
-    EXPECT_EQ(reducer_->started(next - 4 + b),
-              (std::pair<int, uint64_t>(b, 3)));
-    EXPECT_EQ(reducer_->count(next - 4 + b), 16u);
+    EXPECT_EQ(reducer_->at(next - 4 + b), (std::pair<int, uint64_t>(b, 3)));
+    EXPECT_EQ(reducer_->elements(next - 4 + b), 16u);
   }
   EXPECT_TRUE(job_->status().ok());
 }
@@ -260,7 +201,7 @@ TEST_F(CudaJobRebuildTest, TheNewBucketsLieInTheSameDeviceMemory) {
   // Each rank's device memory, from attach bucket 0's address.
   const auto [first_device, first] = reducer_->buffers(0);
   ASSERT_EQ(first_device, DeviceKind::kCuda);
-  ASSERT_EQ(reducer_->started(0).first, 0);
+  ASSERT_EQ(reducer_->at(0).first, 0);
   std::vector<char*> base;
   for (void* p : first) {
     base.push_back(static_cast<char*>(p) - job_->spec().plan.buckets[0].offset);

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {

@@ -13,8 +13,8 @@
 #include "common/control_block.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/unit/server/job_manager_fixture.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {

@@ -19,8 +19,8 @@
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/engine/reduce/device_reducer.h"
-#include "tests/unit/server/fake_session_registry.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {

@@ -1,8 +1,8 @@
 // In-memory SessionRegistryInterface for engine tests: sessions are ids the
 // test opens and closes by hand; fds "sent" to a session are dup'ed and kept
 // for the test to map, as a trainer would.
-#ifndef GRADD_TESTS_UNIT_SERVER_FAKE_SESSION_REGISTRY_H_
-#define GRADD_TESTS_UNIT_SERVER_FAKE_SESSION_REGISTRY_H_
+#ifndef GRADD_TESTS_UNIT_ENGINE_MANAGER_FAKE_SESSION_REGISTRY_H_
+#define GRADD_TESTS_UNIT_ENGINE_MANAGER_FAKE_SESSION_REGISTRY_H_
 
 #include <unistd.h>
 
@@ -105,4 +105,4 @@ class FakeSessionRegistry final : public SessionRegistryInterface {
 
 }  // namespace gradd
 
-#endif  // GRADD_TESTS_UNIT_SERVER_FAKE_SESSION_REGISTRY_H_
+#endif  // GRADD_TESTS_UNIT_ENGINE_MANAGER_FAKE_SESSION_REGISTRY_H_

@@ -1,8 +1,8 @@
 // A JobManager driven through its handler interface (no gRPC) with a fake
 // session registry, and AttachJob to attach and map a whole local job:
 // shared by job_manager_test and rebuild_test.
-#ifndef GRADD_TESTS_UNIT_SERVER_JOB_MANAGER_FIXTURE_H_
-#define GRADD_TESTS_UNIT_SERVER_JOB_MANAGER_FIXTURE_H_
+#ifndef GRADD_TESTS_UNIT_ENGINE_MANAGER_JOB_MANAGER_FIXTURE_H_
+#define GRADD_TESTS_UNIT_ENGINE_MANAGER_JOB_MANAGER_FIXTURE_H_
 
 #include <memory>
 #include <string>
@@ -13,8 +13,8 @@
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
-#include "tests/unit/server/fake_session_registry.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 
@@ -85,4 +85,4 @@ class JobManagerFixture : public ::testing::Test {
 
 }  // namespace gradd
 
-#endif  // GRADD_TESTS_UNIT_SERVER_JOB_MANAGER_FIXTURE_H_
+#endif  // GRADD_TESTS_UNIT_ENGINE_MANAGER_JOB_MANAGER_FIXTURE_H_

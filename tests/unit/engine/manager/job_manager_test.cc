@@ -16,9 +16,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "tests/unit/server/fake_session_registry.h"
-#include "tests/unit/server/job_manager_fixture.h"
-#include "tests/unit/server/test_rank.h"
+#include "server/engine/reduce/fake_bucket_reducer.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {
@@ -595,45 +596,16 @@ TEST_F(JobManagerTest, RunningJobRefusesNewRanks) {
       StatusIs(absl::StatusCode::kFailedPrecondition, "job 'run' is running"));
 }
 
-// A reducer that completes only when the test says so, from the test's
-// thread: the contract the multi-node (network-thread) reducer relies on.
-class DeferredReducer final : public BucketReducerInterface {
- public:
-  struct Started {
-    int bucket;
-    uint64_t iteration;
-    Completion done;
-  };
-  void Start(const BucketWork& work, Completion done) override {
-    absl::MutexLock lock(&mu_);
-    started_.push_back({work.bucket, work.iteration, std::move(done)});
-  }
-  // Waits (bounded) until `n` reductions were started and not yet taken.
-  std::vector<Started> Take(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return started_.size() >= n;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-    std::vector<Started> out = std::move(started_);
-    started_.clear();
-    return out;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<Started> started_ ABSL_GUARDED_BY(mu_);
-};
-
 TEST_F(JobManagerTest, ReducerCompletesFromAnotherThreadAndCanFail) {
-  DeferredReducer* reducer = nullptr;
+  // Completes only when the test says so, from the test's thread: the
+  // contract the multi-node (network-thread) reducer relies on.
+  std::shared_ptr<FakeReductions> reducer;
   manager_ = std::make_unique<JobManager>(
       config_, &sessions_, &pool_,
       [&](const JobSpec& spec)
           -> absl::StatusOr<std::unique_ptr<BucketReducerInterface>> {
-        auto r = std::make_unique<DeferredReducer>();
-        reducer = r.get();
-        return r;
+        reducer = std::make_shared<FakeReductions>();
+        return std::make_unique<FakeBucketReducer>(reducer);
       });
   sessions_.set_observer(manager_.get());
   auto ranks = AttachJob("deferred", 2, kSmallModel);
@@ -641,7 +613,7 @@ TEST_F(JobManagerTest, ReducerCompletesFromAnotherThreadAndCanFail) {
   ASSERT_NE(reducer, nullptr);
 
   for (auto& r : ranks) r->Publish(0, 1);
-  std::vector<DeferredReducer::Started> started = reducer->Take(1);
+  std::vector<FakeReductions::Work> started = reducer->Take(1);
   ASSERT_EQ(started.size(), 1u);
   EXPECT_EQ(started[0].bucket, 0);
   EXPECT_EQ(started[0].iteration, 1u);

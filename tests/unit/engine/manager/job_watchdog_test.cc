@@ -6,7 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/engine/manager/loop_watchdog.h"
-#include "tests/unit/server/job_manager_fixture.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
 
 namespace gradd {
 namespace {

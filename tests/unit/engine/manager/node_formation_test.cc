@@ -15,8 +15,8 @@
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/rendezvous/rendezvous_service.h"
-#include "tests/unit/server/fake_session_registry.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {
@@ -92,12 +92,12 @@ TEST(PlanExchangeTest, RejectsPlansThatDoNotFitTheModel) {
 // One node: a JobManager with its own sessions, named `node_id`.
 struct TestNode {
   TestNode(const std::string& node_id, const std::string& coordinator,
-           uint32_t join_timeout_ms = 20000) {
+           uint32_t formation_timeout_ms = 20000) {
     config = DefaultConfig();
     config.set_node_id(node_id);
     config.set_attach_timeout_ms(30000);
     config.mutable_rendezvous()->set_coordinator_address(coordinator);
-    config.mutable_rendezvous()->set_join_timeout_ms(join_timeout_ms);
+    config.mutable_rendezvous()->set_formation_timeout_ms(formation_timeout_ms);
     config.mutable_rendezvous()->set_collective_timeout_ms(10000);
     config.mutable_rendezvous()->set_expected_node_ids("node-a, node-b");
     config.mutable_rendezvous()->set_insecure(true);
@@ -201,7 +201,7 @@ TEST_F(NodeFormationTest, TwoNodesGetGlobalRanksAndNodeZerosPlan) {
 }
 
 TEST_F(NodeFormationTest, MissingNodeFailsEveryLocalRankNamingIt) {
-  TestNode a("node-a", server_->address(), /*join_timeout_ms=*/1000);
+  TestNode a("node-a", server_->address(), /*formation_timeout_ms=*/1000);
   auto pa = a.Attach("job", 2, 2, 0, kModel);
   for (auto& p : pa) {
     auto r = p->Get(absl::Seconds(20));
@@ -226,7 +226,7 @@ std::set<int> ExpectFormed(
 }
 
 TEST_F(NodeFormationTest, RetryAfterAMissingNodeFormsInTheNextRound) {
-  TestNode a("node-a", server_->address(), /*join_timeout_ms=*/1000);
+  TestNode a("node-a", server_->address(), /*formation_timeout_ms=*/1000);
   TestNode b("node-b", server_->address());
   for (auto& p : a.Attach("job", 1, 2, 0, kModel)) {
     EXPECT_EQ(p->Get().status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -267,7 +267,7 @@ TEST_F(NodeFormationTest, NoCoordinatorIsAClearError) {
 
 TEST_F(NodeFormationTest, UnreachableCoordinatorFailsWithinTheJoinTimeout) {
   // Nothing listens on port 1.
-  TestNode a("node-a", "127.0.0.1:1", /*join_timeout_ms=*/1000);
+  TestNode a("node-a", "127.0.0.1:1", /*formation_timeout_ms=*/1000);
   const absl::Time start = absl::Now();
   auto pa = a.Attach("job", 1, 2, 0, kModel);
   auto r = pa[0]->Get();

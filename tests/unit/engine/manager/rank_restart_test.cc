@@ -16,8 +16,8 @@
 #include "server/config.h"
 #include "server/engine/manager/attach_validation.h"
 #include "server/metrics/daemon_metrics.h"
-#include "tests/unit/server/job_manager_fixture.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {

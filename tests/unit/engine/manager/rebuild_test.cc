@@ -12,9 +12,9 @@
 #include "server/config.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/rendezvous/kv_store.h"
-#include "tests/unit/server/fake_session_registry.h"
-#include "tests/unit/server/job_manager_fixture.h"
-#include "tests/unit/server/test_rank.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
+#include "tests/unit/engine/manager/job_manager_fixture.h"
+#include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {

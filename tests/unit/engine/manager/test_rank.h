@@ -1,7 +1,7 @@
 // Test helpers: attach ranks through a NodeHandlerInterface and act as the
 // trainer side of the control-block protocol (common/control_block.h).
-#ifndef GRADD_TESTS_UNIT_SERVER_TEST_RANK_H_
-#define GRADD_TESTS_UNIT_SERVER_TEST_RANK_H_
+#ifndef GRADD_TESTS_UNIT_ENGINE_MANAGER_TEST_RANK_H_
+#define GRADD_TESTS_UNIT_ENGINE_MANAGER_TEST_RANK_H_
 
 #include <chrono>
 #include <cstring>
@@ -18,7 +18,7 @@
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
 #include "server/rpc/node_handler.h"
-#include "tests/unit/server/fake_session_registry.h"
+#include "tests/unit/engine/manager/fake_session_registry.h"
 
 namespace gradd {
 
@@ -190,4 +190,4 @@ class TestRank {
 
 }  // namespace gradd
 
-#endif  // GRADD_TESTS_UNIT_SERVER_TEST_RANK_H_
+#endif  // GRADD_TESTS_UNIT_ENGINE_MANAGER_TEST_RANK_H_
