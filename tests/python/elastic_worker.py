@@ -13,7 +13,7 @@ by which ranks took part in each applied step, which every rank records
 without gradd (test_elastic_nodes.reference).
 
 GRADD_TEST_DIVIDE_BY_INITIAL=1: the job averages over its initial world
-size (divide_by_initial_world_size=True), not the live one.
+size (divide_by_initial_world_after_reformation=True), not the live one.
 
 GRADD_TEST_PAUSE_AT_STEP=K: before step K's forward this process writes
 OUT_DIR/paused-<rank> and sleeps (the test then SIGKILLs it and its node's
@@ -70,12 +70,12 @@ def main():
 
     try:
         ddp = DDP(model, bucket_cap_mb=0.001, first_bucket_cap_mb=0.001,
-                  min_nodes=min_nodes, divide_by_initial_world_size=divide,
+                  min_nodes=min_nodes, divide_by_initial_world_after_reformation=divide,
                   wait_timeout=30, attach_timeout=60)
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         state = {"step": 0}
         ddp.register_state(lambda: dict(state), lambda sd: state.update(sd))
-        report.update(rejoined=ddp.rejoined, min_nodes=ddp.min_nodes,
+        report.update(rejoined=ddp.restarted, min_nodes=ddp.min_nodes,
                       world_size=ddp.world_size)
         while state["step"] < steps:
             if ddp.sync_state():

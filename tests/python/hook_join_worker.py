@@ -83,7 +83,7 @@ def main():
         "per_step": per_step,
         "final_err": final_err,
         "num_buckets": ours.num_buckets,
-        "hook": ours._gradd_comm_hook,
+        "hook": ours._hooks.registered,
         "join_enabled_after": ours._join_config.enable,
         "authoritative": getattr(ours, "_authoritative_rank", None),
         "checksum": flat.sum().item(),

@@ -96,14 +96,14 @@ def main():
         "initial_plan": initial_plan,
         # In torch's terms: the user's parameters only (gradd's buckets also
         # hold its hidden used map; a bucket of only the map is dropped).
-        "ours_sizes": _ddp_logging.bucket_sizes(ours),
+        "ours_sizes": _ddp_logging.bucket_sizes(ours.client, ours._params),
         "ours_params": [b["params"] for b in info if b["params"]],
         "torch_sizes": torch_log.get("rebuilt_bucket_sizes"),
         "torch_params": torch_log.get("rebuilt_per_bucket_param_indices"),
         "client_rebuilt": ours.client.has_rebuilt_buckets,
         "torch_log": {k: torch_log.get(k) for k in ("has_rebuilt_buckets", "rebuilt_bucket_sizes",
                                                      "rebuilt_per_bucket_param_indices")},
-        "ours_log": _ddp_logging.rebuild_fields(ours),
+        "ours_log": _ddp_logging.rebuild_fields(ours.client, ours._params),
         "grads_on_device": all(p.grad is not None and p.grad.device == dev for p in ours.module.parameters()),
         "grads_in_shared_memory": all(
             p.grad is not None and p.grad.data_ptr() == ours.client.gradient_address(i)

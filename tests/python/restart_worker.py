@@ -62,8 +62,8 @@ def main():
     ddp.register_state(lambda: dict(state), lambda sd: state.update(sd))
 
     report = {
-        "rank": rank, "pid": os.getpid(), "rejoined": ddp.rejoined,
-        "rejoin_iteration": ddp.rejoin_iteration, "attempts": [], "synced": None,
+        "rank": rank, "pid": os.getpid(), "rejoined": ddp.restarted,
+        "rejoin_iteration": ddp.restart_iteration, "attempts": [], "synced": None,
         "grace": ddp.rank_restart_grace_ms,
     }
     path = os.path.join(out_dir, f"rank{rank}-{os.getpid()}.json")
@@ -76,7 +76,7 @@ def main():
     # The parameters as the module's forward sees them right after the state
     # sync (DDP's forward syncs first): a restarted rank's first forward and
     # a survivor's retry after an aborted iteration.
-    snap = {"want": ddp.rejoined}
+    snap = {"want": ddp.restarted}
 
     def pre_hook(module, inputs):
         if snap["want"]:

@@ -80,7 +80,7 @@ def main():
         "rank": rank,
         "pid": os.getpid(),
         "restart_count": restart_count,
-        "rejoined": ddp_model.rejoined,
+        "rejoined": ddp_model.restarted,
         "skipped": wrapper.skipped,
         "step_count": wrapper.step_count,
         "grace": ddp_model.rank_restart_grace_ms,

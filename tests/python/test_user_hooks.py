@@ -230,7 +230,7 @@ def step(ddp, seed=0):
 def test_torch_builtin_hooks_stay_in_the_daemon(daemon, job_id, register, name):
     ddp = make(daemon, job_id)
     register(ddp)
-    assert ddp._gradd_comm_hook == name
+    assert ddp._hooks.registered == name
     assert ddp._reducer.comm is ddp.client  # the daemon reduces the buckets
     step(ddp)
     assert ddp.client.iteration == 2  # the daemon ran the iteration
@@ -393,7 +393,8 @@ def test_hook_state_substitution_rules():
     user's attribute holds the replaced one; writes go to the user's
     object; isinstance sees the user's class."""
     job = _FakeJobGroup()
-    ddp = types.SimpleNamespace(_is_subgroup=False, process_group=None, world_size=2,
+    # The DDP's placement (gradd._world.World's fields the rules read).
+    ddp = types.SimpleNamespace(is_subgroup=False, group=None, world_size=2,
                                 job_id="j", rank=0)
     passed, _ = _hook_group.hook_state(ddp, None, job)
     assert _hook_group.resolve(passed) is job.group
@@ -417,12 +418,12 @@ def test_hook_state_substitution_rules():
     assert view.process_group is job.group and view.subgroup == "sub"
 
     # A DDP over a subgroup: None means the whole world in torch's hooks.
-    sub = types.SimpleNamespace(_is_subgroup=True, process_group=dist.ProcessGroup(0, 2),
+    sub = types.SimpleNamespace(is_subgroup=True, group=dist.ProcessGroup(0, 2),
                                 world_size=2, job_id="j", rank=0)
     assert _hook_group.hook_state(sub, None, job)[0] is None
     another = dist.ProcessGroup(0, 2)  # another group: as it is
     assert _hook_group.hook_state(sub, another, job)[0] is another
-    assert _hook_group.resolve(_hook_group.hook_state(sub, sub.process_group, job)[0]) \
+    assert _hook_group.resolve(_hook_group.hook_state(sub, sub.group, job)[0]) \
         is job.group
     # A state that is not a group and carries none: as it is.
     plain = {"k": 1}

@@ -308,7 +308,7 @@ def main():
         "num_buckets": ours.num_buckets,
         "per_step": per_step,
         "param0": flat[:8].tolist(),
-        "daemon_hook": getattr(ours, "_gradd_comm_hook", None),
+        "daemon_hook": ours._hooks.registered,
         "recorded": [r.calls for r in recorders],
         "pid": os.getpid(),
         "seen": seen,

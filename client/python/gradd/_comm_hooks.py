@@ -48,9 +48,9 @@ the trainers (gradd/_trainer_join.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
-__all__ = ["register_comm_hook", "register_builtin_comm_hook", "supported_hooks"]
+__all__ = ["CommHooks", "fused_optim_hook", "supported_hooks"]
 
 _ONCE = "register_comm_hook or register_builtin_comm_hook can only be called once."
 
@@ -139,68 +139,97 @@ def _check_annotations(hook: Callable) -> None:
         )
 
 
-def _register_in_trainer(ddp: Any, state: Any, hook: Callable) -> None:
-    """The trainer path (module doc): the Reducer hands ready gradients to
-    a TrainerComm that runs `hook` per bucket instead of to the daemon."""
-    from gradd import _trainer_hooks
+class CommHooks:
+    """One attach's communication hook: which one the job uses
+    (``registered``: the daemon hook's name, ``"trainer:<hook>"`` for one
+    that runs in the trainer, None before registration) and its
+    installation.
 
-    _check_annotations(hook)
-    if ddp._client is None:
-        raise RuntimeError("gradd: the model is detached from the daemon")
-    reducer = ddp._reducer
-    if reducer.iterations_done > 0 or reducer.backward_in_progress:
-        raise RuntimeError(
-            f"gradd (job '{ddp.job_id}', rank {ddp.rank}): register_comm_hook must be "
-            "called before the first backward"
-        )
-    if len(reducer.sparse or ()):
-        raise NotImplementedError(
-            f"gradd: the communication hook {_hook_name(hook)} would run in the trainer, "
-            "which gradd does not support for models with sparse gradients"
-        )
-    reducer.comm = _trainer_hooks.TrainerComm(ddp, state, hook)
-    # The daemon re-plans buckets from the ready order it sees; in this
-    # mode it sees none, so the plan stays DDP's initial one.
-    ddp._rebuild_buckets_enabled = False
-    ddp._gradd_comm_hook = "trainer:" + _hook_name(hook)
+    What the DDP gives it: its `client` (None once detached) and `reducer`,
+    `trainer_comm(state, hook)` building the TrainerComm of the trainer path
+    (gradd/_trainer_hooks.py) and `on_trainer_path()`, called once such a
+    hook is installed (the DDP turns its bucket rebuild off: the daemon
+    re-plans from the ready order it sees, and in this mode it sees none).
+    Runs on the trainer's main thread."""
 
+    def __init__(self, client, reducer, *,
+                 trainer_comm: Optional[Callable[[Any, Callable], Any]] = None,
+                 on_trainer_path: Optional[Callable[[], None]] = None):
+        self._client = client
+        self._reducer = reducer
+        self._trainer_comm = trainer_comm
+        self._on_trainer_path = on_trainer_path
+        self.registered: Optional[str] = None
 
-def register_comm_hook(ddp: Any, state: Any, hook: Callable) -> None:
-    """``DistributedDataParallel.register_comm_hook`` for gradd (see module doc)."""
-    _check_callable(hook)
-    if getattr(ddp, "_gradd_comm_hook", None) is not None:
-        raise RuntimeError(_ONCE)
-    name = _torch_hooks().get(hook)
-    if name is None:
-        _register_in_trainer(ddp, state, hook)
-        return
-    settings: Dict[str, Any] = {}
-    if name in ("powerSGD", "batched_powerSGD"):
-        settings = _powersgd_settings(state, name)
-        settings["random_seed"] = _seed_of(state)
-    _set(ddp, name, settings)
+    def detach(self) -> None:
+        """The DDP shut down: registering now says so."""
+        self._client = None
 
+    def register(self, state: Any, hook: Callable) -> None:
+        """``DistributedDataParallel.register_comm_hook`` (see module doc)."""
+        _check_callable(hook)
+        if self.registered is not None:
+            raise RuntimeError(_ONCE)
+        name = _torch_hooks().get(hook)
+        if name is None:
+            self._register_in_trainer(state, hook)
+            return
+        settings: Dict[str, Any] = {}
+        if name in ("powerSGD", "batched_powerSGD"):
+            settings = _powersgd_settings(state, name)
+            settings["random_seed"] = _seed_of(state)
+        self._set(name, settings)
 
-def register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
-    """``DistributedDataParallel._register_builtin_comm_hook`` for gradd."""
-    import torch.distributed as dist
+    def register_builtin(self, comm_hook_type: Any) -> None:
+        """``DistributedDataParallel._register_builtin_comm_hook``."""
+        import torch.distributed as dist
 
-    builtin = getattr(dist, "BuiltinCommHookType", None)
-    names = {}
-    if builtin is not None:
-        for member, name in (("ALLREDUCE", "allreduce"), ("FP16_COMPRESS", "fp16_compress"),
-                             ("BF16_COMPRESS", "bf16_compress")):
-            if hasattr(builtin, member):
-                names[getattr(builtin, member)] = name
-    name = names.get(comm_hook_type)
-    if name is None:
-        raise NotImplementedError(
-            f"gradd does not know the built-in communication hook {comm_hook_type!r}; "
-            f"supported: {supported_hooks()}"
-        )
-    if getattr(ddp, "_gradd_comm_hook", None) is not None:
-        raise RuntimeError("register_builtin_comm_hook or register_comm_hook can only be called once.")
-    _set(ddp, name, {})
+        builtin = getattr(dist, "BuiltinCommHookType", None)
+        names = {}
+        if builtin is not None:
+            for member, name in (("ALLREDUCE", "allreduce"), ("FP16_COMPRESS", "fp16_compress"),
+                                 ("BF16_COMPRESS", "bf16_compress")):
+                if hasattr(builtin, member):
+                    names[getattr(builtin, member)] = name
+        name = names.get(comm_hook_type)
+        if name is None:
+            raise NotImplementedError(
+                f"gradd does not know the built-in communication hook {comm_hook_type!r}; "
+                f"supported: {supported_hooks()}"
+            )
+        if self.registered is not None:
+            raise RuntimeError(
+                "register_builtin_comm_hook or register_comm_hook can only be called once.")
+        self._set(name, {})
+
+    def _register_in_trainer(self, state: Any, hook: Callable) -> None:
+        """The trainer path (module doc): the Reducer hands ready gradients
+        to a TrainerComm that runs `hook` per bucket instead of to the
+        daemon."""
+        _check_annotations(hook)
+        if self._client is None:
+            raise RuntimeError("gradd: the model is detached from the daemon")
+        reducer = self._reducer
+        if reducer.iterations_done > 0 or reducer.backward_in_progress:
+            raise RuntimeError(
+                f"gradd ({reducer.who}): register_comm_hook must be "
+                "called before the first backward"
+            )
+        if len(reducer.sparse or ()):
+            raise NotImplementedError(
+                f"gradd: the communication hook {_hook_name(hook)} would run in the trainer, "
+                "which gradd does not support for models with sparse gradients"
+            )
+        reducer.comm = self._trainer_comm(state, hook)
+        self._on_trainer_path()
+        self.registered = "trainer:" + _hook_name(hook)
+
+    def _set(self, name: str, settings: Dict[str, Any]) -> None:
+        client = self._client
+        if client is None:
+            raise RuntimeError("gradd: the model is detached from the daemon")
+        client.set_comm_hook(name, **settings)
+        self.registered = name
 
 
 def _seed_of(state: Any) -> int:
@@ -222,9 +251,18 @@ def _seed_of(state: Any) -> int:
     return seed
 
 
-def _set(ddp: Any, name: str, settings: Dict[str, Any]) -> None:
-    client = ddp._client
-    if client is None:
-        raise RuntimeError("gradd: the model is detached from the daemon")
-    client.set_comm_hook(name, **settings)
-    ddp._gradd_comm_hook = name
+def fused_optim_hook(optim, *args, optim_params=None, **kwargs) -> Callable:
+    """What torch's ``_OverlappedStandardOptimizer.register_ddp`` registers
+    for ``DistributedDataParallel._register_fused_optim``: torch's
+    ``_hook_then_optimizer`` over ``allreduce_hook``, with the functional
+    counterpart of `optim` (a hook that runs in the trainer)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks import (
+        _hook_then_optimizer,
+        _OptimizerHookState,
+    )
+    from torch.distributed.optim import as_functional_optim
+
+    functional = as_functional_optim(optim, *args, **kwargs)
+    state = _OptimizerHookState(functional, optim_params)
+    return _hook_then_optimizer(default_hooks.allreduce_hook, state)

@@ -71,35 +71,37 @@ def _default_group():
     return c10d._get_default_group()
 
 
-def unusable_reason(ddp) -> Optional[str]:
+def unusable_reason(world, device: torch.device) -> Optional[str]:
     """Why the job's gradd group cannot stand in for the DDP's group (None:
-    it can). The same answer on every rank of the job."""
+    it can): `world` is the DDP's placement (a gradd._world.World), `device`
+    its module's. The same answer on every rank of the job."""
     from gradd import distributed
 
     if not distributed.available():
         return "gradd._c10d (the torch.distributed backend 'gradd') is not built"
-    if ddp._device.type != "cpu":
+    if device.type != "cpu":
         return "the model is on a GPU and the gradd backend takes CPU tensors"
-    if not getattr(ddp, "_ranks_are_group_ranks", True):
+    if not getattr(world, "ranks_are_group_ranks", True):
         return ("the job's ranks are numbered differently from the process group's "
                 "(group ranks interleaved across nodes)")
     return None
 
 
-def stands_for_job(ddp, group: Any) -> bool:
+def stands_for_job(world, group: Any) -> bool:
     """Whether `group` (a hook's state, or a state's process_group) means the
-    DDP's own ranks, so the job's gradd group computes the same."""
+    ranks of the DDP placed as `world` (its ``group`` is the DDP's process
+    group), so the job's gradd group computes the same."""
     if group is None:  # torch: the default group
-        return not ddp._is_subgroup
-    if ddp.process_group is not None and group is ddp.process_group:
+        return not world.is_subgroup
+    if world.group is not None and group is world.group:
         return True
-    if ddp._is_subgroup:
+    if world.is_subgroup:
         return False
     dist = _dist()
     default = _default_group()
     if default is None:
         return False
-    return (group is default or group is dist.group.WORLD) and default.size() == ddp.world_size
+    return (group is default or group is dist.group.WORLD) and default.size() == world.world_size
 
 
 class _StateView:
@@ -136,7 +138,7 @@ class _StateView:
         return repr(object.__getattribute__(self, "_gradd_target"))
 
 
-def hook_state(ddp, state: Any, group: Optional["JobGroup"]) -> Tuple[Any, str]:
+def hook_state(world, state: Any, group: Optional["JobGroup"]) -> Tuple[Any, str]:
     """(the state to hand the hook, why) -- see the module doc: a reference
     to the gradd group for a group meaning the DDP's ranks, a view for a
     state object carrying such a group, else `state` itself. `group`: the
@@ -152,7 +154,7 @@ def hook_state(ddp, state: Any, group: Optional["JobGroup"]) -> Tuple[Any, str]:
         if inner is not None and (dist is None or not isinstance(inner, dist.ProcessGroup)):
             return state, "its state's process_group is not a process group"
         view = True
-    if not stands_for_job(ddp, inner):
+    if not stands_for_job(world, inner):
         if inner is None:
             return state, ("its state means torch's default group, which is not the DDP's "
                            "subgroup")
@@ -288,11 +290,15 @@ for _name in _COLLECTIVES:
 
 
 class JobGroup:
-    """The job's gradd ProcessGroup for one DDP model (module doc)."""
+    """The job's gradd ProcessGroup for one DDP model (module doc): `world`
+    is the DDP's placement (a gradd._world.World), `socket` and
+    `wait_timeout` its attach options."""
 
-    def __init__(self, ddp):
-        self._ddp = ddp
-        self.job_id = f"{ddp.job_id}/{SUFFIX}"
+    def __init__(self, world, *, socket: Optional[str], wait_timeout: float):
+        self._world = world
+        self._socket = socket
+        self._wait_timeout = wait_timeout
+        self.job_id = f"{world.job_id}/{SUFFIX}"
         self._pg = None
         self._registered = False
         # torch's rank table of the group it stands for (global -> group
@@ -305,7 +311,7 @@ class JobGroup:
             return None
         from torch.distributed import distributed_c10d as c10d
 
-        group = self._ddp.process_group
+        group = self._world.group
         if group is None or group is default:
             return {r: r for r in range(default.size())}
         ranks = c10d._pg_group_ranks.get(group)
@@ -330,21 +336,20 @@ class JobGroup:
     def _create(self):
         from gradd import distributed
 
-        ddp = self._ddp
-        opts = ddp._attach_options
+        world = self._world
         collective_bytes = int(os.environ.get("GRADD_COLLECTIVE_BYTES", "") or 0)
-        multi = ddp.num_nodes > 1
+        multi = world.num_nodes > 1
         return distributed._c10d.create(
-            ddp.rank,
-            ddp.world_size,
+            world.rank,
+            world.world_size,
             job_id=self.job_id,
-            socket=opts["socket"] or "",
-            local_rank=ddp.local_rank,
-            local_world_size=ddp.local_world_size,
-            node_rank=ddp.node_rank,
-            num_nodes=ddp.num_nodes,
-            coordinator=ddp._coordinator if multi else "",
-            timeout=float(opts["wait_timeout"]),
+            socket=self._socket or "",
+            local_rank=world.local_rank,
+            local_world_size=world.local_world_size,
+            node_rank=world.node_rank,
+            num_nodes=world.num_nodes,
+            coordinator=world.coordinator if multi else "",
+            timeout=float(self._wait_timeout),
             collective_bytes=collective_bytes,
         )
 
@@ -371,12 +376,12 @@ class JobGroup:
         pg.close()
 
 
-def describe(hook_name: str, ddp, passed: Any, why: str, reason: Optional[str]) -> str:
+def describe(hook_name: str, world, passed: Any, why: str, reason: Optional[str]) -> str:
     """The INFO line saying which path a trainer-side hook takes."""
-    who = f"job '{ddp.job_id}', rank {ddp.rank}"
+    who = f"job '{world.job_id}', rank {world.rank}"
     if isinstance(passed, (_GroupRef, _StateView)):
         return (f"gradd ({who}): communication hook {hook_name} runs in the trainer over the "
-                f"job's gradd collectives (job '{ddp.job_id}/{SUFFIX}'): {why}")
+                f"job's gradd collectives (job '{world.job_id}/{SUFFIX}'): {why}")
     if reason is not None and why == "the job's gradd group is not usable":
         why = f"the job's gradd group is not usable: {reason}"
     return (f"gradd ({who}): communication hook {hook_name} runs in the trainer over the "

@@ -32,8 +32,8 @@ Two ways in, both without ``torch.distributed.init_process_group``:
 A model whose communication hook runs in the trainer (gradd/_trainer_hooks.py)
 keeps the daemon out of backward, so the daemon cannot fill in for it: its
 join follows torch's own protocol in the trainers, with the hook run on zero
-buckets by ranks that ran out (gradd/_trainer_join.py). ``on_forward`` and
-``finish`` hand such models over.
+buckets by ranks that ran out (gradd/_trainer_join.py). ``UnevenInputs``
+hands such models over.
 
 Differences from torch: a forward that does not sync gradients (``no_grad``,
 ``no_sync``) runs no join step and no buffer sync in join mode; gradd's
@@ -42,18 +42,20 @@ iterations are synced backward passes. Join mode ends when the context exits
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
-from torch.distributed.algorithms.join import Join, JoinHook, _JoinConfig
+from torch.distributed.algorithms.join import Join, JoinHook
 
 from gradd import _state_sync, _trainer_join
 from gradd._C import AbortedError
+from gradd._trainer_hooks import TrainerComm
 
-__all__ = ["GraddJoin", "GraddJoinHook"]
+__all__ = ["GraddJoin", "GraddJoinHook", "UnevenInputs", "non_member_group"]
 
 
-def _non_member_group():
+def non_member_group():
+    """The DDP's ``join_process_group`` (module doc)."""
     from torch.distributed.distributed_c10d import GroupMember
 
     return GroupMember.NON_GROUP_MEMBER
@@ -61,18 +63,17 @@ def _non_member_group():
 
 class GraddJoinHook(JoinHook):
     """The gradd DDP's join hook: no main hook (the daemon fills in for joined
-    ranks), the post hook joins through the daemon and syncs the final
-    model."""
+    ranks); the post hook is `finish`, the DDP's end of join (it joins
+    through the daemon and syncs the final model)."""
 
-    def __init__(self, ddp, divide_by_initial_world_size: bool):
-        self.ddp = ddp
-        ddp._divide_by_initial_world_size = bool(divide_by_initial_world_size)
+    def __init__(self, finish: Callable[[], None]):
+        self._finish = finish
 
     def main_hook(self) -> None:  # never needed: no shadow collectives
         pass
 
     def post_hook(self, is_last_joiner: bool) -> None:
-        finish(self.ddp)
+        self._finish()
 
 
 class GraddJoin(Join):
@@ -83,27 +84,6 @@ class GraddJoin(Join):
             return  # propagate the exception, as torch's Join does
         for hook in self._join_hooks:
             hook.post_hook(True)
-
-
-def join_process_group(ddp):
-    return _non_member_group()
-
-
-def _disable(ddp) -> None:
-    ddp._join_config = _JoinConfig.construct_disabled_join_config()
-
-
-def _throws(ddp) -> bool:
-    return bool(ddp._join_config.throw_on_early_termination)
-
-
-def _ensure_entered(ddp) -> None:
-    client = ddp._client
-    if not client.in_join:
-        client.join_enter(
-            divide_by_initial_world_size=getattr(ddp, "_divide_by_initial_world_size", True),
-            throw_on_early_termination=_throws(ddp),
-        )
 
 
 def _pack(tensors: List[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -127,60 +107,106 @@ def _unpack(staging: torch.Tensor, tensors: List[torch.Tensor]) -> None:
             off += n
 
 
-def on_forward(ddp, grad_sync: bool) -> None:
-    """A forward in join mode: this rank takes part in the iteration (only a
-    forward that syncs gradients counts), buffers come from the highest
-    active rank, and with throw_on_early_termination this raises once a rank
-    ran out of inputs."""
-    if not grad_sync:
-        return
-    if _trainer_join.applies(ddp):
+class UnevenInputs:
+    """One attach's join for uneven inputs (module doc).
+
+    What the DDP gives it: its `client`, `reducer` (whose ``comm`` says
+    whether the hook runs in the trainer: then join is
+    gradd/_trainer_join.py's), `module`, the job's `rank` and `world_size`,
+    its `device`, the broadcast area's size (`broadcast_bytes`),
+    `broadcast(tensors, root)` (the DDP's broadcast through the daemon),
+    `who` for messages and `end_join_mode()`, which disables the DDP's
+    ``_join_config`` (torch's attribute, which torch's Join sets on the
+    DDP). The join settings come with each call: the DDP's
+    ``_join_config`` and ``_divide_by_initial_world_size`` (torch's names).
+    Runs on the trainer's main thread."""
+
+    def __init__(self, client, reducer, module: torch.nn.Module, *, rank: int,
+                 world_size: int, device: torch.device, broadcast_bytes: int,
+                 broadcast: Callable[[List[torch.Tensor], int], None], who: str,
+                 end_join_mode: Callable[[], None]):
+        self._client = client
+        self._reducer = reducer
+        self._module = module
+        self._rank = rank
+        self._world_size = world_size
+        self._device = device
+        self._broadcast_bytes = broadcast_bytes
+        self._broadcast = broadcast
+        self._who = who
+        self._end_join_mode = end_join_mode
+
+    def _trainer_join(self) -> Optional[_trainer_join.TrainerJoin]:
+        """The trainer-side protocol when the model's hook runs in the
+        trainer, else None."""
+        comm = self._reducer.comm
+        if not isinstance(comm, TrainerComm):
+            return None
+        return _trainer_join.TrainerJoin(
+            comm, self._module, rank=self._rank, world_size=self._world_size,
+            device=self._device, broadcast=self._broadcast, who=self._who)
+
+    def _ensure_entered(self, config, divide_by_initial_world_size: bool) -> None:
+        client = self._client
+        if not client.in_join:
+            client.join_enter(
+                divide_by_initial_world_size=divide_by_initial_world_size,
+                throw_on_early_termination=bool(config.throw_on_early_termination),
+            )
+
+    def on_forward(self, config, *, divide_by_initial_world_size: bool,
+                   sync_buffers: bool) -> None:
+        """A forward that syncs gradients, in join mode: this rank takes
+        part in the iteration, buffers (when `sync_buffers`: the DDP's
+        ``require_forward_param_sync and broadcast_buffers``, world > 1)
+        come from the highest active rank, and with
+        throw_on_early_termination this raises once a rank ran out of
+        inputs."""
+        trainer = self._trainer_join()
+        if trainer is not None:
+            try:
+                trainer.on_forward(config, sync_buffers)
+            except RuntimeError:  # e.g. throw_on_early_termination: join mode ends
+                self._end_join_mode()
+                raise
+            return
+        self._ensure_entered(config, divide_by_initial_world_size)
+        buffers: List[torch.Tensor] = []
+        if sync_buffers:
+            buffers = _state_sync.module_buffers(self._module)
+        staging = _pack(buffers)
+        if staging is not None and staging.numel() > self._broadcast_bytes:
+            raise RuntimeError(
+                f"gradd join ({self._who}): the module's buffers "
+                f"({staging.numel()} bytes) exceed the broadcast area ({self._broadcast_bytes} "
+                "bytes); raise broadcast_chunk_mb"
+            )
         try:
-            _trainer_join.on_forward(ddp, grad_sync)
-        except RuntimeError:  # e.g. throw_on_early_termination: join mode ends
-            _disable(ddp)
+            self._client.join_active(None if staging is None else staging.numpy())
+        except AbortedError:
+            self._end_join_mode()  # the daemon ended join mode on every rank
             raise
-        return
-    _ensure_entered(ddp)
-    buffers: List[torch.Tensor] = []
-    if ddp.require_forward_param_sync and ddp.broadcast_buffers and ddp.world_size > 1:
-        buffers = _state_sync.module_buffers(ddp.module)
-    staging = _pack(buffers)
-    if staging is not None and staging.numel() > ddp._bcast_bytes:
-        raise RuntimeError(
-            f"gradd join (job '{ddp.job_id}', rank {ddp.rank}): the module's buffers "
-            f"({staging.numel()} bytes) exceed the broadcast area ({ddp._bcast_bytes} "
-            "bytes); raise broadcast_chunk_mb"
-        )
-    try:
-        ddp._client.join_active(None if staging is None else staging.numpy())
-    except AbortedError:
-        _disable(ddp)  # the daemon ended join mode on every rank
-        raise
-    if staging is not None:
-        _unpack(staging, buffers)
+        if staging is not None:
+            _unpack(staging, buffers)
 
-
-def finish(ddp) -> None:
-    """This rank ran out of inputs: wait for every rank, then copy the
-    authoritative rank's parameters and buffers."""
-    if _trainer_join.applies(ddp):
+    def finish(self, config, *, divide_by_initial_world_size: bool) -> int:
+        """This rank ran out of inputs: wait for every rank (join mode ends
+        here); returns the authoritative rank, whose model
+        :meth:`sync_final_model` then copies."""
+        trainer = self._trainer_join()
+        if trainer is not None:
+            try:
+                return trainer.finish(config, bool(config.throw_on_early_termination))
+            finally:
+                self._end_join_mode()
+        self._ensure_entered(config, divide_by_initial_world_size)
         try:
-            _trainer_join.finish(ddp, _throws(ddp))
+            return self._client.join()
         finally:
-            _disable(ddp)
-        return
-    _ensure_entered(ddp)
-    try:
-        authoritative = ddp._client.join()
-    finally:
-        _disable(ddp)
-    ddp._authoritative_rank = authoritative
-    if ddp.world_size > 1:
-        _broadcast(ddp, _state_sync.module_states(ddp.module), authoritative)
+            self._end_join_mode()
 
-
-def _broadcast(ddp, tensors: List[torch.Tensor], root: int) -> None:
-    """Overwrites `tensors` with global rank `root`'s, in rounds of at most
-    the attach's broadcast area."""
-    ddp._broadcast_tensors(tensors, root)
+    def sync_final_model(self, authoritative: int) -> None:
+        """Every rank copies the authoritative rank's parameters and
+        buffers (torch's ``_sync_final_model``)."""
+        if self._world_size > 1:
+            self._broadcast(_state_sync.module_states(self._module), authoritative)

@@ -55,7 +55,7 @@ What a loop must still do itself:
   failing (every rank gone, a rank not back within the grace, the rendezvous
   coordinator lost);
 * not use a torch process group for the gradients' sake (a restarted
-  process cannot rejoin one; gradd.torch needs none).
+  process cannot become a member of one again; gradd.torch needs none).
 """
 from __future__ import annotations
 
@@ -94,10 +94,7 @@ class OptimizerWrapper(torch.optim.Optimizer):
         self.__dict__["committed"] = False
         ddp.register_state(optimizer.state_dict, optimizer.load_state_dict)
         ddp.register_state(self._counter_state, self._load_counter_state)
-        ddp.__dict__["_abort_quietly"] = True
-        reducer = ddp.__dict__.get("_reducer")
-        if reducer is not None:
-            reducer.abort_quietly = True
+        ddp._abort_iterations_quietly()
 
     # The wrapped optimizer's attributes, read and written through.
     def __getattr__(self, name):

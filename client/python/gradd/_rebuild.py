@@ -33,6 +33,8 @@ it back).
 """
 from __future__ import annotations
 
+from typing import Callable, List
+
 import torch
 
 from gradd import _cuda
@@ -40,7 +42,9 @@ from gradd._C import GraddError
 from gradd._reducer import _is_view
 
 
-def _view(client, i: int, p: torch.Tensor) -> torch.Tensor:
+def gradient_view(client, i: int, p: torch.Tensor) -> torch.Tensor:
+    """Parameter i's gradient view into the client's bucket memory (CPU or
+    the GPU `p` lives on)."""
     if p.device.type == "cuda":
         return _cuda.gradient_view(client, i, p)
     view = torch.from_numpy(client.gradient(i))
@@ -49,43 +53,56 @@ def _view(client, i: int, p: torch.Tensor) -> torch.Tensor:
     return view.view(p.shape)
 
 
-def should_rebuild(ddp) -> bool:
-    """Whether torch's forward would rebuild the buckets now."""
-    client = ddp._client
-    if client is None or client.has_rebuilt_buckets:
-        return False
-    if not getattr(ddp, "_rebuild_buckets_enabled", True):
-        return False
-    if ddp.find_unused_parameters and not ddp.static_graph:
-        return False
-    completed = client.iteration - 1  # synced iterations waited for
-    return completed >= (2 if ddp.static_graph else 1)
+class BucketRebuild:
+    """One attach's bucket rebuild (module doc). The DDP gives it the
+    client, the parameters, the reducer's gradient views (the list the
+    reducer reads; re-pointed in place) and its ``fail``; it owns whether
+    rebuilding is still allowed (``enabled``: off for jobs that survive a
+    rank restart or a node loss, and once a communication hook runs in the
+    trainer). Runs on the trainer's main thread, at a forward."""
 
+    def __init__(self, client, params: List[torch.nn.Parameter], views: List[torch.Tensor],
+                 fail: Callable[[BaseException], None], *, enabled: bool):
+        self._client = client
+        self._params = params
+        self._views = views
+        self._fail = fail
+        self.enabled = bool(enabled)
 
-def maybe_rebuild(ddp) -> bool:
-    """Rebuilds the buckets if torch would at this forward (grad enabled);
-    returns whether it did."""
-    if not should_rebuild(ddp):
-        return False
-    try:
-        rebuilt = ddp._client.rebuild_buckets()
-    except GraddError as e:
-        ddp._fail(e)
-    if rebuilt:
-        repoint_views(ddp)
-    return rebuilt
+    def due(self, *, find_unused_parameters: bool, static_graph: bool) -> bool:
+        """Whether torch's forward would rebuild the buckets now."""
+        client = self._client
+        if client.has_rebuilt_buckets or not self.enabled:
+            return False
+        if find_unused_parameters and not static_graph:
+            return False
+        completed = client.iteration - 1  # synced iterations waited for
+        return completed >= (2 if static_graph else 1)
 
+    def maybe_rebuild(self, *, find_unused_parameters: bool, static_graph: bool) -> bool:
+        """Rebuilds the buckets if torch would at this forward (grad
+        enabled); returns whether it did."""
+        if not self.due(find_unused_parameters=find_unused_parameters,
+                        static_graph=static_graph):
+            return False
+        try:
+            rebuilt = self._client.rebuild_buckets()
+        except GraddError as e:
+            self._fail(e)
+        if rebuilt:
+            self._repoint_views()
+        return rebuilt
 
-def repoint_views(ddp) -> None:
-    """Points the reducer's views (and every p.grad that was a view) at the
-    new places."""
-    views = ddp._reducer.views
-    with torch.no_grad():
-        for i, p in enumerate(ddp._params):
-            old, new = views[i], _view(ddp._client, i, p)
-            g = p.grad
-            if g is not None:
-                if not _is_view(g, old):
-                    new.copy_(g)
-                p.grad = new
-            views[i] = new
+    def _repoint_views(self) -> None:
+        """Points the reducer's views (and every p.grad that was a view) at
+        the new places."""
+        views = self._views
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                old, new = views[i], gradient_view(self._client, i, p)
+                g = p.grad
+                if g is not None:
+                    if not _is_view(g, old):
+                        new.copy_(g)
+                    p.grad = new
+                views[i] = new

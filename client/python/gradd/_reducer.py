@@ -75,6 +75,18 @@ _MARKED_TWICE = (
     "module graph does not change over iterations."
 )
 
+# torch's messages for _set_static_graph() (gradd/torch.py).
+STATIC_GRAPH_TOO_LATE = (
+    "set_static_graph() should be called before training loop starts and after "
+    "DistributedDataParallel is constructed"
+)
+STATIC_GRAPH_FINDS_UNUSED = (
+    "You passed find_unused_parameters=true to DistributedDataParallel, "
+    "`_set_static_graph` will detect unused parameters automatically, so you do not need "
+    "to set find_unused_parameters=true, just be sure these unused parameters will not "
+    "change during training loop while calling `_set_static_graph`."
+)
+
 
 class _Sink(torch.autograd.Function):
     """Passes a DDP forward's outputs through so that the first thing the

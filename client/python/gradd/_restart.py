@@ -22,7 +22,7 @@ model. Then (common/control_block.h "Rank restart"):
   the parameters and buffers (in place, on every rank), then each
   ``register_state()``'d state: ``torch.save`` of its ``state_dict_fn()`` on
   the root, its length then its bytes through the daemon; the ranks that
-  rejoined and were not synced yet ``torch.load`` it and call its
+  restarted and were not synced yet ``torch.load`` it and call its
   ``load_state_dict_fn``, the others only take part.
 * a restarted rank's constructor does not broadcast rank 0's module state
   (the survivors are not in that broadcast): it gets the job's state at its
@@ -33,7 +33,7 @@ daemon's; control_block.h "Re-formation") reuses all of this: when a node of
 a multi-node job dies, comes back or re-forms for a restarted rank, every
 rank's iteration in progress is aborted the same way and the state sync
 runs; a rank whose node was one iteration behind (``client.state_behind``)
-loads the state like a rejoined rank. ``ddp.live_world_size`` and
+loads the state like a restarted rank. ``ddp.live_world_size`` and
 ``ddp.epoch`` say where the job stands; global ranks never change.
 
 Bucket rebuild is off for jobs with a grace or min_nodes (a rebuild is a job-wide switch
@@ -93,8 +93,22 @@ def requested_min_nodes(min_nodes: Optional[int]) -> Optional[int]:
     return _requested_uint32(min_nodes, "min_nodes", MIN_NODES_ENV, "nodes")
 
 
+def check_settings(rank_restart_grace_ms: Optional[int], min_nodes: Optional[int],
+                   job_id: Optional[str], process_group) -> None:
+    """The DDP constructor's checks of its rank restart and node loss
+    keywords (or their environment variables): valid values, and an
+    explicit job id when either is > 0."""
+    grace = requested_grace(rank_restart_grace_ms)
+    check_job_id(grace, job_id, process_group, stacklevel=5)
+    # Node loss and arrival: min_nodes > 0 likewise (a trainer of a
+    # returning node names the job it re-attaches to).
+    wanted_min_nodes = requested_min_nodes(min_nodes)
+    check_job_id(wanted_min_nodes, job_id, process_group, what="min_nodes", stacklevel=5)
+
+
 def check_job_id(
-    grace: Optional[int], job_id: Optional[str], process_group, what: str = "rank_restart_grace_ms"
+    grace: Optional[int], job_id: Optional[str], process_group,
+    what: str = "rank_restart_grace_ms", stacklevel: int = 3,
 ) -> None:
     """With a grace > 0 (or min_nodes > 0: `what`) the job id must be
     explicit (see the module doc)."""
@@ -110,10 +124,10 @@ def check_job_id(
     if process_group is not None or _default_group_initialised():
         warnings.warn(
             "gradd rank restart with a torch process group: a restarted process "
-            "cannot rejoin the process group (its rendezvous needs every rank), so it "
+            "cannot become a member of the process group again (its rendezvous needs every rank), so it "
             "can re-attach to the gradd job only if it builds the DDP without one "
             "(from RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE and the job id)",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 
@@ -125,20 +139,54 @@ def _default_group_initialised() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class RestartState:
-    """One DDP's rank restart state (``ddp._restart``)."""
+class RankRestart:
+    """One DDP's rank restart state and its state sync (see the module doc).
 
-    def __init__(self, client, explicit_job_id: bool):
+    The DDP builds one at every attach, with what the sync needs: its
+    module (parameters and buffers travel), the job's rank and world size,
+    the broadcast area's size and the DDP's ``fail`` (records a failure and
+    raises); the client's answers at attach (grace, min_nodes, restarted)
+    are read once, and each sync is given the DDP's client. It owns the
+    registered states, whether this rank restarted (re-attached to its
+    running job), whether the last iteration was aborted and which
+    iteration was synced last. Runs on the trainer's
+    main thread (forward, ``sync_state()``) and, for ``on_aborted`` /
+    ``on_backward_done``, on the thread that runs autograd."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        explicit_job_id: bool,
+        module: torch.nn.Module,
+        rank: int,
+        world_size: int,
+        broadcast_bytes: int,
+        fail: Callable[[BaseException], None],
+    ):
+        self._module = module
+        self._rank = rank
+        self._world_size = world_size
+        self._broadcast_bytes = broadcast_bytes
+        self._fail = fail
         # (getattr: stand-in clients of tests need not know rank restart)
         self.grace_ms = int(getattr(client, "rank_restart_grace_ms", 0))
-        # Node loss and arrival: the job's min_nodes (0: not elastic); its
-        # re-formations abort and sync exactly like a rank restart.
+        # Node loss and arrival: the job's min_nodes (0: a lost node fails
+        # the job); its re-formations abort and sync exactly like a rank
+        # restart.
         self.min_nodes = int(getattr(client, "min_nodes", 0))
-        self.rejoined = bool(getattr(client, "rejoined", False))
-        # The iteration this rank rejoined at (its first), else None.
-        self.rejoin_iteration: Optional[int] = int(client.iteration) if self.rejoined else None
-        # A rejoined rank loads the registered states at its first sync.
-        self.unsynced = self.rejoined
+        # This process attached to its job while the job was running (a
+        # restarted rank, or a trainer of a node admitted at a re-formation).
+        # The client library's name until this release was "rejoined".
+        restarted = getattr(client, "restarted", None)
+        if restarted is None:
+            restarted = getattr(client, "rejoined", False)
+        self.restarted = bool(restarted)
+        # The iteration this rank restarted at (its first), else None.
+        self.restart_iteration: Optional[int] = (
+            int(client.iteration) if self.restarted else None)
+        # A restarted rank loads the registered states at its first sync.
+        self.unsynced = self.restarted
         self.last_aborted = False
         # The client iteration of the last completed state sync.
         self.synced_iteration: Optional[int] = None
@@ -151,108 +199,96 @@ class RestartState:
                 stacklevel=4,
             )
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the job survives a rank restart or a node loss (a grace
+        or min_nodes > 0): then bucket rebuild stays off and states sync."""
+        return self.grace_ms > 0 or self.min_nodes > 0
 
-def register_state(ddp, state_dict_fn, load_state_dict_fn) -> None:
-    if not callable(state_dict_fn) or not callable(load_state_dict_fn):
-        raise TypeError(
-            "register_state(state_dict_fn, load_state_dict_fn) takes two callables, e.g. "
-            "optimizer.state_dict and optimizer.load_state_dict"
-        )
-    ddp._restart.states.append((state_dict_fn, load_state_dict_fn))
+    def register_state(self, state_dict_fn, load_state_dict_fn) -> None:
+        if not callable(state_dict_fn) or not callable(load_state_dict_fn):
+            raise TypeError(
+                "register_state(state_dict_fn, load_state_dict_fn) takes two callables, e.g. "
+                "optimizer.state_dict and optimizer.load_state_dict"
+            )
+        self.states.append((state_dict_fn, load_state_dict_fn))
 
+    def on_aborted(self) -> None:
+        """The iteration (or collective round) was aborted by a rank restart
+        or a re-formation: not a failure; ``should_commit()`` is False until
+        the next successful backward."""
+        self.last_aborted = True
 
-def on_aborted(ddp, error: BaseException) -> None:
-    """The iteration (or collective round) was aborted by a rank restart:
-    nothing is recorded as a failure; the reducer's per-iteration state is
-    reset so that the batch can be retried. Raises `error`."""
-    reducer = ddp.__dict__.get("_reducer")
-    if reducer is not None:
-        reducer.abort_iteration()
-    restart = ddp.__dict__.get("_restart")
-    if restart is not None:
-        restart.last_aborted = True
-    raise error
+    def on_backward_done(self) -> None:
+        self.last_aborted = False
 
+    def sync_state(self, client) -> bool:
+        """Runs the state sync over `client` (the DDP's) if one is due (see
+        the module doc); returns whether it ran. Collective when due: every
+        rank of the job reaches it at the same point of its iteration
+        sequence."""
+        if not self.enabled or self._world_size < 2:
+            return False
+        ran = False
+        # At most one completed sync per iteration: the client library keeps
+        # reporting a sync pending on a restarted rank until its first
+        # bucket after the sync (so that it keeps offering no state if the
+        # sync's broadcasts are cut short), and a second call in the same
+        # iteration (sync_state() at the top of the loop, then forward) must
+        # not start a sync the others do not run. A restart after the sync
+        # aborts the iteration, and the next one syncs again.
+        while self.synced_iteration != client.iteration and client.state_sync_pending():
+            try:
+                self._sync_once(client)
+            except IterationAbortedError:
+                # Another restart aborted the sync's round: it is due again
+                # (sync_seq moved on); a partly loaded state is loaded again.
+                continue
+            self.synced_iteration = client.iteration
+            ran = True
+        return ran
 
-def on_backward_done(ddp) -> None:
-    restart = ddp.__dict__.get("_restart")
-    if restart is not None:
-        restart.last_aborted = False
-
-
-def sync_state(ddp) -> bool:
-    """Runs the state sync if one is due (see the module doc); returns
-    whether it ran. Collective when due: every rank of the job reaches it at
-    the same point of its iteration sequence."""
-    client = ddp._client
-    restart = ddp.__dict__.get("_restart")
-    if (
-        client is None
-        or restart is None
-        or (restart.grace_ms == 0 and restart.min_nodes == 0)
-        or ddp.world_size < 2
-    ):
-        return False
-    ran = False
-    # At most one completed sync per iteration: the client library keeps
-    # reporting a sync pending on a rejoined rank until its first bucket
-    # after the sync (so that it keeps offering no state if the sync's
-    # broadcasts are cut short), and a second call in the same iteration
-    # (sync_state() at the top of the loop, then forward) must not start a
-    # sync the others do not run. A restart after the sync aborts the
-    # iteration, and the next one syncs again.
-    while restart.synced_iteration != client.iteration and client.state_sync_pending():
+    def _sync_once(self, client) -> None:
+        # A rank whose node the last re-formation found one iteration behind
+        # offers no state (the client library decides, as for a restarted
+        # rank) and loads what the root sends (read before the sync: the
+        # client clears it only after its next gradient).
+        behind = bool(getattr(client, "state_behind", False))
         try:
-            _sync_once(ddp, client, restart)
+            root = int(client.begin_state_sync())
         except IterationAbortedError:
-            # Another restart aborted the sync's round: it is due again
-            # (sync_seq moved on); a partly loaded state is loaded again.
-            continue
-        restart.synced_iteration = client.iteration
-        ran = True
-    return ran
+            raise
+        except GraddError as e:
+            self._fail(e)
+        rank = self._rank
+        load = (self.unsynced or behind) and rank != root
 
+        def on_error(e):
+            if isinstance(e, IterationAbortedError):
+                raise e
+            self._fail(e)
 
-def _sync_once(ddp, client, restart: RestartState) -> None:
-    # A rank whose node the last re-formation found one iteration behind
-    # offers no state (the client library decides, as for a rejoined
-    # rank) and loads what the root sends (read before the sync: the
-    # client clears it only after its next gradient).
-    behind = bool(getattr(client, "state_behind", False))
-    try:
-        root = int(client.begin_state_sync())
-    except IterationAbortedError:
-        raise
-    except GraddError as e:
-        ddp._fail(e)
-    load = (restart.unsynced or behind) and ddp.rank != root
-
-    def on_error(e):
-        if isinstance(e, IterationAbortedError):
-            raise e
-        ddp._fail(e)
-
-    chunk = ddp._bcast_bytes
-    _state_sync.broadcast_tensors(
-        client, _state_sync.module_states(ddp.module), chunk, on_error, root=root
-    )
-    for state_dict_fn, load_state_dict_fn in restart.states:
-        blob = None
-        if ddp.rank == root:
-            out = io.BytesIO()
-            torch.save(state_dict_fn(), out)
-            blob = out.getvalue()
-        length = torch.tensor([len(blob) if blob is not None else 0], dtype=torch.int64)
-        _state_sync.broadcast_tensors(client, [length], chunk, on_error, root=root)
-        n = int(length.item())
-        buf = torch.empty(n, dtype=torch.uint8)
-        if blob is not None:
-            buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-        _state_sync.broadcast_tensors(client, [buf], chunk, on_error, root=root)
-        if load:
-            # The job's own state_dict_fn() output, any picklable object:
-            # weights_only=False (torch 2.6's torch.load defaults to True and
-            # refuses non-tensor objects; 1.13 has the argument, False).
-            load_state_dict_fn(
-                torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=False))
-    restart.unsynced = False
+        chunk = self._broadcast_bytes
+        _state_sync.broadcast_tensors(
+            client, _state_sync.module_states(self._module), chunk, on_error, root=root
+        )
+        for state_dict_fn, load_state_dict_fn in self.states:
+            blob = None
+            if rank == root:
+                out = io.BytesIO()
+                torch.save(state_dict_fn(), out)
+                blob = out.getvalue()
+            length = torch.tensor([len(blob) if blob is not None else 0], dtype=torch.int64)
+            _state_sync.broadcast_tensors(client, [length], chunk, on_error, root=root)
+            n = int(length.item())
+            buf = torch.empty(n, dtype=torch.uint8)
+            if blob is not None:
+                buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            _state_sync.broadcast_tensors(client, [buf], chunk, on_error, root=root)
+            if load:
+                # The job's own state_dict_fn() output, any picklable object:
+                # weights_only=False (torch 2.6's torch.load defaults to True
+                # and refuses non-tensor objects; 1.13 has the argument, False).
+                load_state_dict_fn(
+                    torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=False))
+        self.unsynced = False

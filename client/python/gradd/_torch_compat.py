@@ -313,3 +313,72 @@ def init_syncs_buffers(broadcast_buffers: bool) -> bool:
     except ImportError:
         return True
     return "broadcast_buffers" not in inspect.signature(_sync_module_states).parameters
+
+
+def refuse_unsupported(**args) -> None:
+    """torch 2.x constructor arguments gradd does not support: only their
+    defaults are accepted; anything else is refused naming the argument."""
+    for name, value in args.items():
+        if value is not None:
+            raise NotImplementedError(
+                f"gradd.torch.DistributedDataParallel does not support torch's "
+                f"{name}= argument (got {type(value).__name__}); leave it None or use "
+                "torch.nn.parallel.DistributedDataParallel"
+            )
+
+
+def torch2_ddp_attributes(module, ignore, device) -> dict:
+    """The attributes torch 2.x's DDP has that user code and torch itself
+    (dynamo's DDPOptimizer, FSDP's checks, the Join context) read, with the
+    values gradd's DDP stands for: one device, no mixed precision, no
+    delayed all-reduce, no Python reducer. Plain values, for the DDP's
+    ``__dict__``."""
+    return dict(
+        device=device,
+        device_type=device.type,
+        is_multi_device_module=False,
+        mixed_precision=None,
+        _delay_all_reduce_params=[],
+        _delay_all_reduce_all_params=False,
+        _module_parameters=[p for n, p in module.named_parameters() if n not in ignore],
+        _comm_hooks=[],
+        _use_python_reducer=False,
+        _accum_grad_hooks=[],
+        _lazy_init_ran=False,
+        _ddp_sink_clone=True,
+        _in_backward_params=[],
+    )
+
+
+class DDPClassAPI:
+    """The stateless part of torch's DDP interface that torch itself calls
+    on a DDP class or object (dynamo's DDPOptimizer, torch's tests, FSDP's
+    checks), as gradd's DDP answers it; a base of
+    gradd.torch.DistributedDataParallel."""
+
+    @classmethod
+    def _get_active_ddp_module(cls):
+        """torch's: the DDP (torch's or gradd's) whose module is running,
+        for dynamo's DDPOptimizer."""
+        return getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
+
+    @staticmethod
+    def _get_data_parallel_params(module, named_params=False):
+        """torch's: the parameters a DDP manages (not ``_ddp_ignored``)."""
+        for param in module.parameters() if not named_params else module.named_parameters():
+            if not hasattr(param, "_ddp_ignored"):
+                yield param
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """torch's: names ('<module>.<param>') DDP leaves alone, set on the
+        module before wrapping it."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+
+    def _update_process_group(self, new_process_group):
+        """torch 2.x's; gradd re-forms a job's network itself (min_nodes)."""
+        raise NotImplementedError(
+            "gradd.torch.DistributedDataParallel does not support _update_process_group(); "
+            "a gradd job re-forms after a node loss by itself (min_nodes=, see "
+            "docs/operations.md)"
+        )

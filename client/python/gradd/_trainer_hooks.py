@@ -195,27 +195,41 @@ class TrainerComm:
     parameters, same order) hands the hook gradd's shared bucket memory
     (no copy); any other is staged through a flat tensor of its own:
     gradients copied in before the hook, the result copied out into the
-    ``.grad`` views after it."""
+    ``.grad`` views after it.
 
-    def __init__(self, ddp, state: Any, hook: Callable):
-        self.ddp = ddp
+    What it is given: the DDP's `reducer` (its client, parameters, names,
+    gradient views, ``find_unused_parameters`` and ``static_graph``, read
+    as they are at each backward), the DDP's placement `world` (a
+    gradd._world.World: ranks, job id, process group), `socket` and
+    `wait_timeout` for the job's gradd group, the bucket caps in MiB
+    (`first_bucket_cap_mb` None: torch's 1 MiB) and `broadcast(tensors,
+    root)`, the DDP's broadcast through the daemon (the rebuild's agreed
+    order)."""
+
+    def __init__(self, reducer, state: Any, hook: Callable, *, world, socket: Optional[str],
+                 wait_timeout: float, first_bucket_cap_mb: Optional[float],
+                 bucket_cap_mb: float, broadcast: Callable[[List[torch.Tensor], int], None]):
+        self._reducer = reducer
+        self._world = world
+        self._broadcast = broadcast
         self.hook = hook
         self.name = hook_name(hook)
         # The job's gradd collectives (attached at first use), unless they
         # cannot stand in for the DDP's group; then the state the hook gets.
-        reason = _hook_group.unusable_reason(ddp)
+        reason = _hook_group.unusable_reason(world, reducer.device)
         self.unusable = reason
-        self.job_group = _hook_group.JobGroup(ddp) if reason is None else None
-        self.state, why = _hook_group.hook_state(ddp, state, self.job_group)
-        log.info(_hook_group.describe(self.name, ddp, self.state, why, reason))
-        self.device = ddp._device
-        self.who = f"job '{ddp.job_id}', rank {ddp.rank}"
-        params = ddp._params
-        self.nbytes = [p.numel() * p.element_size() for p in params]
-        first_mb = ddp._attach_options.get("first_bucket_cap_mb") if hasattr(
-            ddp, "_attach_options") else None
+        self.job_group = _hook_group.JobGroup(
+            world, socket=socket, wait_timeout=wait_timeout) if reason is None else None
+        self.state, why = _hook_group.hook_state(world, state, self.job_group)
+        log.info(_hook_group.describe(self.name, world, self.state, why, reason))
+        self.device = reducer.device
+        self.who = reducer.who
+        self._params = reducer.params
+        self._names = reducer.names
+        self.nbytes = [p.numel() * p.element_size() for p in self._params]
+        first_mb = first_bucket_cap_mb
         self.first_cap = int((first_mb if first_mb else 1.0) * (1 << 20))
-        self.cap = int(ddp.bucket_cap_mb * (1 << 20))
+        self.cap = int(bucket_cap_mb * (1 << 20))
         # Ready order of the iteration in progress and of the last one
         # completed (the rebuild's input, as torch's rebuilt_params_).
         self.order: List[int] = []
@@ -229,7 +243,7 @@ class TrainerComm:
         self._reset()
 
     def _set_layout(self, buckets: List[List[int]]) -> None:
-        client = self.ddp._client
+        client = self._reducer.client
         plan = {}
         for b in range(client.num_buckets):
             ps = client.bucket(b)["params"]
@@ -247,17 +261,17 @@ class TrainerComm:
                 self.buffers.append(flat_bucket(client, b, self.device))
                 self.staged.append(False)
             else:
-                numel = sum(self.ddp._params[i].numel() for i in ps)
-                self.buffers.append(torch.zeros(numel, dtype=self.ddp._params[ps[0]].dtype,
+                numel = sum(self._params[i].numel() for i in ps)
+                self.buffers.append(torch.zeros(numel, dtype=self._params[ps[0]].dtype,
                                                 device=self.device))
                 self.staged.append(True)
-        self.bucket_params = [[self.ddp._params[i] for i in ps] for ps in buckets]
+        self.bucket_params = [[self._params[i] for i in ps] for ps in buckets]
 
     def _initial_layout(self) -> List[List[int]]:
-        ddp, n = self.ddp, len(self.nbytes)
-        if ddp.static_graph or not ddp.find_unused_parameters:
-            return assign_buckets(ddp._params, list(range(n)), [float("inf")], True)
-        return assign_buckets(ddp._params, list(range(n)), [self.first_cap, self.cap],
+        r, n = self._reducer, len(self.nbytes)
+        if r.static_graph or not r.find_unused_parameters:
+            return assign_buckets(self._params, list(range(n)), [float("inf")], True)
+        return assign_buckets(self._params, list(range(n)), [self.first_cap, self.cap],
                               True)[::-1]
 
     def _maybe_rebuild(self) -> None:
@@ -267,18 +281,18 @@ class TrainerComm:
         assignment); a rank that has none (it ran out of inputs before
         completing an iteration) offers the registration order, as torch's
         joined rank does."""
-        ddp = self.ddp
-        if self.rebuilt or (ddp.find_unused_parameters and not ddp.static_graph):
+        r = self._reducer
+        if self.rebuilt or (r.find_unused_parameters and not r.static_graph):
             return
-        if self.completed < (2 if ddp.static_graph else 1):
+        if self.completed < (2 if r.static_graph else 1):
             return
         n = len(self.nbytes)
         order = self.last_order if len(self.last_order) == n else list(range(n))
-        if ddp.world_size > 1:
+        if self._world.world_size > 1:
             agreed = torch.tensor(order, dtype=torch.int64)
-            ddp._broadcast_tensors([agreed], 0)
+            self._broadcast([agreed], 0)
             order = agreed.tolist()
-        self._set_layout(assign_buckets(ddp._params, order, [self.first_cap, self.cap], False))
+        self._set_layout(assign_buckets(self._params, order, [self.first_cap, self.cap], False))
         self.rebuilt = True
 
     # ------------------------------------------------------- per iteration
@@ -309,7 +323,7 @@ class TrainerComm:
         self._start()
         if not keep:
             with torch.no_grad():
-                self.ddp._reducer.views[i].zero_()
+                self._reducer.views[i].zero_()
         self._ready(i)
 
     def skip_used_map(self) -> None:
@@ -321,7 +335,7 @@ class TrainerComm:
         self.pending[k] -= 1
         if self.pending[k] < 0:
             raise RuntimeError(
-                f"gradd ({self.who}): parameter '{self.ddp._param_names[i]}' was marked "
+                f"gradd ({self.who}): parameter '{self._names[i]}' was marked "
                 "ready twice in one backward"
             )
         while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
@@ -356,7 +370,7 @@ class TrainerComm:
                 return
             if self.next_bucket != len(self.buckets):
                 missing = [
-                    self.ddp._param_names[i]
+                    self._names[i]
                     for ps in self.buckets[self.next_bucket:]
                     for i in ps
                 ]
@@ -393,9 +407,9 @@ class TrainerComm:
                 futures.append(self._call_hook(k, bucket))
             for k, fut in enumerate(futures):
                 self._result(k, fut)
-            ddp = self.ddp
-            if (ddp.find_unused_parameters and not ddp.static_graph) or (
-                    ddp.static_graph and self.completed == 0):
+            r = self._reducer
+            if (r.find_unused_parameters and not r.static_graph) or (
+                    r.static_graph and self.completed == 0):
                 self._reduce_used_map([False] * len(self.nbytes))
             self.completed += 1
         finally:
@@ -429,7 +443,7 @@ class TrainerComm:
         with torch.no_grad():
             if self.staged[k]:
                 flat = result.reshape(-1)
-                views = self.ddp._reducer.views
+                views = self._reducer.views
                 at = 0
                 for i in self.buckets[k]:
                     v = views[i]
@@ -440,7 +454,7 @@ class TrainerComm:
 
     def _stage_in(self, k: int) -> None:
         buf = self.buffers[k]
-        views = self.ddp._reducer.views
+        views = self._reducer.views
         at = 0
         with torch.no_grad():
             for i in self.buckets[k]:
@@ -459,8 +473,7 @@ class TrainerComm:
             return self.job_group.raw()
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        return self.ddp.process_group if self.ddp.process_group is not None else \
-            dist.group.WORLD
+        return self._world.group if self._world.group is not None else dist.group.WORLD
 
     def close(self) -> None:
         if self.job_group is not None:

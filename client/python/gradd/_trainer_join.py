@@ -43,114 +43,113 @@ hook must be the only joinable of its join context (``model.join()`` or
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 
 from gradd import _state_sync
 from gradd._trainer_hooks import TrainerComm
 
-__all__ = ["applies", "on_forward", "finish"]
+__all__ = ["TrainerJoin"]
 
 
-def applies(ddp) -> bool:
-    """Whether `ddp`'s hook runs in the trainer (then join is this module's)."""
-    reducer = ddp._reducer
-    return reducer is not None and isinstance(reducer.comm, TrainerComm)
+class TrainerJoin:
+    """The trainer-side join protocol of one model (module doc). Given the
+    model's TrainerComm (`comm`: its group and ``shadow_iteration``), the
+    `module`, the job's `rank` and `world_size`, the model's `device`,
+    `broadcast(tensors, root)` (the DDP's broadcast through the daemon) and
+    `who` for messages; the join settings (torch's ``_JoinConfig``) come
+    with each call."""
 
+    def __init__(self, comm: TrainerComm, module: torch.nn.Module, *, rank: int,
+                 world_size: int, device: torch.device,
+                 broadcast: Callable[[List[torch.Tensor], int], None], who: str):
+        self._comm = comm
+        self._module = module
+        self._rank = rank
+        self._world_size = world_size
+        self._device = device
+        self._broadcast = broadcast
+        self._who = who
 
-def _who(ddp) -> str:
-    return f"job '{ddp.job_id}', rank {ddp.rank}"
+    def _check_alone(self, config) -> None:
+        if not config.is_first_joinable:
+            raise NotImplementedError(
+                f"gradd ({self._who}): a model whose communication hook "
+                f"{self._comm.name} runs in the trainer must be the only joinable of "
+                "its join context (model.join() or Join([model]))"
+            )
 
+    def _group(self):
+        comm = self._comm
+        group = comm.group()
+        if group is None:
+            raise RuntimeError(
+                f"gradd ({self._who}): join() with the communication hook {comm.name}, which "
+                "runs in the trainer, keeps the ranks in step with collectives over the DDP's "
+                f"ranks: the job's gradd group is not usable ({comm.unusable}) and no "
+                "torch.distributed process group is initialized; call "
+                "torch.distributed.init_process_group first"
+            )
+        return group
 
-def _check_alone(ddp) -> None:
-    if not ddp._join_config.is_first_joinable:
-        raise NotImplementedError(
-            f"gradd ({_who(ddp)}): a model whose communication hook "
-            f"{ddp._reducer.comm.name} runs in the trainer must be the only joinable of "
-            "its join context (model.join() or Join([model]))"
-        )
+    def _allreduce_ranks(self, head: List[int], mine: bool) -> Tuple[List[int], List[int]]:
+        """SUM over the DDP's ranks of ``head + [one-hot of this rank if
+        mine]``: (the summed head, the ranks that set their slot)."""
+        import torch.distributed as dist
 
+        group = self._group()
+        msg = torch.zeros(len(head) + self._world_size, dtype=torch.int32)
+        msg[: len(head)] = torch.tensor(head, dtype=torch.int32)
+        if mine:
+            msg[len(head) + self._rank] = 1
+        if self._device.type == "cuda" and dist.get_backend(group) not in ("gloo", "gradd"):
+            msg = msg.to(self._device)  # e.g. NCCL
+        dist.all_reduce(msg, group=group)
+        values = msg.cpu().tolist()
+        return values[: len(head)], [r for r, v in enumerate(values[len(head):]) if v > 0]
 
-def _group(ddp):
-    comm = ddp._reducer.comm
-    group = comm.group()
-    if group is None:
-        raise RuntimeError(
-            f"gradd ({_who(ddp)}): join() with the communication hook {comm.name}, which "
-            "runs in the trainer, keeps the ranks in step with collectives over the DDP's "
-            f"ranks: the job's gradd group is not usable ({comm.unusable}) and no "
-            "torch.distributed process group is initialized; call "
-            "torch.distributed.init_process_group first"
-        )
-    return group
+    def _step(self, active: bool, sync_buffers: bool, terminate: bool):
+        """The join step (module doc): (active ranks, sync buffers, terminate)."""
+        (term, sync), ranks = self._allreduce_ranks([int(terminate), int(sync_buffers)], active)
+        return ranks, sync > 0, term > 0
 
+    def _sync_buffers(self, root: int) -> None:
+        buffers = _state_sync.module_buffers(self._module)
+        if buffers:
+            self._broadcast(buffers, root)
 
-def _allreduce_ranks(ddp, head: List[int], mine: bool) -> Tuple[List[int], List[int]]:
-    """SUM over the DDP's ranks of ``head + [one-hot of this rank if mine]``:
-    (the summed head, the ranks that set their slot)."""
-    import torch.distributed as dist
-
-    group = _group(ddp)
-    msg = torch.zeros(len(head) + ddp.world_size, dtype=torch.int32)
-    msg[: len(head)] = torch.tensor(head, dtype=torch.int32)
-    if mine:
-        msg[len(head) + ddp.rank] = 1
-    if ddp._device.type == "cuda" and dist.get_backend(group) not in ("gloo", "gradd"):
-        msg = msg.to(ddp._device)  # e.g. NCCL
-    dist.all_reduce(msg, group=group)
-    values = msg.cpu().tolist()
-    return values[: len(head)], [r for r, v in enumerate(values[len(head):]) if v > 0]
-
-
-def _step(ddp, active: bool, sync_buffers: bool, terminate: bool):
-    """The join step (module doc): (active ranks, sync buffers, terminate)."""
-    (term, sync), ranks = _allreduce_ranks(ddp, [int(terminate), int(sync_buffers)], active)
-    return ranks, sync > 0, term > 0
-
-
-def _sync_buffers(ddp, root: int) -> None:
-    buffers = _state_sync.module_buffers(ddp.module)
-    if buffers:
-        ddp._broadcast_tensors(buffers, root)
-
-
-def on_forward(ddp, grad_sync: bool) -> None:
-    """A forward of an active rank in join mode (only one that syncs
-    gradients counts)."""
-    if not grad_sync:
-        return
-    _check_alone(ddp)
-    sync = bool(ddp.require_forward_param_sync and ddp.broadcast_buffers and ddp.world_size > 1
-                and _state_sync.module_buffers(ddp.module))
-    active, sync, terminate = _step(ddp, True, sync, False)
-    if terminate:
-        raise RuntimeError(
-            "Detected at least one rank that exhausted inputs. Throwing across all ranks. "
-            f"(gradd {_who(ddp)})"
-        )
-    if sync:
-        _sync_buffers(ddp, max(active))
-
-
-def finish(ddp, throw_on_early_termination: bool) -> None:
-    """This rank ran out of inputs: shadow the active ranks' iterations
-    until every rank has joined, then copy the authoritative model."""
-    _check_alone(ddp)
-    comm = ddp._reducer.comm
-    last_joiner = True
-    while True:
-        active, sync, _ = _step(ddp, False, False, throw_on_early_termination)
-        if not active:
-            break
-        if throw_on_early_termination:
-            raise RuntimeError(f"Rank {ddp.rank} exhausted all inputs.")
-        last_joiner = False
+    def on_forward(self, config, sync_buffers: bool) -> None:
+        """A forward of an active rank in join mode that syncs gradients;
+        `sync_buffers`: the DDP's ``require_forward_param_sync and
+        broadcast_buffers``, world > 1."""
+        self._check_alone(config)
+        sync = bool(sync_buffers and _state_sync.module_buffers(self._module))
+        active, sync, terminate = self._step(True, sync, False)
+        if terminate:
+            raise RuntimeError(
+                "Detected at least one rank that exhausted inputs. Throwing across all ranks. "
+                f"(gradd {self._who})"
+            )
         if sync:
-            _sync_buffers(ddp, max(active))
-        comm.shadow_iteration()
-    _, last_joiners = _allreduce_ranks(ddp, [], last_joiner)
-    authoritative = max(last_joiners)
-    ddp._authoritative_rank = authoritative
-    if ddp.world_size > 1:
-        ddp._broadcast_tensors(_state_sync.module_states(ddp.module), authoritative)
+            self._sync_buffers(max(active))
+
+    def finish(self, config, throw_on_early_termination: bool) -> int:
+        """This rank ran out of inputs: shadow the active ranks' iterations
+        until every rank has joined; returns the authoritative rank (whose
+        model every rank then copies)."""
+        self._check_alone(config)
+        comm = self._comm
+        last_joiner = True
+        while True:
+            active, sync, _ = self._step(False, False, throw_on_early_termination)
+            if not active:
+                break
+            if throw_on_early_termination:
+                raise RuntimeError(f"Rank {self._rank} exhausted all inputs.")
+            last_joiner = False
+            if sync:
+                self._sync_buffers(max(active))
+            comm.shadow_iteration()
+        _, last_joiners = self._allreduce_ranks([], last_joiner)
+        return max(last_joiners)
