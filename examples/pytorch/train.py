@@ -83,7 +83,9 @@ def main():
                          "with (default: $GRADD_MIN_NODES, else the daemon's; use "
                          "with --restart-safe)")
     ap.add_argument("--divide-by-initial-world-size", action="store_true",
-                    help="after a node is lost, average over the initial world size")
+                    help="after a node is lost, average over the initial world size "
+                         "(DDP's divide_by_initial_world_after_reformation; the C++ "
+                         "trainer's flag and ClientOptions' name)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rank = int(os.environ.get("RANK", "0"))
@@ -97,18 +99,18 @@ def main():
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
               rank_restart_grace_ms=args.rank_restart_grace_ms,
               min_nodes=args.min_nodes,
-              divide_by_initial_world_size=args.divide_by_initial_world_size)
+              divide_by_initial_world_after_reformation=args.divide_by_initial_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
 
-    if rank == 0 or ddp.rejoined:
+    if rank == 0 or ddp.restarted:
         # graddctl counts the plan's buckets, gradd's used-parameter map
         # (find_unused_parameters) among them; num_buckets only the model's.
         used_map = ddp.client.num_buckets > ddp.num_buckets
         print(f"job {ddp.job_id}: {ddp.world_size} ranks, {ddp.num_buckets} bucket(s)"
               f"{' + the used-parameter map' if used_map else ''}, "
               f"{sum(p.numel() for p in model.parameters())} parameters"
-              + (f"; rank {rank} rejoined at iteration {ddp.rejoin_iteration}"
-                 if ddp.rejoined else ""), flush=True)
+              + (f"; rank {rank} restarted at iteration {ddp.restart_iteration}"
+                 if ddp.restarted else ""), flush=True)
     if args.restart_safe:
         train_restart_safe(args, ddp, opt, teacher, rank)
     else:
@@ -150,7 +152,7 @@ def train_restart_safe(args, ddp, opt, teacher, rank):
             continue
         if ddp.live_world_size != live:
             live = ddp.live_world_size
-            if rank == 0 or ddp.rejoined:
+            if rank == 0 or ddp.restarted:
                 print(f"rank {rank}: {live} of {ddp.world_size} ranks taking part "
                       f"(epoch {ddp.epoch})", flush=True)
         opt.step()
