@@ -33,7 +33,7 @@
 // rank is gone. A job whose every rank is restarting keeps waiting (its
 // memory kept) until the grace runs out.
 //
-// Elastic multi-node jobs (job_manager_elastic.cc; job.h "Elastic
+// Elastic multi-node jobs (job_manager_reformation.cc; job.h "Elastic
 // multi-node jobs"): a job over several nodes with min_nodes or a rank
 // restart grace re-forms its inter-node group instead of failing. The
 // Job's reform handler (engine thread) posts the break here; a formation
@@ -91,6 +91,7 @@
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/rebuild.h"
 #include "server/engine/manager/loop_watchdog.h"
+#include "server/engine/manager/node_epochs.h"
 #include "server/engine/manager/reformation_stall.h"
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
@@ -193,7 +194,7 @@ class JobManager final : public NodeHandlerInterface,
     absl::Mutex mu;
     JobManager* owner ABSL_GUARDED_BY(mu) = nullptr;
   };
-  struct ElasticState;
+  struct Reformable;
   struct ActiveJob {
     std::unique_ptr<Job> job;
     std::vector<uint64_t> sessions;  // by local rank; 0 once gone
@@ -208,10 +209,10 @@ class JobManager final : public NodeHandlerInterface,
     // Unique among the jobs this manager ever ran: results posted back for
     // a job id that ended meanwhile (and maybe attached afresh) are dropped.
     uint64_t generation = 0;
-    // Set for a job elastic across nodes (IsElasticAcrossNodes).
-    std::unique_ptr<ElasticState> elastic;
+    // Set for a job re-formable across nodes (IsElasticAcrossNodes).
+    std::unique_ptr<Reformable> reformable;
   };
-  // Stops an elastic job's watcher thread when its ActiveJob goes.
+  // Stops a re-formable job's watcher thread when its ActiveJob goes.
   struct StopFlag {
     std::shared_ptr<std::atomic<bool>> stopped =
         std::make_shared<std::atomic<bool>>(false);
@@ -222,26 +223,12 @@ class JobManager final : public NodeHandlerInterface,
       if (stopped) stopped->store(true);
     }
   };
-  // What the control thread keeps of an elastic job (control thread,
-  // except the atomics the watcher reads).
-  struct ElasticState {
-    // The live membership, by node rank, and this node's rank in it.
-    std::vector<JobNode> members;
-    int node_rank = 0;
-    // The job's initial node count (arrivals are admitted up to it).
-    int max_nodes = 1;
-    // Set while a re-formation of this job runs.
-    bool reforming = false;
-    uint64_t epoch = 0;
-    // Re-formations that go nowhere fail the job (reformation_stall.h).
-    ReformationStall stall;
-    // The watcher: the next arrival number it waits for and the
-    // re-formations it has seen (it breaks again for an arrival that was
-    // announced but too late for the epoch that just closed).
-    std::shared_ptr<std::atomic<int64_t>> next_arrival =
-        std::make_shared<std::atomic<int64_t>>(1);
-    std::shared_ptr<std::atomic<uint64_t>> reformations =
-        std::make_shared<std::atomic<uint64_t>>(0);
+  // What a re-formable job has beyond an ActiveJob: its epochs
+  // (node_epochs.h: membership, epoch, re-formation, arrivals, stall; the
+  // state machine) and the resources of its watcher thread.
+  struct Reformable {
+    explicit Reformable(NodeEpochs e) : epochs(std::move(e)) {}
+    NodeEpochs epochs;
     StopFlag watcher;
     // Hold the job's formation round and elastic namespace in the store
     // while it runs here (RendezvousStoreInterface::ReleaseRoundWhenDone): the
@@ -277,7 +264,7 @@ class JobManager final : public NodeHandlerInterface,
     std::shared_ptr<NcclJobSetup> nccl;
     // Set when this node was admitted into its running elastic job.
     std::optional<Admission> admission;
-    // Elastic jobs: see ElasticState::releases.
+    // Re-formable jobs: see Reformable::releases.
     std::vector<std::unique_ptr<RendezvousStoreInterface>> releases;
   };
   using Task = absl::AnyInvocable<void() &&>;
@@ -357,7 +344,7 @@ class JobManager final : public NodeHandlerInterface,
       std::optional<Admission> admission = std::nullopt,
       std::vector<std::unique_ptr<RendezvousStoreInterface>> releases = {});
 
-  // Elastic multi-node jobs (job_manager_elastic.cc). The collective
+  // Elastic multi-node jobs (job_manager_reformation.cc). The collective
   // timeout between nodes: collective_timeout_ms, plus the job's rank
   // restart grace when it has one (a peer waits in the network while a
   // rank of another node restarts).
@@ -370,7 +357,7 @@ class JobManager final : public NodeHandlerInterface,
       std::unique_ptr<CollectiveBackendInterface> backend,
       std::unique_ptr<RendezvousStoreInterface> store);
   // Before Start: sets the job's reform handler and starts its watcher.
-  void MakeElastic(
+  void MakeReformable(
       ActiveJob& active, const std::vector<JobNode>& members, int node_rank,
       int max_nodes, int64_t arrivals_seen, uint64_t epoch,
       std::vector<std::unique_ptr<RendezvousStoreInterface>> releases);

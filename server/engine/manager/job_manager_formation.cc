@@ -366,7 +366,7 @@ void JobManager::Activate(
     if (IsElasticAcrossNodes(
             s.num_nodes, s.min_nodes,
             static_cast<uint32_t>(s.rank_restart_grace.count()))) {
-      MakeElastic(active, members, s.node_rank,
+      MakeReformable(active, members, s.node_rank,
                   admission ? admission->max_nodes : s.num_nodes,
                   admission ? admission->arrivals_seen : 0,
                   admission ? admission->epoch : 0, std::move(releases));

@@ -34,7 +34,7 @@
 // key (Set, Add, CompareAndSet: what the job's nodes share, which must
 // outlive whichever node wrote it) is written without a lease and deleted
 // when the job ends (Release, DeletePrefix, DeleteJob; the last node of an
-// elastic job to leave deletes the job, job_manager_elastic.cc). Without a
+// elastic job to leave deletes the job, job_manager_reformation.cc). Without a
 // lease (null), SetOwn is Set.
 //
 // CompareAndSet is one etcd transaction (compare the key's value, or its

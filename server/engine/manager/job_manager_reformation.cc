@@ -69,17 +69,14 @@ std::unique_ptr<BucketReducerInterface> JobManager::MakeNodeReducer(
       std::move(options), std::move(backend), std::move(store));
 }
 
-void JobManager::MakeElastic(
+void JobManager::MakeReformable(
     ActiveJob& active, const std::vector<JobNode>& members, int node_rank,
     int max_nodes, int64_t arrivals_seen, uint64_t epoch,
     std::vector<std::unique_ptr<RendezvousStoreInterface>> releases) {
-  auto state = std::make_unique<ElasticState>();
+  auto state = std::make_unique<Reformable>(
+      NodeEpochs(members, node_rank, max_nodes, arrivals_seen, epoch));
   state->releases = std::move(releases);
-  state->members = members;
-  state->node_rank = node_rank;
-  state->max_nodes = max_nodes;
-  state->epoch = epoch;
-  state->next_arrival->store(arrivals_seen + 1);
+  const NodeEpochs::Watch watch = state->epochs.watch();
   const std::string job_id = active.job->id();
   const uint64_t generation = active.generation;
   // Engine thread, once drained: hand the break to the control thread.
@@ -106,8 +103,8 @@ void JobManager::MakeElastic(
                coordinator = spec.coordinator,
                elastic_prefix = spec.elastic_prefix,
                node_id = members.at(node_rank).node_id,
-               stopped = state->watcher.stopped, next = state->next_arrival,
-               reformations = state->reformations]() {
+               stopped = state->watcher.stopped, next = watch.next_arrival,
+               reformations = watch.reformations]() {
     std::unique_ptr<RendezvousStoreInterface> client;
     int64_t broke_for = 0;           // the arrival last broken for
     uint64_t broke_at = UINT64_MAX;  // ...at this many re-formations
@@ -173,7 +170,7 @@ void JobManager::MakeElastic(
       }
     }
   }).detach();
-  active.elastic = std::move(state);
+  active.reformable = std::move(state);
 }
 
 void JobManager::ArrivalSeen(const std::string& job_id, uint64_t generation,
@@ -185,9 +182,8 @@ void JobManager::ArrivalSeen(const std::string& job_id, uint64_t generation,
   // re-formation is over (it counts them). Breaking now would re-form once
   // more for nothing: the Job keeps a request made while it re-forms for
   // the next break. Settled by a re-formation since: nothing to do.
-  if (const ElasticState* elastic = it->second.elastic.get();
-      elastic != nullptr &&
-      (elastic->reforming || n < elastic->next_arrival->load())) {
+  if (const Reformable* reformable = it->second.reformable.get();
+      reformable != nullptr && !reformable->epochs.BreaksFor(n)) {
     return;
   }
   spdlog::info(
@@ -202,32 +198,29 @@ void JobManager::StartReformation(const std::string& job_id,
                                   Job::NetworkBreak broke) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.generation != generation ||
-      it->second.elastic == nullptr) {
+      it->second.reformable == nullptr) {
     return;  // the job ended meanwhile
   }
   ActiveJob& active = it->second;
-  ElasticState& elastic = *active.elastic;
+  NodeEpochs& epochs = active.reformable->epochs;
   const JobSpec& spec = active.job->spec();
   const v1::RendezvousConfig& rv = config_.rendezvous();
-  elastic.reforming = true;
+  epochs.Begin();
 
   ReformOptions options;
   options.job_id = job_id;
-  options.node_id = elastic.members.at(elastic.node_rank).node_id;
+  options.node_id = epochs.self().node_id;
   options.elastic_prefix = spec.elastic_prefix;
   options.epoch = broke.epoch + 1;
-  options.previous = elastic.members;
+  options.previous = epochs.members();
   options.local_world_size = spec.local_world_size;
-  options.max_nodes = elastic.max_nodes;
-  // min_nodes 0 (elastic through its rank restart grace only): the job
-  // needs all of its nodes, so a lost node still fails it.
-  options.min_nodes = spec.min_nodes > 0 ? spec.min_nodes : elastic.max_nodes;
+  options.max_nodes = epochs.max_nodes();
+  options.min_nodes = epochs.min_nodes(spec.min_nodes);
   options.completed_iteration = broke.completed_iteration;
   options.sync_seq = broke.sync_seq;
   options.params = spec.params;
   options.plan = active.job->plan();
-  options.requested_offset =
-      elastic.members.at(elastic.node_rank).global_rank_offset;
+  options.requested_offset = epochs.self().global_rank_offset;
   // Published by the closer for the arrivals; a node that was admitted
   // itself passes on what it learned then (JobSpec::initial_world_size).
   options.initial_world_size = spec.initial_global_world_size();
@@ -298,13 +291,13 @@ void JobManager::FinishReformation(
     std::unique_ptr<RendezvousStoreInterface> store) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.generation != generation ||
-      it->second.elastic == nullptr) {
+      it->second.reformable == nullptr) {
     return;  // the job ended meanwhile; dropping the backend tells peers
   }
   ActiveJob& active = it->second;
-  ElasticState& elastic = *active.elastic;
+  NodeEpochs& epochs = active.reformable->epochs;
   Job& job = *active.job;
-  elastic.reforming = false;
+  epochs.End();
   if (!result.ok()) {
     const absl::Status failed(
         result.status().code(),
@@ -322,7 +315,7 @@ void JobManager::FinishReformation(
   spdlog::debug(
       "job '{}': epoch {} agreed: node rank {} of {} of at most {} {}, world "
       "size {}, max completed iteration {}{}",
-      job_id, r.epoch, layout.node_rank, layout.num_nodes, elastic.max_nodes,
+      job_id, r.epoch, layout.node_rank, layout.num_nodes, epochs.max_nodes(),
       NodeList(ids), layout.world_size, r.max_completed,
       r.behind ? " (this node was one iteration behind)" : "");
 
@@ -361,22 +354,13 @@ void JobManager::FinishReformation(
   }
   // A group that breaks again and again before any iteration completes
   // fails the job instead of re-forming forever (reformation_stall.h).
-  if (elastic.stall.Observe(r.max_completed)) {
-    job.Reformed(absl::AbortedError(absl::StrCat(
-        "job '", job_id, "': the nodes' group re-formed ",
-        elastic.stall.in_a_row(),
-        " times in a row without completing an iteration (the last completed "
-        "is ",
-        r.max_completed, "); last cause: ", r.reason, "; giving up")));
+  if (absl::Status adopted = epochs.Adopt(
+          job_id, layout, r.epoch, r.max_completed, r.arrivals_seen, r.reason);
+      !adopted.ok()) {
+    job.Reformed(std::move(adopted));
     return;
   }
   net.reducer = *std::move(wrapped);
-  elastic.members = layout.nodes;
-  elastic.node_rank = layout.node_rank;
-  elastic.epoch = r.epoch;
-  elastic.next_arrival->store(
-      std::max<int64_t>(elastic.next_arrival->load(), r.arrivals_seen + 1));
-  elastic.reformations->fetch_add(1);
   job.Reformed(std::move(net));
 }
 
