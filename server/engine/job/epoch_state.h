@@ -29,7 +29,10 @@ class EpochState {
   // `enabled`: the job survives node loss and arrival (JobSpec: num_nodes >
   // 1 and min_nodes > 0 or a rank restart grace). A disabled one never
   // leaves kRunning.
-  explicit EpochState(bool enabled) : enabled_(enabled) {}
+  // `bucket_divisor`: see bucket_divisor() (BucketDivisor of a node
+  // admitted into its running job; 0 for a job formed afresh).
+  explicit EpochState(bool enabled, double bucket_divisor = 0)
+      : enabled_(enabled), bucket_divisor_(bucket_divisor) {}
 
   bool enabled() const { return enabled_; }
   Stage stage() const { return stage_; }
@@ -55,6 +58,29 @@ class EpochState {
   bool TakeResult() const { return stage_ == Stage::kReforming; }
   // reforming -> running, once the result is applied.
   void Resume();
+
+  // What plain buckets divide by (BucketWork::divisor): 0, the reducer's
+  // own (the live world size), or the job's initial world size when the
+  // job divides by it and its world may differ from it (after a
+  // re-formation, and from the start on a node admitted into its running
+  // job).
+  double bucket_divisor() const { return bucket_divisor_; }
+  // The job runs on other nodes than it formed with (a node lost or
+  // admitted and not back): join rounds and the collectives laid out by
+  // global rank assume the initial rank set and fail clearly instead.
+  bool membership_changed() const { return membership_changed_; }
+  // What a re-formation made of the two above.
+  void SetWorld(bool membership_changed, double bucket_divisor) {
+    membership_changed_ = membership_changed;
+    bucket_divisor_ = bucket_divisor;
+  }
+  // The divisor rule: the initial world size when the job divides by it
+  // and it is known (> 0), else 0.
+  static double BucketDivisor(bool divide_by_initial, int initial_world_size) {
+    return divide_by_initial && initial_world_size > 0
+               ? static_cast<double>(initial_world_size)
+               : 0;
+  }
 
   // The current (or last) break: what this node saw and when.
   const std::string& reason() const { return reason_; }
@@ -89,6 +115,8 @@ class EpochState {
   Stage stage_ = Stage::kRunning;
   std::string reason_;
   int64_t broke_ns_ = 0;
+  double bucket_divisor_ = 0;
+  bool membership_changed_ = false;
 };
 
 }  // namespace gradd

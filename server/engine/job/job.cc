@@ -9,7 +9,6 @@
 #include "common/doorbell.h"
 #include "common/status_macros.h"
 #include "server/engine/formation/bucket_specs.h"
-#include "server/engine/reduce/area_collective.h"
 #include "server/logging.h"
 #include "server/scheduling.h"
 
@@ -152,19 +151,19 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       stalls_(StallOptions(spec_)),
       iterations_(layout_.num_buckets()),
       elastic_(spec_.num_nodes > 1 &&
-               (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)) {
+               (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)),
+      // A node admitted into its running job: the reducer divides by the
+      // live world size it was admitted into; a job that divides by the
+      // initial one says so per bucket from the start, as its other nodes
+      // do since their re-formation (job_elastic.cc).
+      epoch_(elastic_,
+             EpochState::BucketDivisor(spec_.divide_by_initial_world_size,
+                                       spec_.initial_world_size)) {
   live_.node_rank = spec_.node_rank;
   live_.num_nodes = spec_.num_nodes;
   live_.world_size = spec_.global_world_size();
   live_.node_ids = spec_.node_ids;
   live_.lost = spec_.initial_lost;
-  // A node admitted into its running job: the reducer divides by the live
-  // world size it was admitted into; a job that divides by the initial one
-  // says so per bucket from the start, as its other nodes do since their
-  // re-formation (job_elastic.cc).
-  if (spec_.divide_by_initial_world_size && spec_.initial_world_size > 0) {
-    bucket_divisor_ = static_cast<double>(spec_.initial_world_size);
-  }
   for (int r = 0; r < spec_.local_world_size; ++r) {
     rank_state_[r] = kLive;
     restart_since_ns_[r] = 0;
@@ -295,7 +294,7 @@ void Job::Heartbeat() {
 }
 
 void Job::Fail(absl::StatusCode code, absl::string_view message) {
-  FailJob(code, message);
+  PublishFailure(code, message);
   doorbell_->Ring();
 }
 
@@ -310,7 +309,7 @@ std::string Job::RankName(int rank) const {
   return absl::StrCat("local rank ", rank, " of job '", spec_.job_id, "'");
 }
 
-void Job::FailJob(absl::StatusCode code, absl::string_view message) {
+void Job::PublishFailure(absl::StatusCode code, absl::string_view message) {
   absl::MutexLock lock(&error_mu_);
   if (header_->status.load(std::memory_order_acquire) == 0) {
     // The first failure is the job's reason; later ones only echo it. The
@@ -325,6 +324,41 @@ void Job::FailJob(absl::StatusCode code, absl::string_view message) {
                std::string_view(message.data(), message.size()));
 }
 
+absl::string_view Job::PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kRunning:
+      return "running";
+    case Phase::kSwitchingPlan:
+      return "switching_plan";
+    case Phase::kDraining:
+      return "draining";
+    case Phase::kReforming:
+      return "reforming";
+    case Phase::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+void Job::EnterPhase(Phase next, absl::string_view why) {
+  if (next == phase_ || phase_ == Phase::kFailed) return;
+  JobPhaseEvent e;
+  e.from = std::string(PhaseName(phase_));
+  e.to = std::string(PhaseName(next));
+  e.why = std::string(why);
+  e.epoch = epoch();
+  e.at_ns = EngineNowNs();
+  phase_ = next;
+  spdlog::debug("job '{}': {} -> {} ({})", spec_.job_id, e.from, e.to, e.why);
+  events_.OnPhase(e);
+}
+
+bool Job::FailOnEngine(absl::StatusCode code, absl::string_view message) {
+  PublishFailure(code, message);
+  EnterPhase(Phase::kFailed, message);
+  return false;
+}
+
 void Job::Loop() {
   // A single-node job's hand-overs are meetings of the trainers and this
   // thread: it runs at their niceness (server/scheduling.h, issue 21).
@@ -333,14 +367,16 @@ void Job::Loop() {
     // Snapshot the ranks' doorbells before scanning: a publish that lands
     // after the scan moves one past the snapshot, so the wait returns at once.
     doorbell_->Snapshot();
-    if (!failed_ && header_->status.load(std::memory_order_acquire) != 0) {
-      failed_ = true;  // failed from outside (shutdown): stop reducing
+    if (!failed() && header_->status.load(std::memory_order_acquire) != 0) {
+      // Failed from outside (a completion's error, the daemon's shutdown):
+      // stop reducing.
+      EnterPhase(Phase::kFailed, ReadError(header_).message());
     }
-    if (failed_ && switch_pending_.load(std::memory_order_acquire)) {
+    if (failed() && switch_pending_.load(std::memory_order_acquire)) {
       AbortSwitch(ReadError(header_));
     }
     if (rejoin_pending_.load(std::memory_order_acquire)) {
-      if (failed_) {
+      if (failed()) {
         AbortRejoins(ReadError(header_));
       } else if (TryRejoin()) {
         continue;
@@ -348,14 +384,14 @@ void Job::Loop() {
     }
     // Elastic multi-node jobs: while the inter-node group drains or
     // re-forms, nothing new starts (job_elastic.cc).
-    const bool held = elastic_ && !failed_ && StepNetwork();
-    if (failed_ && !elastic_rejoins_.empty()) {
+    const bool held = elastic_ && !failed() && StepEpoch();
+    if (failed() && !elastic_rejoins_.empty()) {
       FailPendingRejoins(ReadError(header_));
     }
-    bool progress = !failed_ && !held && Scan();
-    if (!failed_ && !held && stalls_.enabled()) CheckStalls();
+    bool progress = !failed() && !held && Scan();
+    if (!failed() && !held && stalls_.enabled()) CheckStalls();
     if (progress) continue;
-    doorbell_->Wait(failed_ ? std::chrono::nanoseconds(0) : spec_.spin,
+    doorbell_->Wait(failed() ? std::chrono::nanoseconds(0) : spec_.spin,
                     kMaxSleep);
   }
 }
@@ -369,31 +405,30 @@ bool Job::Scan() {
   for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
   if (switch_pending_.load(std::memory_order_acquire)) {
     progress |= TrySwitchPlan();
-    if (failed_) return false;
+    if (failed()) return false;
   }
   const uint64_t rebuild_after = rebuild_after_.load(std::memory_order_acquire);
   const uint64_t aborted_iteration =
       header_->aborted_iteration.load(std::memory_order_acquire);
 
   if (JoinInPlay()) {
-    if (membership_changed_) {
-      FailJob(absl::StatusCode::kFailedPrecondition,
-              absl::StrCat("job '", spec_.job_id,
-                           "': join (uneven inputs) is not supported after a "
-                           "node was lost or admitted (epoch ",
-                           epoch(), ", world size ", live_world_size(),
-                           " of the initial ",
-                           spec_.initial_global_world_size(), ")"));
-      failed_ = true;
-      return false;
+    if (epoch_.membership_changed()) {
+      return FailOnEngine(
+          absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("job '", spec_.job_id,
+                       "': join (uneven inputs) is not supported after a "
+                       "node was lost or admitted (epoch ",
+                       epoch(), ", world size ", live_world_size(),
+                       " of the initial ", spec_.initial_global_world_size(),
+                       ")"));
     }
     progress |= StepJoin();
-    if (failed_) return false;
+    if (failed()) return false;
     if (join_.active()) {
       progress |= ScanJoinBuckets();
-      if (failed_) return false;
+      if (failed()) return false;
       progress |= ScanBroadcast();
-      if (any_gone && !failed_) FailGoneInJoin();
+      if (any_gone && !failed()) FailGoneInJoin();
       return progress;
     }
   }
@@ -408,31 +443,29 @@ bool Job::Scan() {
       const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
       uint64_t s = row.load(std::memory_order_acquire);
       if (s < d && Lagging(r, row, &s)) continue;
-      if (BehindAbort(s, d, aborted_iteration, iteration_abort_run_start_)) {
+      if (restarts_.BehindIterationAbort(s, d, aborted_iteration)) {
         continue;
       }
-      if (s == need && rebuild_after != 0 && need > rebuild_after) {
-        FailJob(absl::StatusCode::kFailedPrecondition,
-                absl::StrCat(RankName(r), " started iteration ", need,
-                             " without rebuilding buckets, while the job "
-                             "rebuilds them after iteration ",
-                             rebuild_after,
-                             " (every rank must call RebuildBuckets)"));
-        failed_ = true;
-        return false;
+      if (s == need && PlanSwitch::SkipsRebuild(rebuild_after, need)) {
+        return FailOnEngine(
+            absl::StatusCode::kFailedPrecondition,
+            absl::StrCat(RankName(r), " started iteration ", need,
+                         " without rebuilding buckets, while the job "
+                         "rebuilds them after iteration ",
+                         rebuild_after,
+                         " (every rank must call RebuildBuckets)"));
       }
       if (s == need) {
         ++ready;
         NoteReady(b, r, need, &now);
       } else if (s != d && rank_state_[r].load() == kLive) {
         // The protocol allows only "done" (waiting) or "done + 1" (ready).
-        FailJob(absl::StatusCode::kFailedPrecondition,
-                absl::StrCat(RankName(r), " published bucket ", b,
-                             " for iteration ", s, " while iteration ", need,
-                             " is in progress (the ready sequence must "
-                             "advance by one per iteration)"));
-        failed_ = true;
-        return false;
+        return FailOnEngine(
+            absl::StatusCode::kFailedPrecondition,
+            absl::StrCat(RankName(r), " published bucket ", b,
+                         " for iteration ", s, " while iteration ", need,
+                         " is in progress (the ready sequence must "
+                         "advance by one per iteration)"));
       }
     }
     if (ready < world) continue;
@@ -442,11 +475,11 @@ bool Job::Scan() {
     if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
-    StartBucket(b, need, &bucket_buffers_[b], bucket_divisor_);
+    StartBucket(b, need, &bucket_buffers_[b], epoch_.bucket_divisor());
   }
-  if (failed_) return false;
+  if (failed()) return false;
   progress |= ScanBroadcast();
-  if (any_gone && !failed_) CheckStuck();
+  if (any_gone && !failed()) CheckStuck();
   return progress;
 }
 
@@ -491,7 +524,7 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
         absl::StrCat("job '", spec_.job_id, "' bucket ", bucket, " iteration ",
                      iteration, ": ", status.message());
     // Elastic: the break is the re-formation's, not the job's end.
-    if (!NoteNetworkError(status, what)) FailJob(status.code(), what);
+    if (!NoteNetworkError(status, what)) PublishFailure(status.code(), what);
     return;
   }
   EmitBucket(bucket, iteration);
@@ -626,17 +659,15 @@ void Job::CheckStalls() {
   // While a rank restarts, its grace (the JobManager's) bounds the wait,
   // not the stall shutdown; the warnings still go out.
   if (fail.has_value() && restarting_ranks() == 0) {
-    FailJob(absl::StatusCode::kDeadlineExceeded, *fail);
-    failed_ = true;
+    FailOnEngine(absl::StatusCode::kDeadlineExceeded, *fail);
   }
 }
 
 bool Job::ResolveCommHook() {
   hook_resolved_ = true;
   auto fail = [&](const absl::Status& s) {
-    FailJob(s.code(), absl::StrCat("job '", spec_.job_id, "': ", s.message()));
-    failed_ = true;
-    return false;
+    return FailOnEngine(
+        s.code(), absl::StrCat("job '", spec_.job_id, "': ", s.message()));
   };
   absl::StatusOr<v1::CommHookSpec> spec = hooks_.Resolve();
   if (!spec.ok()) return fail(spec.status());
@@ -665,129 +696,6 @@ absl::Status Job::InstallCommHook() {
   return reducer_->SetCommHook(std::move(hook));
 }
 
-bool Job::ScanBroadcast() {
-  void* base = control_.data();
-  const int world = spec_.local_world_size;
-  const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
-  if (bcast_started_ > d) return false;  // still with the reducer
-  const uint64_t need = d + 1;
-  // Who takes part: every rank, or in a join iteration the active ones
-  // (none of them broadcasts before the iteration is decided).
-  // (No copy: this runs on every scan of the engine loop.)
-  const std::vector<bool>* active = nullptr;
-  if (join_.active()) {
-    if (join_.phase() != JoinState::Phase::kRunning) return false;
-    active = &join_.current().local_active;
-  }
-  auto part = [active](int r) { return active == nullptr || (*active)[r]; };
-  int ready = 0;
-  int parts = 0;
-  int first_part = -1;
-  for (int r = 0; r < world; ++r) {
-    if (!part(r)) continue;
-    ++parts;
-    if (first_part < 0) first_part = r;
-    const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
-    uint64_t s = row.load(std::memory_order_acquire);
-    if (s < d && Lagging(r, row, &s)) continue;
-    if (BehindAbort(s, d,
-                    header_->aborted_round.load(std::memory_order_acquire),
-                    round_abort_run_start_)) {
-      continue;
-    }
-    if (s == need) {
-      ++ready;
-    } else if (s != d && rank_state_[r].load() == kLive) {
-      FailJob(absl::StatusCode::kFailedPrecondition,
-              absl::StrCat(RankName(r), " published broadcast ", s,
-                           " while broadcast ", need, " is next"));
-      failed_ = true;
-      return false;
-    }
-  }
-  if (parts == 0 || ready < parts) return false;
-
-  const BroadcastSlot* first = layout_.bcast(base, first_part);
-  const int32_t root = first->root.load(std::memory_order_relaxed);
-  const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
-  const int32_t kind = first->kind.load(std::memory_order_relaxed);
-  if (kind != static_cast<int32_t>(CollectiveKind::kBroadcast)) {
-    return StartAreaCollective(need, first_part, parts < world);
-  }
-  for (int r = first_part + 1; r < world; ++r) {
-    if (!part(r)) continue;
-    const BroadcastSlot* slot = layout_.bcast(base, r);
-    const int32_t rr = slot->root.load(std::memory_order_relaxed);
-    const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
-    const int32_t rk = slot->kind.load(std::memory_order_relaxed);
-    if (rr != root || rb != bytes || rk != kind) {
-      FailJob(
-          absl::StatusCode::kInvalidArgument,
-          absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
-                       need, ": local rank ", first_part, " asks for root ",
-                       root, ", ", bytes, " bytes; local rank ", r, " for ",
-                       rk != kind ? CollectiveKindName(rk) + " with " : "",
-                       "root ", rr, ", ", rb, " bytes"));
-      failed_ = true;
-      return false;
-    }
-  }
-  const int global_world = spec_.global_world_size();
-  if (root < 0 || root >= global_world) {
-    FailJob(
-        absl::StatusCode::kInvalidArgument,
-        absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " has root ",
-                     root, ", outside ranks 0..", global_world - 1));
-    failed_ = true;
-    return false;
-  }
-  if (const int local_root = root - spec_.global_rank_offset;
-      local_root >= 0 && local_root < world && !part(local_root)) {
-    FailJob(absl::StatusCode::kInvalidArgument,
-            absl::StrCat("job '", spec_.job_id, "': broadcast ", need,
-                         " from root ", root,
-                         ", which has joined (ran out "
-                         "of inputs) in iteration ",
-                         join_.iteration()));
-    failed_ = true;
-    return false;
-  }
-  if (bytes > spec_.broadcast_bytes) {
-    FailJob(absl::StatusCode::kInvalidArgument,
-            absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " of ",
-                         bytes, " bytes exceeds the job's broadcast area of ",
-                         spec_.broadcast_bytes, " bytes"));
-    failed_ = true;
-    return false;
-  }
-  bcast_started_ = need;
-  BroadcastWork work;
-  work.seq = need;
-  work.root = root;
-  work.bytes = bytes;
-  work.rank_areas = &bcast_areas_;
-  if (parts < world) {
-    join_areas_.assign(world, nullptr);
-    for (int r = 0; r < world; ++r) {
-      if (part(r)) join_areas_[r] = bcast_areas_[r];
-    }
-    work.rank_areas = &join_areas_;
-  }
-  in_flight_.fetch_add(1);
-  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
-    if (!s.ok()) {
-      const std::string what = absl::StrCat(
-          "job '", spec_.job_id, "' broadcast ", need, ": ", s.message());
-      if (!NoteNetworkError(s, what)) FailJob(s.code(), what);
-    } else {
-      header_->bcast_done_seq.store(need, std::memory_order_release);
-      WakeClients(layout_, control_.data());
-    }
-    ReducerWorkDone();
-  });
-  return true;
-}
-
 void Job::CheckStuck() {
   // A gone rank only matters when a live rank waits for something the gone
   // rank will now never publish; ranks that finished the same iteration and
@@ -797,11 +705,11 @@ void Job::CheckStuck() {
   const int world = spec_.local_world_size;
   auto report = [&](int gone, absl::string_view what) {
     const bool detached = rank_state_[gone].load() == kDetached;
-    FailJob(absl::StatusCode::kAborted,
-            absl::StrCat(RankName(gone),
-                         detached ? " detached" : " disconnected", " during ",
-                         what, "; the job cannot continue on this node"));
-    failed_ = true;
+    FailOnEngine(
+        absl::StatusCode::kAborted,
+        absl::StrCat(RankName(gone), detached ? " detached" : " disconnected",
+                     " during ", what,
+                     "; the job cannot continue on this node"));
   };
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);

@@ -64,7 +64,20 @@
 //
 // The ready rows are written by the daemon here, against the rule that
 // rank r writes only its own: every rank is blocked in RebuildBuckets
-// until done runs, so nobody else writes them.
+// until done runs, so nobody else writes them. The engine's side of the
+// switch is plan_switch.h.
+//
+// Phase (engine thread): one for the whole job, changed only by
+// EnterPhase, which reports every change (JobEventSinkInterface::OnPhase):
+//
+//   running <--> switching_plan      (a plan switch waits for its boundary)
+//   running --> draining --> reforming --> running   (epoch_state.h)
+//   any --> failed (FailOnEngine, or a failure published from outside,
+//                   e.g. a completion's error or the daemon's shutdown)
+//
+// The sub-machines keep their own detail: EpochState (re-formation),
+// PlanSwitch (plan switch), RankRestarts (rank restart's abort rules) and
+// JoinState (join, uneven inputs).
 #ifndef GRADD_SERVER_ENGINE_JOB_JOB_H_
 #define GRADD_SERVER_ENGINE_JOB_JOB_H_
 
@@ -90,8 +103,11 @@
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
+#include "server/engine/job/epoch_state.h"
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/join_state.h"
+#include "server/engine/job/plan_switch.h"
+#include "server/engine/job/rank_restarts.h"
 #include "server/engine/observe/iteration_tracker.h"
 #include "server/engine/observe/job_events.h"
 #include "server/engine/observe/stall_inspector.h"
@@ -293,8 +309,9 @@ class Job {
     return iterations_aborted_.load(std::memory_order_relaxed);
   }
 
-  // Elastic multi-node jobs (job_elastic.cc; control_block.h
-  // "Re-formation"). A job is elastic across nodes when num_nodes > 1 and
+  // Elastic multi-node jobs: epochs and re-formation on node loss and
+  // arrival (job_elastic.cc, epoch_state.h; control_block.h
+  // "Re-formation"). A job survives them when num_nodes > 1 and
   // min_nodes > 0 or it has a rank restart grace.
   //
   //   running --network error / BreakNetwork / multi-node Rejoin-->
@@ -403,6 +420,19 @@ class Job {
     kRestarting = 3
   };
 
+  // The job's phase (see the top of this file). Engine thread.
+  enum class Phase { kRunning, kSwitchingPlan, kDraining, kReforming, kFailed };
+  static absl::string_view PhaseName(Phase phase);
+  // The one transition function: moves phase_ to `next` and reports the
+  // change (`why`) to the events and the log. No-op when already there;
+  // kFailed is final.
+  void EnterPhase(Phase next, absl::string_view why);
+  bool failed() const { return phase_ == Phase::kFailed; }
+  // The engine's one way to fail the job: publishes the failure
+  // (PublishFailure) and enters kFailed. Returns false, so a check reads
+  // `return FailOnEngine(...)`.
+  bool FailOnEngine(absl::StatusCode code, absl::string_view message);
+
   Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer);
   void Loop();
   // One pass over buckets and broadcast; true if something was started.
@@ -450,7 +480,10 @@ class Job {
   void CheckStalls();
   // Sizes the per-bucket bookkeeping of the events to plan_.
   void ResetBucketTracking();
-  void FailJob(absl::StatusCode code, absl::string_view message);
+  // Publishes the job's failure in the control block (the first one wins)
+  // and reports it. Any thread; the engine thread fails through
+  // FailOnEngine, and notices a failure published elsewhere.
+  void PublishFailure(absl::StatusCode code, absl::string_view message);
   std::string RankName(int rank) const;
   // job_rebuild.cc, engine thread: applies a pending SwitchPlan if the
   // engine is at its iteration boundary; true if it did. Fails the job and
@@ -474,20 +507,6 @@ class Job {
   void RejoinNow(int rank, RejoinDone done);
   // Fails the pending Rejoins with `status`.
   void AbortRejoins(const absl::Status& status);
-  // A live rank's `row` (read as s) lags the daemon's `done` only because
-  // the daemon aborted that iteration / round (`aborted`) before the rank
-  // published it -- or a run of consecutive ones starting at `run_start`
-  // (re-formations one after the other while the rank ran its state
-  // sync): "not ready yet", not a protocol error.
-  static bool BehindAbort(uint64_t s, uint64_t done, uint64_t aborted,
-                          uint64_t run_start) {
-    return aborted != 0 && done == aborted && s < done &&
-           s + 1 >= std::min(run_start == 0 ? done : run_start, done);
-  }
-  // The first of the latest run of consecutive aborted iterations / rounds
-  // (engine thread).
-  uint64_t iteration_abort_run_start_ = 0;
-  uint64_t round_abort_run_start_ = 0;
   // Create: every rank's device memory on its GPU, when the job has CUDA
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();
@@ -508,11 +527,13 @@ class Job {
   // False (done answered) when r went away meanwhile.
   bool ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done);
 
-  // job_elastic.cc, engine thread. Advances the network state machine
-  // (job.h "Elastic multi-node jobs"); true while the engine must not
+  // job_elastic.cc, engine thread. Advances the re-formation (epoch_,
+  // "Elastic multi-node jobs" above); true while the engine must not
   // start anything (draining or reforming).
-  bool StepNetwork();
-  void EnterDraining(std::string reason);
+  bool StepEpoch();
+  // A break seen (`reason`): draining, or the job fails when it cannot
+  // survive one now (EpochState::Unsurvivable).
+  void BeginDraining(std::string reason);
   void ApplyReformed(absl::StatusOr<ReformedNetwork> result);
   // Every reducer hand-over counts itself in in_flight_ until its
   // completion; a completion with an error in an elastic job notes the
@@ -575,8 +596,10 @@ class Job {
   BucketPlan plan_;
   std::vector<uint64_t> started_;  // iteration last handed to the reducer
   uint64_t bcast_started_ = 0;     // broadcast last handed to the reducer
-  bool failed_ = false;
+  Phase phase_ = Phase::kRunning;
   JoinState join_;
+  RankRestarts restarts_;
+  PlanSwitch plan_switch_;
   // active_buffers_[b]: bucket b of the ranks active in the running join
   // iteration, active_ranks_[b] those ranks (BucketWork::ranks); join_areas_:
   // their broadcast areas (nullptr for the others); phantom_*: the relay area
@@ -643,37 +666,26 @@ class Job {
   // (PublishError's first-failure-wins check is not atomic).
   absl::Mutex error_mu_;
 
-  // Elastic multi-node jobs (job_elastic.cc).
+  // Epochs and re-formation (job_elastic.cc). elastic_: the job survives
+  // node loss and arrival; epoch_: the re-formation's stage, and what the
+  // plain buckets divide by and whether the nodes changed since the job
+  // formed (engine thread).
   const bool elastic_;
-  enum class NetState { kRunning, kDraining, kReforming };
-  NetState net_state_ = NetState::kRunning;  // engine thread
+  EpochState epoch_;
   // Reducer hand-overs whose completion has not run yet (any thread).
   std::atomic<int> in_flight_{0};
   // Set (with network_error_) by a completion that failed, by BreakNetwork
   // and by Reformed; the engine looks at network_mu_ only when it is set.
   std::atomic<bool> network_pending_{false};
-  std::atomic<bool> draining_{false};  // mirrors net_state_ != kRunning
+  std::atomic<bool> draining_{false};  // mirrors epoch_.under_way()
   absl::Mutex network_mu_;
   std::optional<std::string> network_error_ ABSL_GUARDED_BY(network_mu_);
   std::optional<std::string> break_request_ ABSL_GUARDED_BY(network_mu_);
   std::optional<absl::StatusOr<ReformedNetwork>> reformed_
       ABSL_GUARDED_BY(network_mu_);
   ReformHandler reform_handler_;  // set before Start
-  // Engine thread: why the current break happened, when, and the rejoins
-  // it answers once re-formed.
-  std::string break_reason_;
-  int64_t broke_ns_ = 0;
+  // Engine thread: the rejoins the current re-formation answers.
   std::vector<std::pair<int, RejoinDone>> elastic_rejoins_;
-  // BucketWork::divisor for plain buckets: 0 (the reducer's: the live world
-  // size), or the initial world size (divide_by_initial_world_size) once a
-  // re-formation changed the world, and from the start on a node admitted
-  // into its running job (JobSpec::initial_world_size). Engine thread.
-  double bucket_divisor_ = 0;
-  // The job runs on other nodes than it formed with (a node lost or
-  // admitted and not back): join rounds and the collectives laid out by
-  // global rank (allgather, reduce_scatter, avg) assume the initial rank
-  // set and fail clearly instead. Engine thread.
-  bool membership_changed_ = false;
   // Where this node sits now (ResponseFor, Snapshot read it; the engine
   // thread writes it on a re-formation).
   struct LiveLayout {

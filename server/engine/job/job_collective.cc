@@ -1,9 +1,10 @@
-// The Job's side of collectives of arbitrary data (allreduce, allgather,
-// reduce_scatter, barrier; control_block.h, docs/protocol.md 5c): checks that
-// every local rank describes the same round and hands it to the reducer like
-// a broadcast (ScanBroadcast, job.cc, routes every round that is not a
-// broadcast here). Engine thread only, except the round's completion (any
-// thread), which publishes bcast_done_seq and wakes the ranks.
+// The Job's side of collective rounds: broadcasts (ScanBroadcast) and
+// collectives of arbitrary data (allreduce, allgather, reduce_scatter,
+// barrier; control_block.h, docs/protocol.md 5c): checks that every local
+// rank describes the same round and hands it to the reducer (ScanBroadcast
+// routes every round that is not a broadcast to StartAreaCollective). Engine
+// thread only, except the round's completion (any thread), which publishes
+// bcast_done_seq and wakes the ranks.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -13,16 +14,127 @@
 
 namespace gradd {
 
+bool Job::ScanBroadcast() {
+  void* base = control_.data();
+  const int world = spec_.local_world_size;
+  const uint64_t d = header_->bcast_done_seq.load(std::memory_order_acquire);
+  if (bcast_started_ > d) return false;  // still with the reducer
+  const uint64_t need = d + 1;
+  // Who takes part: every rank, or in a join iteration the active ones
+  // (none of them broadcasts before the iteration is decided).
+  // (No copy: this runs on every scan of the engine loop.)
+  const std::vector<bool>* active = nullptr;
+  if (join_.active()) {
+    if (join_.phase() != JoinState::Phase::kRunning) return false;
+    active = &join_.current().local_active;
+  }
+  auto part = [active](int r) { return active == nullptr || (*active)[r]; };
+  int ready = 0;
+  int parts = 0;
+  int first_part = -1;
+  for (int r = 0; r < world; ++r) {
+    if (!part(r)) continue;
+    ++parts;
+    if (first_part < 0) first_part = r;
+    const std::atomic<uint64_t>& row = layout_.bcast(base, r)->ready_seq;
+    uint64_t s = row.load(std::memory_order_acquire);
+    if (s < d && Lagging(r, row, &s)) continue;
+    if (restarts_.BehindRoundAbort(
+            s, d, header_->aborted_round.load(std::memory_order_acquire))) {
+      continue;
+    }
+    if (s == need) {
+      ++ready;
+    } else if (s != d && rank_state_[r].load() == kLive) {
+      return FailOnEngine(absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat(RankName(r), " published broadcast ", s,
+                                       " while broadcast ", need, " is next"));
+    }
+  }
+  if (parts == 0 || ready < parts) return false;
+
+  const BroadcastSlot* first = layout_.bcast(base, first_part);
+  const int32_t root = first->root.load(std::memory_order_relaxed);
+  const uint64_t bytes = first->bytes.load(std::memory_order_relaxed);
+  const int32_t kind = first->kind.load(std::memory_order_relaxed);
+  if (kind != static_cast<int32_t>(CollectiveKind::kBroadcast)) {
+    return StartAreaCollective(need, first_part, parts < world);
+  }
+  for (int r = first_part + 1; r < world; ++r) {
+    if (!part(r)) continue;
+    const BroadcastSlot* slot = layout_.bcast(base, r);
+    const int32_t rr = slot->root.load(std::memory_order_relaxed);
+    const uint64_t rb = slot->bytes.load(std::memory_order_relaxed);
+    const int32_t rk = slot->kind.load(std::memory_order_relaxed);
+    if (rr != root || rb != bytes || rk != kind) {
+      return FailOnEngine(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat("job '", spec_.job_id, "': ranks disagree on broadcast ",
+                       need, ": local rank ", first_part, " asks for root ",
+                       root, ", ", bytes, " bytes; local rank ", r, " for ",
+                       rk != kind ? CollectiveKindName(rk) + " with " : "",
+                       "root ", rr, ", ", rb, " bytes"));
+    }
+  }
+  const int global_world = spec_.global_world_size();
+  if (root < 0 || root >= global_world) {
+    return FailOnEngine(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " has root ",
+                     root, ", outside ranks 0..", global_world - 1));
+  }
+  if (const int local_root = root - spec_.global_rank_offset;
+      local_root >= 0 && local_root < world && !part(local_root)) {
+    return FailOnEngine(absl::StatusCode::kInvalidArgument,
+                        absl::StrCat("job '", spec_.job_id, "': broadcast ",
+                                     need, " from root ", root,
+                                     ", which has joined (ran out "
+                                     "of inputs) in iteration ",
+                                     join_.iteration()));
+  }
+  if (bytes > spec_.broadcast_bytes) {
+    return FailOnEngine(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("job '", spec_.job_id, "': broadcast ", need, " of ",
+                     bytes, " bytes exceeds the job's broadcast area of ",
+                     spec_.broadcast_bytes, " bytes"));
+  }
+  bcast_started_ = need;
+  BroadcastWork work;
+  work.seq = need;
+  work.root = root;
+  work.bytes = bytes;
+  work.rank_areas = &bcast_areas_;
+  if (parts < world) {
+    join_areas_.assign(world, nullptr);
+    for (int r = 0; r < world; ++r) {
+      if (part(r)) join_areas_[r] = bcast_areas_[r];
+    }
+    work.rank_areas = &join_areas_;
+  }
+  in_flight_.fetch_add(1);
+  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
+    if (!s.ok()) {
+      const std::string what = absl::StrCat(
+          "job '", spec_.job_id, "' broadcast ", need, ": ", s.message());
+      if (!NoteNetworkError(s, what)) PublishFailure(s.code(), what);
+    } else {
+      header_->bcast_done_seq.store(need, std::memory_order_release);
+      WakeClients(layout_, control_.data());
+    }
+    ReducerWorkDone();
+  });
+  return true;
+}
+
 bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
   // Round `need` is a collective other than broadcast: every local rank must
   // describe the same round; the daemon trusts none of the values.
   void* base = control_.data();
   const int world = spec_.local_world_size;
   auto fail = [this](absl::StatusCode code, const std::string& message) {
-    FailJob(code, absl::StrCat("job '", spec_.job_id, "': collective round ",
-                               message));
-    failed_ = true;
-    return false;
+    return FailOnEngine(code, absl::StrCat("job '", spec_.job_id,
+                                           "': collective round ", message));
   };
   struct Round {
     int32_t kind, dtype, op, root;
@@ -122,10 +234,11 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
   work.kind = static_cast<CollectiveKind>(round.kind);
   // Laid out (or divided) over the initial global ranks: wrong once a node
   // was lost or admitted (job_elastic.cc).
-  if (membership_changed_ && (work.kind == CollectiveKind::kAllgather ||
-                              work.kind == CollectiveKind::kReduceScatter ||
-                              (work.kind == CollectiveKind::kAllreduce &&
-                               work.op == CollectiveOp::kAvg))) {
+  if (epoch_.membership_changed() &&
+      (work.kind == CollectiveKind::kAllgather ||
+       work.kind == CollectiveKind::kReduceScatter ||
+       (work.kind == CollectiveKind::kAllreduce &&
+        work.op == CollectiveOp::kAvg))) {
     return fail(absl::StatusCode::kFailedPrecondition,
                 absl::StrCat(need, " (", describe(round),
                              ") is not supported after a node was lost or "
@@ -150,7 +263,7 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
       const std::string what =
           absl::StrCat("job '", spec_.job_id, "' collective round ", need, ": ",
                        s.message());
-      if (!NoteNetworkError(s, what)) FailJob(s.code(), what);
+      if (!NoteNetworkError(s, what)) PublishFailure(s.code(), what);
     } else {
       header_->bcast_done_seq.store(need, std::memory_order_release);
       WakeClients(layout_, control_.data());

@@ -111,7 +111,7 @@ bool Job::NoteNetworkError(const absl::Status& status, absl::string_view what) {
 }
 
 void Job::ReducerWorkDone() {
-  // seq_cst with EnterDraining's store and the engine's load: either the
+  // seq_cst with BeginDraining's store and the engine's load: either the
   // engine sees the count at 0 or this completion sees it draining.
   if (in_flight_.fetch_sub(1) == 1 && draining_.load()) doorbell_->Ring();
 }
@@ -122,36 +122,32 @@ void Job::FailPendingRejoins(const absl::Status& status) {
   for (auto& [rank, done] : batch) std::move(done)(status);
 }
 
-void Job::EnterDraining(std::string reason) {
-  // A join epoch counts and divides by the ranks of every node and a plan
-  // switch agrees across the old group: neither survives a new one.
-  const bool join = JoinInPlay();
-  if (join || rebuild_after_.load(std::memory_order_acquire) != 0 ||
-      switch_pending_.load(std::memory_order_acquire)) {
-    FailJob(absl::StatusCode::kAborted,
-            absl::StrCat("job '", spec_.job_id,
-                         "': the inter-node group broke (", reason, ") while ",
-                         join ? "a join (uneven inputs) is in play"
-                              : "a bucket rebuild is pending",
-                         "; elastic re-formation does not run during a join "
-                         "or a bucket rebuild"));
-    failed_ = true;
+void Job::BeginDraining(std::string reason) {
+  const std::string in_play = EpochState::Unsurvivable(
+      JoinInPlay(), rebuild_after_.load(std::memory_order_acquire) != 0 ||
+                        switch_pending_.load(std::memory_order_acquire));
+  if (!in_play.empty()) {
+    FailOnEngine(
+        absl::StatusCode::kAborted,
+        absl::StrCat("job '", spec_.job_id, "': the inter-node group broke (",
+                     reason, ") while ", in_play,
+                     "; elastic re-formation does not run during a "
+                     "join or a bucket rebuild"));
     return;
   }
-  net_state_ = NetState::kDraining;
+  if (!epoch_.Break(std::move(reason), EngineNowNs())) return;
   draining_.store(true);
-  break_reason_ = std::move(reason);
-  broke_ns_ = EngineNowNs();
+  EnterPhase(Phase::kDraining, epoch_.reason());
   // What this node saw, not yet what it was (a peer's connection reset may
   // be its death or its rank restart): the "re-formed" line says that,
   // from the closer's verdict, the same on every node.
   spdlog::info(
       "job '{}': its nodes' group broke at epoch {} (this node saw: {}); "
       "draining, then re-forming",
-      spec_.job_id, epoch(), break_reason_);
+      spec_.job_id, epoch(), epoch_.reason());
 }
 
-bool Job::StepNetwork() {
+bool Job::StepEpoch() {
   std::optional<std::string> error;
   std::optional<std::string> request;
   std::optional<absl::StatusOr<ReformedNetwork>> reformed;
@@ -167,9 +163,9 @@ bool Job::StepNetwork() {
     request.swap(break_request_);
   }
   if (reformed.has_value()) {
-    if (net_state_ == NetState::kReforming) {
+    if (epoch_.TakeResult()) {
       ApplyReformed(*std::move(reformed));
-      if (failed_) return true;
+      if (failed()) return true;
     } else {
       spdlog::warn(
           "job '{}': a re-formation result arrived while none was "
@@ -177,15 +173,16 @@ bool Job::StepNetwork() {
           spec_.job_id);
     }
   }
-  if (net_state_ == NetState::kRunning) {
+  if (epoch_.running()) {
     if (error.has_value()) {
-      EnterDraining(*std::move(error));
+      BeginDraining(*std::move(error));
     } else if (request.has_value()) {
-      EnterDraining(*std::move(request));
+      BeginDraining(*std::move(request));
     }
-    if (failed_) return true;
+    if (failed()) return true;
   }
-  if (net_state_ == NetState::kDraining && in_flight_.load() != 0) {
+  const bool draining = epoch_.stage() == EpochState::Stage::kDraining;
+  if (draining && in_flight_.load() != 0) {
     // What is with the old reducer may never complete by itself: its
     // network order can wait for a bucket this node will never hand over
     // (a rank died in the middle of its backward, and the break is this
@@ -195,9 +192,7 @@ bool Job::StepNetwork() {
     // closes its backend, so the peers blocked on this node fail at once.
     ReplaceReducer(nullptr);
   }
-  if (net_state_ != NetState::kDraining || in_flight_.load() != 0) {
-    return net_state_ != NetState::kRunning;
-  }
+  if (!epoch_.Drained(in_flight_.load())) return epoch_.under_way();
 
   // Drained: nothing is with the reducer, and nothing will be.
   std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
@@ -207,7 +202,7 @@ bool Job::StepNetwork() {
     completed = std::min(completed, done[b].load(std::memory_order_acquire));
   }
   NetworkBreak broken;
-  broken.reason = break_reason_;
+  broken.reason = epoch_.reason();
   broken.completed_iteration = completed;
   broken.sync_seq = header_->sync_seq.load(std::memory_order_acquire);
   broken.epoch = epoch();
@@ -216,21 +211,21 @@ bool Job::StepNetwork() {
   }
   NetworkReformEvent e;
   e.epoch = broken.epoch;
-  e.reason = break_reason_;
-  e.broke_ns = broke_ns_;
-  e.at_ns = broke_ns_;
+  e.reason = epoch_.reason();
+  e.broke_ns = epoch_.broke_ns();
+  e.at_ns = epoch_.broke_ns();
   events_.OnNetworkBroken(e);
   // The old group is done with: closing its backend tells the peers still
   // blocked on this node at once (a break this node started has not
   // reached them yet).
   ReplaceReducer(nullptr);
-  net_state_ = NetState::kReforming;
+  EnterPhase(Phase::kReforming,
+             absl::StrCat("drained, iteration ", completed, " complete"));
   if (!reform_handler_) {
-    FailJob(
+    FailOnEngine(
         absl::StatusCode::kAborted,
         absl::StrCat("job '", spec_.job_id, "': the inter-node group broke (",
-                     break_reason_, ") and nothing re-forms it"));
-    failed_ = true;
+                     epoch_.reason(), ") and nothing re-forms it"));
     return true;
   }
   spdlog::debug(
@@ -245,9 +240,8 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   auto fail = [&](absl::string_view why) {
     const std::string message =
         absl::StrCat("job '", spec_.job_id, "': re-formation after the break (",
-                     break_reason_, ") failed: ", why);
-    FailJob(absl::StatusCode::kAborted, message);
-    failed_ = true;
+                     epoch_.reason(), ") failed: ", why);
+    FailOnEngine(absl::StatusCode::kAborted, message);
     const absl::Status status = absl::AbortedError(message);
     FailPendingRejoins(status);
     AbortRejoins(status);
@@ -264,7 +258,7 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   ReplaceReducer(std::move(r.reducer));
   // What the re-formation was: the closer's line (this node's own view of
   // the break only when the result carries none).
-  const std::string& what = r.reason.empty() ? break_reason_ : r.reason;
+  const std::string& what = r.reason.empty() ? epoch_.reason() : r.reason;
   std::vector<std::string> lost_now;  // every node lost and not back
   {
     absl::MutexLock lock(&live_mu_);
@@ -272,39 +266,25 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     live_.num_nodes = r.num_nodes;
     live_.world_size = r.world_size;
     live_.node_ids = r.node_ids;
-    if (r.cause != ReformCause::kUnknown) {
-      // The closer's list, the same on every node (an admitted node's
-      // too): every node lost and not back.
-      live_.lost = r.departed;
-    } else {
-      for (const std::string& id : r.lost) {
-        if (std::find(live_.lost.begin(), live_.lost.end(), id) ==
-            live_.lost.end()) {
-          live_.lost.push_back(id);
-        }
-      }
-      // A lost node taken back is live, not lost.
-      for (const std::string& id : r.admitted) {
-        live_.lost.erase(std::remove(live_.lost.begin(), live_.lost.end(), id),
-                         live_.lost.end());
-      }
-    }
+    // With a known cause, the closer's list, the same on every node (an
+    // admitted node's too); else this node's list, moved by the lost and
+    // admitted ones.
+    EpochState::Membership m;
+    m.cause_known = r.cause != ReformCause::kUnknown;
+    m.departed = r.departed;
+    m.lost = r.lost;
+    m.admitted = r.admitted;
+    live_.lost = EpochState::LostAfter(std::move(live_.lost), m);
     live_.last_reason = what;
     lost_now = live_.lost;
   }
-  {
-    std::vector<std::string> now = r.node_ids;
-    std::vector<std::string> initial = spec_.node_ids;
-    std::sort(now.begin(), now.end());
-    std::sort(initial.begin(), initial.end());
-    membership_changed_ =
-        now != initial || r.world_size != spec_.global_world_size();
-  }
   // The new reducer divides by the live world size; a job that divides by
   // the initial one says so per bucket.
-  bucket_divisor_ = spec_.divide_by_initial_world_size
-                        ? static_cast<double>(spec_.initial_global_world_size())
-                        : 0;
+  epoch_.SetWorld(
+      EpochState::MembershipChanged(r.node_ids, spec_.node_ids, r.world_size,
+                                    spec_.global_world_size()),
+      EpochState::BucketDivisor(spec_.divide_by_initial_world_size,
+                                spec_.initial_global_world_size()));
   // The job's hook, chosen before the break, carries over, but it is
   // settled again with the new group when the next bucket is about to
   // start (ResolveCommHook), as for a new job: a node admitted into the
@@ -333,7 +313,7 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   e.epoch = r.epoch;
   e.reason = what;
   e.cause = r.cause;
-  e.broke_ns = broke_ns_;
+  e.broke_ns = epoch_.broke_ns();
   e.at_ns = now;
   e.lost = r.lost;
   e.admitted = r.admitted;
@@ -352,9 +332,9 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
       "{}",
       absl::StrCat(
           "job '", spec_.job_id, "' re-formed (epoch ", r.epoch, ") after ",
-          (now - broke_ns_) / 1'000'000, " ms: ", what, " (",
-          ReformCauseName(r.cause), "); node rank ", r.node_rank, " of ",
-          r.num_nodes, ", world size ", r.world_size,
+          epoch_.ElapsedMs(now), " ms: ", what, " (", ReformCauseName(r.cause),
+          "); node rank ", r.node_rank, " of ", r.num_nodes, ", world size ",
+          r.world_size,
           r.lost.empty() ? std::string()
                          : absl::StrCat(", lost ", absl::StrJoin(r.lost, ", ")),
           r.admitted.empty()
@@ -367,8 +347,9 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
           "; aborted collective round ", abort.round, "; state sync ",
           r.sync_seq, r.behind ? " (this node is behind)" : ""));
 
-  net_state_ = NetState::kRunning;
+  epoch_.Resume();
   draining_.store(false);
+  EnterPhase(Phase::kRunning, absl::StrCat("re-formed at epoch ", r.epoch));
 
   // The ranks whose return caused or met this break: the re-formation's
   // abort and agreed sync_seq are theirs too.

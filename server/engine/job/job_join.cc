@@ -75,17 +75,14 @@ bool Job::StepJoin() {
       values = std::move(round_values_);
     }
     if (!status.ok()) {
-      FailJob(status.code(),
-              absl::StrCat("job '", spec_.job_id, "' join round of iteration ",
-                           join_.iteration(), ": ", status.message()));
-      failed_ = true;
-      return false;
+      return FailOnEngine(
+          status.code(),
+          absl::StrCat("job '", spec_.job_id, "' join round of iteration ",
+                       join_.iteration(), ": ", status.message()));
     }
     absl::StatusOr<JoinState::Outcome> outcome = join_.Resolve(values);
     if (!outcome.ok()) {
-      FailJob(outcome.status().code(), outcome.status().message());
-      failed_ = true;
-      return false;
+      return FailOnEngine(outcome.status().code(), outcome.status().message());
     }
     PublishJoinOutcome(*outcome);
     return true;
@@ -111,9 +108,7 @@ bool Job::StepJoin() {
   absl::StatusOr<std::vector<double>> round =
       join_.Poll(ReadJoinViews(next), next);
   if (!round.ok()) {
-    FailJob(round.status().code(), round.status().message());
-    failed_ = true;
-    return false;
+    return FailOnEngine(round.status().code(), round.status().message());
   }
   if (round->empty()) return progress;
   JoinRoundWork work;
@@ -148,12 +143,12 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
       // The active ranks elsewhere broadcast their sync from the highest
       // active rank; this node must take part in that collective too.
       if (outcome.sync_bytes > spec_.broadcast_bytes) {
-        FailJob(absl::StatusCode::kInvalidArgument,
-                absl::StrCat("job '", spec_.job_id, "': the join sync of ",
-                             outcome.sync_bytes,
-                             " bytes exceeds this node's broadcast area of ",
-                             spec_.broadcast_bytes, " bytes"));
-        failed_ = true;
+        FailOnEngine(
+            absl::StatusCode::kInvalidArgument,
+            absl::StrCat("job '", spec_.job_id, "': the join sync of ",
+                         outcome.sync_bytes,
+                         " bytes exceeds this node's broadcast area of ",
+                         spec_.broadcast_bytes, " bytes"));
         return;
       }
       phantom_scratch_.resize(outcome.sync_bytes);
@@ -167,9 +162,9 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
       in_flight_.fetch_add(1);
       reducer_->StartBroadcast(work, [this, iteration](absl::Status s) {
         if (!s.ok()) {
-          FailJob(s.code(), absl::StrCat("job '", spec_.job_id,
-                                         "' join sync of iteration ", iteration,
-                                         ": ", s.message()));
+          PublishFailure(s.code(), absl::StrCat("job '", spec_.job_id,
+                                                "' join sync of iteration ",
+                                                iteration, ": ", s.message()));
         }
         ReducerWorkDone();
       });
@@ -207,12 +202,11 @@ bool Job::ScanJoinBuckets() {
       if (s == it) continue;
       ready = false;
       if (s != d) {
-        FailJob(absl::StatusCode::kFailedPrecondition,
-                absl::StrCat(RankName(r), " published bucket ", b,
-                             " for iteration ", s, " while join iteration ", it,
-                             " is in progress"));
-        failed_ = true;
-        return false;
+        return FailOnEngine(
+            absl::StatusCode::kFailedPrecondition,
+            absl::StrCat(RankName(r), " published bucket ", b,
+                         " for iteration ", s, " while join iteration ", it,
+                         " is in progress"));
       }
     }
     if (!ready) continue;
@@ -238,12 +232,12 @@ void Job::FailGoneInJoin() {
   for (int r = 0; r < spec_.local_world_size; ++r) {
     const int state = rank_state_[r].load();
     if (state == kLive) continue;
-    FailJob(absl::StatusCode::kAborted,
-            absl::StrCat(RankName(r),
-                         state == kDetached ? " detached" : " disconnected",
-                         " during join (iteration ", join_.iteration(),
-                         "); the job cannot continue"));
-    failed_ = true;
+    FailOnEngine(
+        absl::StatusCode::kAborted,
+        absl::StrCat(RankName(r),
+                     state == kDetached ? " detached" : " disconnected",
+                     " during join (iteration ", join_.iteration(),
+                     "); the job cannot continue"));
     return;
   }
 }

@@ -51,6 +51,7 @@ void Job::AbortSwitch(const absl::Status& status) {
     pending.swap(switch_);
     switch_pending_.store(false, std::memory_order_release);
   }
+  plan_switch_.End();
   if (pending.has_value()) {
     std::move(pending->done)(status.ok() ? absl::CancelledError(absl::StrCat(
                                                "job '", spec_.job_id,
@@ -70,20 +71,24 @@ bool Job::TrySwitchPlan() {
     if (!switch_.has_value()) return false;
     k = switch_->iteration;
   }
+  if (plan_switch_.Begin(k)) {
+    EnterPhase(Phase::kSwitchingPlan,
+               absl::StrCat("bucket rebuild after iteration ", k));
+  }
   // The boundary: every bucket of iteration k back from the reducer, none
   // of k + 1 published (ranks that run ahead are failed by Scan).
-  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    const uint64_t d = done[b].load(std::memory_order_acquire);
-    if (started_[b] > d || d < k) return false;  // iteration k in flight
-    if (d > k) {
-      const std::string message = absl::StrCat(
-          "job '", spec_.job_id, "': bucket rebuild after iteration ", k,
-          " requested, but bucket ", b, " already completed iteration ", d);
-      FailJob(absl::StatusCode::kFailedPrecondition, message);
-      failed_ = true;
-      AbortSwitch(absl::FailedPreconditionError(message));
-      return false;
-    }
+  const PlanSwitch::Check at = plan_switch_.AtBoundary(
+      plan_.buckets.size(), [&](size_t b) { return started_[b]; },
+      [&](size_t b) { return done[b].load(std::memory_order_acquire); });
+  if (at.boundary == PlanSwitch::Boundary::kNotYet) return false;
+  if (at.boundary == PlanSwitch::Boundary::kPassed) {
+    const std::string message = absl::StrCat(
+        "job '", spec_.job_id, "': bucket rebuild after iteration ", k,
+        " requested, but bucket ", at.bucket, " already completed iteration ",
+        at.done);
+    FailOnEngine(absl::StatusCode::kFailedPrecondition, message);
+    AbortSwitch(absl::FailedPreconditionError(message));
+    return false;
   }
   PendingSwitch next;
   {
@@ -92,11 +97,11 @@ bool Job::TrySwitchPlan() {
     switch_.reset();
     switch_pending_.store(false, std::memory_order_release);
   }
+  plan_switch_.End();
   // CUDA buckets: the new plan lies in the same device memory, allocated
   // for any plan (MaxPlanBytes), so the ranks' mappings stay valid.
-  if (next.plan.buckets.size() > layout_.num_buckets() ||
-      next.plan.total_bytes > bucket_region_bytes_ ||
-      next.plan.device_bytes > device_region_bytes_) {
+  if (!PlanSwitch::Fits(next.plan, {layout_.num_buckets(), bucket_region_bytes_,
+                                    device_region_bytes_})) {
     const std::string message =
         absl::StrCat("job '", spec_.job_id, "': the rebuilt plan (",
                      next.plan.buckets.size(), " buckets, ",
@@ -105,8 +110,7 @@ bool Job::TrySwitchPlan() {
                      layout_.num_buckets(), " bucket slots, ",
                      bucket_region_bytes_, "-byte bucket region and ",
                      device_region_bytes_, "-byte device region");
-    FailJob(absl::StatusCode::kInternal, message);
-    failed_ = true;
+    FailOnEngine(absl::StatusCode::kInternal, message);
     std::move(next.done)(absl::InternalError(message));
     return false;
   }
@@ -132,13 +136,14 @@ bool Job::TrySwitchPlan() {
           "job '", spec_.job_id,
           "': the communication hook cannot follow the rebuilt buckets: ",
           s.message());
-      FailJob(s.code(), message);
-      failed_ = true;
+      FailOnEngine(s.code(), message);
       std::move(next.done)(absl::Status(s.code(), message));
       return false;
     }
   }
   rebuild_after_.store(0, std::memory_order_release);
+  EnterPhase(Phase::kRunning,
+             absl::StrCat("switched to the rebuilt plan after iteration ", k));
   std::move(next.done)(absl::OkStatus());
   return true;
 }

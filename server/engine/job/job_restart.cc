@@ -14,28 +14,22 @@
 namespace gradd {
 
 bool Job::RankRestarting(int rank, absl::string_view reason) {
-  if (spec_.rank_restart_grace.count() <= 0) return false;
-  // A plan switch needs every rank at its boundary; a job that failed
-  // waits for nobody.
-  if (rebuild_after_.load(std::memory_order_acquire) != 0 ||
-      switch_pending_.load(std::memory_order_acquire) ||
-      header_->status.load(std::memory_order_acquire) != 0) {
-    return false;
+  RankRestarts::Situation in;
+  in.has_grace = spec_.rank_restart_grace.count() > 0;
+  in.plan_switch_in_play =
+      rebuild_after_.load(std::memory_order_acquire) != 0 ||
+      switch_pending_.load(std::memory_order_acquire);
+  in.failed = header_->status.load(std::memory_order_acquire) != 0;
+  // A join (uneven inputs) in play: some rank opened a join epoch the
+  // daemon has not finished.
+  void* base = control_.data();
+  const uint64_t done_epoch =
+      layout_.join_board(base)->done_epoch.load(std::memory_order_acquire);
+  for (int r = 0; r < spec_.local_world_size && !in.join_open; ++r) {
+    in.join_open = layout_.join_slot(base, r)->epoch.load(
+                       std::memory_order_acquire) > done_epoch;
   }
-  // A join (uneven inputs) in play: some rank opened an epoch the daemon
-  // has not finished. Its rounds count the ranks; a rank away fails them
-  // as before.
-  {
-    void* base = control_.data();
-    const uint64_t done_epoch =
-        layout_.join_board(base)->done_epoch.load(std::memory_order_acquire);
-    for (int r = 0; r < spec_.local_world_size; ++r) {
-      if (layout_.join_slot(base, r)->epoch.load(std::memory_order_acquire) >
-          done_epoch) {
-        return false;
-      }
-    }
-  }
+  if (!RankRestarts::CanWait(in)) return false;
   const int64_t now = EngineNowNs();
   restart_since_ns_[rank].store(now, std::memory_order_relaxed);
   int expected = kLive;
@@ -111,8 +105,8 @@ bool Job::TryRejoin() {
         reason = absl::StrCat("local rank ", rank, " rejoined");
       elastic_rejoins_.emplace_back(rank, std::move(d));
     }
-    if (!reason.empty() && net_state_ == NetState::kRunning) {
-      EnterDraining(std::move(reason));
+    if (!reason.empty() && epoch_.running()) {
+      BeginDraining(std::move(reason));
     }
     return !batch.empty();
   }
@@ -145,31 +139,18 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
   Abort a;
 
   // 1. The gradient iteration in progress (some bucket done for it), or
-  // else the next one, is aborted: nobody applies it. Every bucket not done
-  // gets done_seq = i without being reduced, the verdict stored first.
-  // Aborting the next iteration when none is in progress gives every rank
-  // the same agreement point: a survivor that checked for a state sync
-  // before this rejoin and went on into iteration i finds it aborted and
-  // syncs before retrying, exactly like one that checks after it (and a
-  // rank that syncs first finds i done and aborted at once, then goes on
-  // with i + 1, as the rejoined rank does).
-  uint64_t lo = std::numeric_limits<uint64_t>::max();
-  uint64_t hi = 0;
-  for (size_t b = 0; b < n; ++b) {
-    const uint64_t d = done_seq[b].load(std::memory_order_acquire);
-    lo = std::min(lo, d);
-    hi = std::max(hi, d);
-  }
-  if (n == 0) lo = 0;
-  a.iteration = n == 0 ? 0 : (hi > lo ? hi : lo + 1);
+  // else the next one, is aborted (RankRestarts::PlanIterationAbort):
+  // nobody applies it. Every bucket not done gets done_seq = i without
+  // being reduced, the verdict stored first.
+  const RankRestarts::IterationAbort planned = RankRestarts::PlanIterationAbort(
+      n, [&](size_t b) { return done_seq[b].load(std::memory_order_acquire); });
+  a.iteration = planned.iteration;
   if (a.iteration != 0) {
     header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
     // A run of consecutive aborts (re-formations one after the other) may
     // find a rank still at the iteration before the first of them.
-    const uint64_t prev = header_->aborted_iteration.load();
-    if (prev == 0 || a.iteration != prev + 1) {
-      iteration_abort_run_start_ = a.iteration;
-    }
+    restarts_.NoteIterationAbort(header_->aborted_iteration.load(),
+                                 a.iteration);
     header_->aborted_iteration.store(a.iteration, std::memory_order_release);
     for (size_t b = 0; b < n; ++b) {
       if (done_seq[b].load(std::memory_order_acquire) < a.iteration) {
@@ -181,17 +162,14 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
     std::fill(rank_ready_ns_.begin(), rank_ready_ns_.end(), 0);
     iterations_aborted_.fetch_add(1, std::memory_order_relaxed);
   }
-  a.last = std::max(hi, a.iteration);
+  a.last = planned.last;
 
   // 2. The collective round in progress, or else the next one, likewise
   // (the same agreement point for rounds: a survivor's buffer broadcast
   // and the rejoined rank's state sync can never meet in one round).
   a.round = header_->bcast_done_seq.load(std::memory_order_acquire) + 1;
   header_->aborted_rank.store(aborted_rank, std::memory_order_relaxed);
-  {
-    const uint64_t prev = header_->aborted_round.load();
-    if (prev == 0 || a.round != prev + 1) round_abort_run_start_ = a.round;
-  }
+  restarts_.NoteRoundAbort(header_->aborted_round.load(), a.round);
   header_->aborted_round.store(a.round, std::memory_order_release);
   header_->bcast_done_seq.store(a.round, std::memory_order_release);
   a.collective_seq = header_->bcast_done_seq.load(std::memory_order_acquire);

@@ -19,8 +19,8 @@
 // atomic counters, histograms and a preallocated ring under a short lock
 // are fine; I/O, allocation and locks held elsewhere for long are not. OnStall
 // runs on the engine thread; OnFailed on any thread, once per job;
-// OnRankRestarting on the job manager's thread, OnRankRejoined on the
-// engine thread (both rare).
+// OnRankRestarting on the job manager's thread, OnRankRejoined and OnPhase
+// on the engine thread (all rare).
 // EngineEventSinkInterface calls come from the job manager's control thread,
 // OnAttach from whichever thread answers the Attach.
 #ifndef GRADD_SERVER_ENGINE_OBSERVE_JOB_EVENTS_H_
@@ -193,6 +193,18 @@ struct NetworkReformEvent {
   uint64_t aborted_round = 0;
 };
 
+// A change of the job's phase (engine/job/job.h "Phase": running,
+// switching_plan, draining, reforming, failed). Engine clock.
+struct JobPhaseEvent {
+  std::string from;
+  std::string to;
+  // What moved it: the break's reason, the plan switch's iteration, the
+  // failure's message.
+  std::string why;
+  uint64_t epoch = 0;  // the job's epoch when it changed
+  int64_t at_ns = 0;
+};
+
 class JobEventSinkInterface {
  public:
   virtual ~JobEventSinkInterface() = default;
@@ -212,6 +224,8 @@ class JobEventSinkInterface {
   // abort). A re-formation that fails ends in OnFailed.
   virtual void OnNetworkBroken(const NetworkReformEvent& event) {}
   virtual void OnNetworkReformed(const NetworkReformEvent& event) {}
+  // The job's phase changed (the engine thread; rare).
+  virtual void OnPhase(const JobPhaseEvent& event) {}
 };
 
 // What the job manager knows of a job when it becomes active.
@@ -285,6 +299,9 @@ class JobEventFanOut final : public JobEventSinkInterface {
   }
   void OnNetworkReformed(const NetworkReformEvent& event) override {
     for (JobEventSinkInterface* s : sinks_) s->OnNetworkReformed(event);
+  }
+  void OnPhase(const JobPhaseEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnPhase(event);
   }
 
  private:

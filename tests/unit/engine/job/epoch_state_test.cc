@@ -137,5 +137,37 @@ TEST(EpochStateTest, MembershipChangedIgnoresOrder) {
   EXPECT_TRUE(EpochState::MembershipChanged({"a", "b"}, {"a", "b"}, 6, 8));
 }
 
+TEST(EpochStateTest, BucketDivisorRule) {
+  EXPECT_EQ(EpochState::BucketDivisor(false, 6), 0);
+  EXPECT_EQ(EpochState::BucketDivisor(true, 0), 0);  // formed afresh
+  EXPECT_EQ(EpochState::BucketDivisor(true, 6), 6);
+}
+
+TEST(EpochStateTest, WorldAfterReFormation) {
+  // A node admitted into its running job divides by the initial world
+  // size from the start; the membership counts as unchanged until a
+  // re-formation says otherwise.
+  EpochState admitted(true, EpochState::BucketDivisor(true, 6));
+  EXPECT_EQ(admitted.bucket_divisor(), 6);
+  EXPECT_FALSE(admitted.membership_changed());
+
+  EpochState epoch(true);
+  EXPECT_EQ(epoch.bucket_divisor(), 0);
+  ASSERT_TRUE(epoch.Break("node 'b' lost", 1));
+  ASSERT_TRUE(epoch.Drained(0));
+  epoch.SetWorld(EpochState::MembershipChanged({"a"}, {"a", "b"}, 2, 4),
+                 EpochState::BucketDivisor(true, 4));
+  epoch.Resume();
+  EXPECT_TRUE(epoch.membership_changed());
+  EXPECT_EQ(epoch.bucket_divisor(), 4);
+  // Back to the nodes it formed with.
+  ASSERT_TRUE(epoch.Break("node 'b' admitted", 2));
+  ASSERT_TRUE(epoch.Drained(0));
+  epoch.SetWorld(EpochState::MembershipChanged({"b", "a"}, {"a", "b"}, 4, 4),
+                 EpochState::BucketDivisor(true, 4));
+  epoch.Resume();
+  EXPECT_FALSE(epoch.membership_changed());
+}
+
 }  // namespace
 }  // namespace gradd
