@@ -28,8 +28,7 @@ Every rank must take part; gradd fails the job (naming the rank) when one
 does not, rather than hang.
 
 What ``_get_ddp_logging_data()`` reports about a rebuild lives in
-gradd/_ddp_logging.py (which reads this module's state; nothing here imports
-it back).
+gradd/_ddp_logging.py (from the client's plan; nothing here imports it).
 """
 from __future__ import annotations
 
