@@ -205,8 +205,8 @@ void JobManager::Stop() {
   if (thread_.joinable()) thread_.join();
   // Control thread gone: its state is ours now.
   for (auto& [id, p] : pending_) {
-    for (auto& r : p.ranks) {
-      if (r) std::move(r->done)(absl::UnavailableError("gradd daemon stopped"));
+    for (PendingRank& r : p.TakeAll()) {
+      std::move(r.done)(absl::UnavailableError("gradd daemon stopped"));
     }
   }
   pending_.clear();
@@ -242,12 +242,8 @@ absl::Time JobManager::NextDeadline() const {
   for (const auto& [id, active] : jobs_) {
     for (absl::Time t : active.restart_deadline) next = std::min(next, t);
   }
-  for (const auto& [id, p] : pending_) {
-    if (p.formation != 0) continue;  // the formation answers them
-    for (const auto& r : p.ranks) {
-      if (r) next = std::min(next, r->deadline);
-    }
-  }
+  // A forming job's ranks are answered by its formation.
+  for (const auto& [id, p] : pending_) next = std::min(next, p.NextDeadline());
   return next;
 }
 
@@ -375,22 +371,11 @@ void JobManager::DoDetach(const v1::DetachRequest& request,
   }
   const std::string job_id = request.job_id();
   const int rank = request.local_rank();
-  if (auto p = pending_.find(job_id); p != pending_.end()) {
-    auto& slot = p->second.ranks[rank];
-    if (slot) {
-      std::move(slot->done)(absl::CancelledError(
-          absl::StrCat(who, " detached before the job formed")));
-      slot.reset();
-      bound_.erase(request.session_id());
-      if (p->second.formation != 0) {
-        FailPending(job_id, absl::AbortedError(absl::StrCat(
-                                who,
-                                " detached while the job was forming "
-                                "with the other nodes")));
-      } else if (--p->second.count == 0) {
-        pending_.erase(p);
-      }
-    }
+  if (pending_.contains(job_id)) {
+    WithdrawPendingRank(job_id, rank,
+                        absl::CancelledError(absl::StrCat(
+                            who, " detached before the job formed")),
+                        absl::StrCat(who, " detached"), /*unclaim=*/false);
   } else {
     RankGone(job_id, rank, /*detached=*/true);
   }
@@ -402,26 +387,16 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
   if (it == bound_.end()) return;  // never attached, or detached already
   const std::string job_id = it->second.first;
   const int rank = it->second.second;
-  if (auto p = pending_.find(job_id); p != pending_.end()) {
-    auto& slot = p->second.ranks[rank];
-    if (slot) {
-      std::move(slot->done)(absl::UnavailableError(
-          absl::StrCat("local rank ", rank, " of job '", job_id,
-                       "' closed its session while attaching")));
-      slot.reset();
+  if (pending_.contains(job_id)) {
+    const std::string who =
+        absl::StrCat("local rank ", rank, " of job '", job_id, "'");
+    if (!WithdrawPendingRank(job_id, rank,
+                             absl::UnavailableError(absl::StrCat(
+                                 who, " closed its session while attaching")),
+                             absl::StrCat(who, " closed its session"),
+                             /*unclaim=*/false)) {
       bound_.erase(session_id);
-      if (p->second.formation != 0) {
-        FailPending(job_id,
-                    absl::AbortedError(absl::StrCat(
-                        "local rank ", rank, " of job '", job_id,
-                        "' closed its session while the job was forming with "
-                        "the other nodes")));
-      } else if (--p->second.count == 0) {
-        pending_.erase(p);
-      }
-      return;
     }
-    bound_.erase(session_id);
     return;
   }
   if (auto job = jobs_.find(job_id);

@@ -92,6 +92,7 @@
 #include "server/engine/job/rebuild.h"
 #include "server/engine/manager/loop_watchdog.h"
 #include "server/engine/manager/node_epochs.h"
+#include "server/engine/manager/pending_job.h"
 #include "server/engine/manager/reformation_stall.h"
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
@@ -174,21 +175,6 @@ class JobManager final : public NodeHandlerInterface,
   absl::StatusOr<std::vector<StallReport>> Stalls(const std::string& job_id);
 
  private:
-  struct PendingRank {
-    v1::AttachRequest request;
-    std::vector<ParamInfo> params;
-    absl::Time deadline;
-    AttachCallback done;
-    // The daemon's ordinal of the rank's GPU; -1: no CUDA parameters.
-    int device = -1;
-  };
-  struct PendingJob {
-    int world = 0;
-    std::vector<std::optional<PendingRank>> ranks;
-    int count = 0;
-    // Set while the multi-node formation runs (its number; 0: not forming).
-    uint64_t formation = 0;
-  };
   // Lets formation threads post back to a JobManager that may be gone.
   struct Mailbox {
     absl::Mutex mu;
@@ -324,6 +310,15 @@ class JobManager final : public NodeHandlerInterface,
   // session counts as idle again (SessionRegistryInterface::Unclaim).
   void Unbind(uint64_t session_id);
   void FailPending(const std::string& job_id, const absl::Status& status);
+  // Takes local rank `rank`'s attach out of pending job `job_id`, answers
+  // it with `answer` and unbinds its session (SessionRegistryInterface::
+  // Unclaim too when `unclaim`). A job forming with other nodes fails as a
+  // whole, ABORTED "<what> while the job was forming with the other
+  // nodes"; one still collecting its ranks goes once none is left. False
+  // (nothing done) when that rank has no pending attach.
+  bool WithdrawPendingRank(const std::string& job_id, int rank,
+                           absl::Status answer, absl::string_view what,
+                           bool unclaim);
   // Every local rank attached: checks that they agree, plans and makes the
   // job's spec, then activates it or starts its formation.
   void FormJob(const std::string& job_id);

@@ -97,56 +97,47 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
                        config_.max_jobs(), " jobs")));
       return;
     }
-    PendingJob p;
-    p.world = request.local_world_size();
-    p.ranks.resize(p.world);
-    it = pending_.emplace(id, std::move(p)).first;
+    it = pending_.emplace(id, PendingJob(request.local_world_size())).first;
   }
   PendingJob& p = it->second;
-  if (p.world != request.local_world_size()) {
+  if (p.world() != request.local_world_size()) {
     sessions_->Unclaim(sid);
     std::move(done)(absl::InvalidArgumentError(
         absl::StrCat(who, " says local world size ", request.local_world_size(),
-                     " but ranks already attached said ", p.world)));
+                     " but ranks already attached said ", p.world())));
     return;
   }
-  if (p.ranks[rank]) {
+  if (p.rank(rank)) {
     sessions_->Unclaim(sid);
     std::move(done)(absl::AlreadyExistsError(
         absl::StrCat(who, " is already attached (session ",
-                     p.ranks[rank]->request.session_id(), ")")));
+                     p.rank(rank)->request.session_id(), ")")));
     return;
   }
   const absl::Time limit = std::min(
       deadline, absl::Now() + absl::Milliseconds(config_.attach_timeout_ms()));
   bound_[sid] = {id, rank};
-  p.ranks[rank] = PendingRank{std::move(request), *std::move(params), limit,
-                              std::move(done), *device};
-  if (++p.count == p.world) FormJob(id);
+  if (p.Add(rank, PendingRank{std::move(request), *std::move(params), limit,
+                              std::move(done), *device})) {
+    FormJob(id);
+  }
 }
 
 void JobManager::ExpireAttaches(absl::Time now) {
   std::vector<std::string> emptied;
   for (auto& [id, p] : pending_) {
-    if (p.formation != 0) continue;  // bounded by the formation itself
-    std::vector<int> missing;
-    for (int r = 0; r < p.world; ++r) {
-      if (!p.ranks[r]) missing.push_back(r);
-    }
-    for (int r = 0; r < p.world; ++r) {
-      auto& slot = p.ranks[r];
-      if (!slot || slot->deadline > now) continue;
-      std::move(slot->done)(absl::DeadlineExceededError(absl::StrCat(
+    // A forming job is bounded by its formation (TakeExpired: none).
+    const std::vector<int> missing = p.Missing();
+    for (auto& [r, attach] : p.TakeExpired(now)) {
+      std::move(attach.done)(absl::DeadlineExceededError(absl::StrCat(
           "job '", id, "': local rank ", r,
           " timed out waiting for the other local ranks to attach; missing "
           "local rank",
           missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
-          " of local world size ", p.world)));
-      Unbind(slot->request.session_id());
-      slot.reset();
-      --p.count;
+          " of local world size ", p.world())));
+      Unbind(attach.request.session_id());
     }
-    if (p.count == 0) emptied.push_back(id);
+    if (p.empty()) emptied.push_back(id);
   }
   for (const std::string& id : emptied) pending_.erase(id);
 }
@@ -163,24 +154,41 @@ void JobManager::DoAttachCancelled(uint64_t session_id) {
   const int rank = bound->second.second;
   auto p = pending_.find(job_id);
   if (p == pending_.end()) return;  // formed: the attach was answered
-  std::optional<PendingRank>& slot = p->second.ranks[rank];
+  const std::optional<PendingRank>& slot = p->second.rank(rank);
   if (!slot || slot->request.session_id() != session_id) return;
-  AttachCallback done = std::move(slot->done);
-  slot.reset();
-  Unbind(session_id);
-  // Nobody reads this answer (the call is over); it is logged.
-  std::move(done)(absl::CancelledError(
-      absl::StrCat("local rank ", rank, " of job '", job_id,
-                   "': the client gave up on its Attach")));
-  if (p->second.formation != 0) {
+  // Nobody reads the answer (the call is over); it is logged.
+  const std::string who =
+      absl::StrCat("local rank ", rank, " of job '", job_id, "'");
+  WithdrawPendingRank(job_id, rank,
+                      absl::CancelledError(
+                          absl::StrCat("local rank ", rank, " of job '", job_id,
+                                       "': the client gave up on its Attach")),
+                      absl::StrCat(who, " gave up on its Attach"),
+                      /*unclaim=*/true);
+}
+
+bool JobManager::WithdrawPendingRank(const std::string& job_id, int rank,
+                                     absl::Status answer,
+                                     absl::string_view what, bool unclaim) {
+  auto p = pending_.find(job_id);
+  if (p == pending_.end()) return false;
+  std::optional<PendingRank> attach = p->second.Take(rank);
+  if (!attach) return false;
+  const uint64_t session_id = attach->request.session_id();
+  if (unclaim) {
+    Unbind(session_id);
+  } else {
+    bound_.erase(session_id);
+  }
+  std::move(attach->done)(std::move(answer));
+  if (p->second.forming()) {
     FailPending(job_id,
                 absl::AbortedError(absl::StrCat(
-                    "local rank ", rank, " of job '", job_id,
-                    "' gave up on its Attach while the job was forming with "
-                    "the other nodes")));
-  } else if (--p->second.count == 0) {
+                    what, " while the job was forming with the other nodes")));
+  } else if (p->second.empty()) {
     pending_.erase(p);
   }
+  return true;
 }
 
 void JobManager::FailPending(const std::string& job_id,
@@ -190,18 +198,17 @@ void JobManager::FailPending(const std::string& job_id,
   spdlog::error("job '{}' failed to form: {}", job_id, status.ToString());
   PendingJob p = std::move(it->second);
   pending_.erase(it);
-  for (auto& r : p.ranks) {
-    if (!r) continue;
-    Unbind(r->request.session_id());
-    std::move(r->done)(status);
+  for (PendingRank& r : p.TakeAll()) {
+    Unbind(r.request.session_id());
+    std::move(r.done)(status);
   }
 }
 
 void JobManager::FormJob(const std::string& job_id) {
   PendingJob& p = pending_.at(job_id);
-  const PendingRank& first = *p.ranks[0];
-  for (int r = 1; r < p.world; ++r) {
-    const PendingRank& other = *p.ranks[r];
+  const PendingRank& first = *p.rank(0);
+  for (int r = 1; r < p.world(); ++r) {
+    const PendingRank& other = *p.rank(r);
     if (absl::Status same =
             CompareLocalAttach(job_id, r, first.request, first.params,
                                other.request, other.params, config_);
@@ -224,7 +231,7 @@ void JobManager::FormJob(const std::string& job_id) {
   }
   // Shared and device memory together (job_memory.h).
   std::vector<int> rank_devices;
-  for (const auto& r : p.ranks) rank_devices.push_back(r->device);
+  for (const auto& r : p.ranks()) rank_devices.push_back(r->device);
   if (absl::Status s = CheckJobMemory(
           job_id,
           JobMemoryNeedOf(first.params, *plan, first.request.broadcast_bytes(),
@@ -235,9 +242,9 @@ void JobManager::FormJob(const std::string& job_id) {
     return;
   }
 
-  for (int r = 1; r < p.world; ++r) {
+  for (int r = 1; r < p.world(); ++r) {
     if (absl::Status same =
-            CompareNodeSetup(job_id, r, first.request, p.ranks[r]->request);
+            CompareNodeSetup(job_id, r, first.request, p.rank(r)->request);
         !same.ok()) {
       FailPending(job_id, same);
       return;
@@ -246,7 +253,7 @@ void JobManager::FormJob(const std::string& job_id) {
 
   JobSpec spec;
   spec.job_id = job_id;
-  spec.local_world_size = p.world;
+  spec.local_world_size = p.world();
   spec.params = first.params;
   spec.plan = *std::move(plan);
   spec.planner = options;

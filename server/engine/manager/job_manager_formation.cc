@@ -33,10 +33,10 @@ constexpr absl::Duration kFormationMargin = absl::Milliseconds(500);
 
 void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   PendingJob& p = pending_.at(job_id);
-  const v1::AttachRequest& request = p.ranks[0]->request;
+  const v1::AttachRequest& request = p.rank(0)->request;
   const v1::RendezvousConfig& rv = config_.rendezvous();
   absl::Time limit = absl::InfiniteFuture();
-  for (const auto& r : p.ranks) limit = std::min(limit, r->deadline);
+  for (const auto& r : p.ranks()) limit = std::min(limit, r->deadline);
 
   NodeFormationOptions options;
   options.job_id = job_id;
@@ -44,7 +44,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       request.node_id().empty() ? config_.node_id() : request.node_id();
   if (request.has_node_rank()) options.node_rank = request.node_rank();
   options.num_nodes = request.num_nodes();
-  options.local_world_size = p.world;
+  options.local_world_size = p.world();
   options.params = spec.params;
   options.local_plan = spec.plan;
   options.join_timeout = std::min(absl::Milliseconds(rv.formation_timeout_ms()),
@@ -67,7 +67,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
     return;
   }
   const uint64_t formation = next_formation_++;
-  p.formation = formation;
+  p.StartForming(formation);
   NcclJobPlatformInterface* nccl = UsesDeviceReducer(spec.params, spec.devices)
                                        ? DaemonNcclJobPlatform()
                                        : nullptr;
@@ -255,7 +255,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
                                      uint64_t formation, JobSpec spec,
                                      absl::StatusOr<FormedNodes> result) {
   auto it = pending_.find(job_id);
-  if (it == pending_.end() || it->second.formation != formation) {
+  if (it == pending_.end() || it->second.formation() != formation) {
     return;  // its ranks left meanwhile; dropping the backend tells peers
   }
   if (!result.ok()) {
@@ -330,10 +330,10 @@ void JobManager::Activate(
 
   // Hand every rank its memory before anyone's Attach returns, so a client
   // that sees OK can read its fds at once.
-  std::vector<uint64_t> attach_ids(p.world);
-  for (int r = 0; r < p.world; ++r) {
+  std::vector<uint64_t> attach_ids(p.world());
+  for (int r = 0; r < p.world(); ++r) {
     attach_ids[r] = next_attach_id_++;
-    absl::Status sent = sessions_->SendFds(p.ranks[r]->request.session_id(),
+    absl::Status sent = sessions_->SendFds(p.rank(r)->request.session_id(),
                                            attach_ids[r], (*job)->FdsFor(r));
     if (!sent.ok()) {
       FailPending(job_id,
@@ -367,9 +367,9 @@ void JobManager::Activate(
             s.num_nodes, s.min_nodes,
             static_cast<uint32_t>(s.rank_restart_grace.count()))) {
       MakeReformable(active, members, s.node_rank,
-                  admission ? admission->max_nodes : s.num_nodes,
-                  admission ? admission->arrivals_seen : 0,
-                  admission ? admission->epoch : 0, std::move(releases));
+                     admission ? admission->max_nodes : s.num_nodes,
+                     admission ? admission->arrivals_seen : 0,
+                     admission ? admission->epoch : 0, std::move(releases));
     }
   }
   active.job->Start();
@@ -389,18 +389,19 @@ void JobManager::Activate(
         j.plan().buckets.size(), bytes);
   }
 
-  PendingJob ready = std::move(p);
+  const int world = p.world();
+  std::vector<PendingRank> ready = p.TakeAll();  // complete: every rank
   pending_.erase(job_id);
   active.rebuild =
       MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
-  active.sessions.resize(ready.world);
-  active.restart_deadline.assign(ready.world, absl::InfiniteFuture());
-  for (int r = 0; r < ready.world; ++r) {
-    active.sessions[r] = ready.ranks[r]->request.session_id();
+  active.sessions.resize(world);
+  active.restart_deadline.assign(world, absl::InfiniteFuture());
+  for (int r = 0; r < world; ++r) {
+    active.sessions[r] = ready[r].request.session_id();
   }
   const Job& formed = *active.job;
   std::vector<v1::AttachResponse> responses;
-  for (int r = 0; r < ready.world; ++r) {
+  for (int r = 0; r < world; ++r) {
     responses.push_back(formed.ResponseFor(r));
     responses.back().set_attach_id(attach_ids[r]);
     // A node admitted into its running job: its ranks take part in the
@@ -408,8 +409,8 @@ void JobManager::Activate(
     if (admission.has_value()) responses.back().set_rejoined(true);
   }
   jobs_.emplace(job_id, std::move(active));
-  for (int r = 0; r < ready.world; ++r) {
-    std::move(ready.ranks[r]->done)(std::move(responses[r]));
+  for (int r = 0; r < world; ++r) {
+    std::move(ready[r].done)(std::move(responses[r]));
   }
 }
 

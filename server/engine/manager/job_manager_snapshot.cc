@@ -65,12 +65,12 @@ JobSnapshot JobManager::SnapshotOf(const std::string& id,
                                    bool detail) const {
   JobSnapshot s;
   s.job_id = id;
-  s.state = pending.formation != 0 ? JobSnapshot::State::kForming
-                                   : JobSnapshot::State::kPending;
-  s.local_world_size = pending.world;
+  s.state = pending.forming() ? JobSnapshot::State::kForming
+                              : JobSnapshot::State::kPending;
+  s.local_world_size = pending.world();
   const PendingRank* first = nullptr;
-  for (int r = 0; r < pending.world; ++r) {
-    const std::optional<PendingRank>& slot = pending.ranks[r];
+  for (int r = 0; r < pending.world(); ++r) {
+    const std::optional<PendingRank>& slot = pending.rank(r);
     if (!slot) continue;
     if (first == nullptr) first = &*slot;
     RankSnapshot rank;
