@@ -181,7 +181,7 @@ absl::StatusOr<BucketPlan> ParsePlan(const std::string& bytes,
 
 absl::StatusOr<NodeFormation> FormNodeJob(RendezvousStoreInterface& store,
                                           const NodeFormationOptions& options) {
-  const absl::Time deadline = absl::Now() + options.join_timeout;
+  const absl::Time deadline = absl::Now() + options.formation_timeout;
   auto left = [&] { return std::max(deadline - absl::Now(), kMinStep); };
 
   JobFormationOptions form;
@@ -191,7 +191,7 @@ absl::StatusOr<NodeFormation> FormNodeJob(RendezvousStoreInterface& store,
   form.num_nodes = options.num_nodes;
   form.local_world_size = options.local_world_size;
   form.params = Fingerprint(options.params);
-  form.timeout = options.join_timeout;
+  form.timeout = options.formation_timeout;
   form.expected_node_ids = options.expected_node_ids;
   form.prefix = absl::StrCat(options.prefix, "/members");
   absl::StatusOr<JobLayout> layout = FormJob(store, form);

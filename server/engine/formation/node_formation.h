@@ -21,7 +21,7 @@
 // re-form a job whose trainers restarted, meet in the next round.
 //
 // Thread-safety: a plain function; blocks the calling thread up to about
-// `join_timeout` (steps 1-3 share one deadline).
+// `formation_timeout` (steps 1-3 share one deadline).
 #ifndef GRADD_SERVER_ENGINE_FORMATION_NODE_FORMATION_H_
 #define GRADD_SERVER_ENGINE_FORMATION_NODE_FORMATION_H_
 
@@ -51,7 +51,7 @@ struct NodeFormationOptions {
   BucketPlan local_plan;
   // Host the other nodes reach this node's Gloo transport on.
   std::string advertise_host = "127.0.0.1";
-  absl::Duration join_timeout = absl::Seconds(60);
+  absl::Duration formation_timeout = absl::Seconds(60);
   absl::Duration collective_timeout = absl::Seconds(30);
   // An elastic job (reformation.h): its Gloo backend runs no failure probe
   // (GlooBackend::Options::failure_probe_timeout 0), because the

@@ -340,12 +340,12 @@ bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
   return num_nodes > 1 && (min_nodes > 0 || rank_restart_grace_ms > 0);
 }
 
-absl::Status CompareRejoinAttach(const std::string& job_id, int rank,
-                                 int local_world_size,
-                                 const std::vector<ParamInfo>& job_params,
-                                 uint64_t broadcast_bytes,
-                                 const v1::AttachRequest& request,
-                                 const std::vector<ParamInfo>& params) {
+absl::Status CompareRestartAttach(const std::string& job_id, int rank,
+                                  int local_world_size,
+                                  const std::vector<ParamInfo>& job_params,
+                                  uint64_t broadcast_bytes,
+                                  const v1::AttachRequest& request,
+                                  const std::vector<ParamInfo>& params) {
   const std::string who =
       absl::StrCat("local rank ", rank, " of job '", job_id, "'");
   if (request.local_world_size() != local_world_size) {

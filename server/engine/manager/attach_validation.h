@@ -68,12 +68,12 @@ bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
 // `broadcast_bytes`): the first difference between what the job runs and
 // what `request` (its parameters `params`) asks for, INVALID_ARGUMENT
 // naming it; OK when they are the same.
-absl::Status CompareRejoinAttach(const std::string& job_id, int rank,
-                                 int local_world_size,
-                                 const std::vector<ParamInfo>& job_params,
-                                 uint64_t broadcast_bytes,
-                                 const v1::AttachRequest& request,
-                                 const std::vector<ParamInfo>& params);
+absl::Status CompareRestartAttach(const std::string& job_id, int rank,
+                                  int local_world_size,
+                                  const std::vector<ParamInfo>& job_params,
+                                  uint64_t broadcast_bytes,
+                                  const v1::AttachRequest& request,
+                                  const std::vector<ParamInfo>& params);
 
 // The same for the multi-node setup (num_nodes, node rank, node id,
 // coordinator).

@@ -26,7 +26,7 @@
 // rank_restart_grace_ms is > 0 (attach_validation.h), a rank whose session
 // closes without Detach is "restarting" (Job::RankRestarting) with a
 // deadline this loop keeps (NextDeadline); an Attach for that job id and
-// rank that matches the job (CompareRejoinAttach) is bound to its new
+// rank that matches the job (CompareRestartAttach) is bound to its new
 // session, the engine takes the rank back (Job::Rejoin) and the Attach is
 // answered with the same fds and AttachResponse.rejoined. Past the
 // deadline the job fails ABORTED naming the rank and the grace, and the
@@ -293,9 +293,9 @@ class JobManager final : public NodeHandlerInterface,
   void RankGone(const std::string& job_id, int rank, bool detached);
   // Rank restart (job_manager_restart.cc). An Attach for active job
   // `active`: re-attaches its restarting rank, or refuses as before.
-  void DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
-                      std::vector<ParamInfo> params, int device,
-                      AttachCallback done);
+  void DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
+                       std::vector<ParamInfo> params, int device,
+                       AttachCallback done);
   // Fails the jobs whose restarting ranks' grace is over.
   void ExpireRestarts(absl::Time now);
 

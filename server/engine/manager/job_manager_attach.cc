@@ -72,8 +72,8 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
     }
     if (rank < static_cast<int>(active.sessions.size()) &&
         active.job->restarting(rank)) {
-      DoRejoinAttach(active, std::move(request), *std::move(params), *device,
-                     std::move(done));
+      DoRestartAttach(active, std::move(request), *std::move(params), *device,
+                      std::move(done));
       return;
     }
     sessions_->Unclaim(sid);

@@ -47,8 +47,9 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   options.local_world_size = p.world();
   options.params = spec.params;
   options.local_plan = spec.plan;
-  options.join_timeout = std::min(absl::Milliseconds(rv.formation_timeout_ms()),
-                                  limit - absl::Now() - kFormationMargin);
+  options.formation_timeout =
+      std::min(absl::Milliseconds(rv.formation_timeout_ms()),
+               limit - absl::Now() - kFormationMargin);
   // A peer node waits in the network while a rank of another node restarts.
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
@@ -59,7 +60,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
        absl::StrSplit(rv.expected_node_ids(), ',', absl::SkipWhitespace())) {
     options.expected_node_ids.emplace_back(absl::StripAsciiWhitespace(id));
   }
-  if (options.join_timeout <= absl::ZeroDuration()) {
+  if (options.formation_timeout <= absl::ZeroDuration()) {
     FailPending(job_id, absl::DeadlineExceededError(absl::StrCat(
                             "job '", job_id,
                             "': no time left before the Attach deadline to "
@@ -108,11 +109,13 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           absl::StrCat("job '", job_id, "': node '", options.node_id,
                        "' joining ", options.num_nodes, " nodes through ",
                        coordinator, " (Gloo on ", options.advertise_host, ")"));
-      ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStoreInterface> client,
-                       selector->Connect(coordinator, options.join_timeout));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<RendezvousStoreInterface> client,
+          selector->Connect(coordinator, options.formation_timeout));
       if (elastic && spec.min_nodes > 0) {
-        absl::StatusOr<std::string> running = FindRunning(
-            *client, job_id, std::min(options.join_timeout, absl::Seconds(5)));
+        absl::StatusOr<std::string> running =
+            FindRunning(*client, job_id,
+                        std::min(options.formation_timeout, absl::Seconds(5)));
         if (running.ok()) {
           ReformOptions admit;
           admit.job_id = job_id;
@@ -127,7 +130,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           admit.requested_offset = -1;
           admit.advertise_host = options.advertise_host;
           admit.settle = settle;
-          admit.timeout = options.join_timeout;
+          admit.timeout = options.formation_timeout;
           admit.collective_timeout = options.collective_timeout;
           admit.reason =
               absl::StrCat("node '", options.node_id, "' asks to be admitted");
@@ -180,7 +183,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
               absl::StrCat("round", absl::StripPrefix(*running, "elastic"));
           for (const std::string& round : {out.round_prefix, *running}) {
             absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> holder =
-                selector->Connect(coordinator, options.join_timeout);
+                selector->Connect(coordinator, options.formation_timeout);
             if (!holder.ok()) continue;
             (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
                                             options.num_nodes);
@@ -225,7 +228,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
         for (const std::string& round :
              {options.prefix, ElasticPrefix(options.prefix)}) {
           absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> holder =
-              selector->Connect(coordinator, options.join_timeout);
+              selector->Connect(coordinator, options.formation_timeout);
           if (!holder.ok()) continue;  // the job TTL removes the keys
           (*holder)->ReleaseRoundWhenDone(job_id, round, options.node_id,
                                           out.formation.layout.num_nodes);

@@ -12,9 +12,9 @@
 
 namespace gradd {
 
-void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
-                                std::vector<ParamInfo> params, int device,
-                                AttachCallback done) {
+void JobManager::DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
+                                 std::vector<ParamInfo> params, int device,
+                                 AttachCallback done) {
   Job& job = *active.job;
   const std::string id = request.job_id();
   const int rank = request.local_rank();
@@ -22,8 +22,8 @@ void JobManager::DoRejoinAttach(ActiveJob& active, v1::AttachRequest request,
   const std::string who =
       absl::StrCat("local rank ", rank, " of job '", id, "'");
   absl::Status same =
-      CompareRejoinAttach(id, rank, job.local_world_size(), job.spec().params,
-                          job.spec().broadcast_bytes, request, params);
+      CompareRestartAttach(id, rank, job.local_world_size(), job.spec().params,
+                           job.spec().broadcast_bytes, request, params);
   if (same.ok() && request.has_rank_restart_grace_ms() &&
       request.rank_restart_grace_ms() != active.grace_ms()) {
     same = absl::InvalidArgumentError(
