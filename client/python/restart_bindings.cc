@@ -1,4 +1,4 @@
-// The Python binding's rank restart calls (gradd._C.Client.rejoined,
+// The Python binding's rank restart calls (gradd._C.Client.restarted,
 // rank_restart_grace_ms, iterations_aborted, restarts, state_sync_pending,
 // begin_state_sync; client/include/gradd/client.h "Rank restart"), and
 // gradd._C._raise_status, which raises what a status maps to (the tests of
@@ -36,11 +36,6 @@ void DefineRankRestart(py::module_& m, py::class_<PyClient>& client) {
           "True when this attach re-attached a restarted rank to its running "
           "job (rank_restart_grace_ms > 0); its first iteration is then "
           "`iteration`, past 1.")
-      // The extension is private (gradd._C); its old name stays until
-      // gradd.torch no longer reads it.
-      .def_property_readonly(
-          "rejoined", [](PyClient& c) { return c.client().restarted(); },
-          "Old name of `restarted`.")
       .def_property_readonly(
           "rank_restart_grace_ms",
           [](PyClient& c) { return c.client().rank_restart_grace_ms(); },
@@ -70,12 +65,12 @@ void DefineRankRestart(py::module_& m, py::class_<PyClient>& client) {
           "state_behind", [](PyClient& c) { return c.client().state_behind(); },
           "The last re-formation found this rank's node one iteration behind "
           "and it has not synced since: it loads the state the next sync "
-          "broadcasts, like a rejoined rank.")
+          "broadcasts, like a restarted rank.")
       .def(
           "state_sync_pending",
           [](PyClient& c) { return c.client().StateSyncPending(); },
           "True when a state sync is due before this rank's next iteration "
-          "(a rank rejoined since this rank last synced, or this rank "
+          "(a rank restarted since this rank last synced, or this rank "
           "rejoined and has not synced yet). Every rank of the job sees the "
           "same at the same point of its iteration sequence.")
       .def("begin_state_sync", &PyClient::BeginStateSync,

@@ -177,11 +177,7 @@ class RankRestart:
         self.min_nodes = int(getattr(client, "min_nodes", 0))
         # This process attached to its job while the job was running (a
         # restarted rank, or a trainer of a node admitted at a re-formation).
-        # The client library's name until this release was "rejoined".
-        restarted = getattr(client, "restarted", None)
-        if restarted is None:
-            restarted = getattr(client, "rejoined", False)
-        self.restarted = bool(restarted)
+        self.restarted = bool(getattr(client, "restarted", False))
         # The iteration this rank restarted at (its first), else None.
         self.restart_iteration: Optional[int] = (
             int(client.iteration) if self.restarted else None)
