@@ -71,7 +71,7 @@ void DefineRankRestart(py::module_& m, py::class_<PyClient>& client) {
           [](PyClient& c) { return c.client().StateSyncPending(); },
           "True when a state sync is due before this rank's next iteration "
           "(a rank restarted since this rank last synced, or this rank "
-          "rejoined and has not synced yet). Every rank of the job sees the "
+          "restarted and has not synced yet). Every rank of the job sees the "
           "same at the same point of its iteration sequence.")
       .def("begin_state_sync", &PyClient::BeginStateSync,
            "Collective: the state sync's root, the lowest global rank that "
