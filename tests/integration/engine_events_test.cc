@@ -24,6 +24,7 @@
 #include "server/config.h"
 #include "server/daemon.h"
 #include "tests/integration/harness.h"
+#include "tests/support/temp_dir.h"
 #include "tools/graddctl/trace.h"
 
 namespace gradd::testing {
@@ -40,9 +41,8 @@ using ::testing::Not;
 class InProcessDaemonTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-tl-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-tl-");
+    ASSERT_FALSE(dir_.empty());
     socket_ = dir_ + "/run/gradd.sock";
   }
   void TearDown() override {

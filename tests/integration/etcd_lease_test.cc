@@ -93,9 +93,8 @@ class Recorder {
 class EtcdLeaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-etcd-lease-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-etcd-lease-");
+    ASSERT_FALSE(dir_.empty());
     EtcdCluster::Options o;
     o.dir = dir_;
     cluster_ = EtcdCluster::Start(o);

@@ -49,9 +49,8 @@ std::string ReadText(const std::string& path) {
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-etcd-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-etcd-");
+    ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override {
     cluster_.reset();

@@ -69,15 +69,6 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-std::string MakeTestDir(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    ADD_FAILURE() << "mkdtemp " << tmpl << ": " << std::strerror(errno);
-    return "";
-  }
-  return tmpl;
-}
-
 void GraddTest::StopNodeDaemons(std::vector<NodeDaemon>& daemons,
                                 milliseconds timeout, bool print_logs) {
   for (NodeDaemon& d : daemons) {

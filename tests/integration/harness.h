@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd::testing {
 
@@ -142,7 +143,10 @@ class GraddTest : public ::testing::Test {
 
 // A fresh directory "/tmp/<prefix>XXXXXX" (short: Unix socket paths are
 // limited to 107 bytes); "" and a test failure when it cannot be made.
-std::string MakeTestDir(const std::string& prefix);
+// The one helper of tests/support/temp_dir.h, by the harness's name.
+inline std::string MakeTestDir(const std::string& prefix) {
+  return MakeTempDir(prefix);
+}
 
 // Trainer reports: the text after " key=" in `output` up to the next space
 // or end of line ("" if absent), and a comma-separated list of ints (a

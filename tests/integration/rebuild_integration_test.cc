@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd::testing {
 namespace {
@@ -79,9 +80,8 @@ TEST_F(RebuildIntegrationTest, ARankThatSkipsTheRebuildFailsTheJob) {
 class RebuildTwoDaemonsTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-rb-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-rb-");
+    ASSERT_FALSE(dir_.empty());
     ASSERT_TRUE(StartNode("node-a"));
     ASSERT_TRUE(StartNode("node-b"));
   }

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd::testing {
 namespace {
@@ -39,9 +40,8 @@ bool Connects(const std::string& path, int type) {
 class SystemdTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-sd-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    notify_dir_ = tmpl;
+    notify_dir_ = ::gradd::testing::MakeTempDir("gradd-sd-");
+    ASSERT_FALSE(notify_dir_.empty());
     notify_path_ = notify_dir_ + "/notify";
     notify_fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(notify_fd_, 0);
@@ -63,8 +63,7 @@ class SystemdTest : public GraddTest {
   void TearDown() override {
     GraddTest::TearDown();
     if (notify_fd_ >= 0) close(notify_fd_);
-    unlink(notify_path_.c_str());
-    rmdir(notify_dir_.c_str());
+    ::gradd::testing::RemoveTree(notify_dir_);
   }
 
   // The next notification, or "" if none comes within `timeout`.

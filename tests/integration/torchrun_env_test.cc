@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd::testing {
 namespace {
@@ -43,9 +44,8 @@ long Field(const std::string& output, const std::string& key) {
 class TorchrunEnvTest : public GraddTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-tr-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-tr-");
+    ASSERT_FALSE(dir_.empty());
     port_ = FreePort();
     ASSERT_GT(port_, 0);
   }

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd {
 namespace {
@@ -83,9 +84,8 @@ class FakeAdminHandler final : public AdminHandlerInterface {
 class AdminServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-admin-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-admin-");
+    ASSERT_FALSE(dir_.empty());
     const std::string address = "unix:" + dir_ + "/s.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address, grpc::InsecureServerCredentials());
@@ -104,8 +104,7 @@ class AdminServiceTest : public ::testing::Test {
                         std::chrono::seconds(2));
       server_->Wait();
     }
-    unlink((dir_ + "/s.sock").c_str());
-    rmdir(dir_.c_str());
+    ::gradd::testing::RemoveTree(dir_);
   }
   void Deadline(grpc::ClientContext* context, absl::Duration d) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + d));

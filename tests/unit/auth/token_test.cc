@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/auth/test_certs.h"
 
 namespace gradd {
@@ -66,9 +67,9 @@ TEST(TokenSetTest, BadFilesNameTheLineButNeverTheToken) {
 }
 
 TEST(ReadSecretFileTest, MissingUnreadableAndHugeFilesAreClearErrors) {
-  char tmpl[] = "/tmp/gradd-token-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  testing::TempDir temp("gradd-token-");
+  ASSERT_FALSE(temp.path().empty());
+  const std::string& dir = temp.path();
   absl::StatusOr<std::string> missing =
       ReadSecretFile(dir + "/nope", "rendezvous.token_file");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
@@ -85,7 +86,6 @@ TEST(ReadSecretFileTest, MissingUnreadableAndHugeFilesAreClearErrors) {
   absl::StatusOr<std::string> ok = ReadSecretFile(dir + "/token", "k");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, kToken);
-  testing::RemoveTree(dir);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd {
 namespace {
@@ -21,14 +22,12 @@ using ::testing::HasSubstr;
 class UnixSocketTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-unix-socket-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-unix-socket-test-");
+    ASSERT_FALSE(dir_.empty());
     path_ = dir_ + "/s.sock";
   }
   void TearDown() override {
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
+    ::gradd::testing::RemoveTree(dir_);
   }
   std::string dir_;
   std::string path_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tools/graddctl/args.h"
 #include "tools/graddctl/format.h"
 #include "tools/graddctl/trace.h"
@@ -80,9 +81,9 @@ TEST(GraddctlArgsTest, BadUsageNamesTheProblem) {
   for (const Case& c : cases) {
     absl::StatusOr<Options> o = Parse(c.args);
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument)
-        << testing::PrintToString(c.args);
+        << ::testing::PrintToString(c.args);
     EXPECT_THAT(o.status().message(), HasSubstr(c.message))
-        << testing::PrintToString(c.args);
+        << ::testing::PrintToString(c.args);
   }
   EXPECT_EQ(ParseArgs({"status"}, "").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -213,13 +214,13 @@ TEST(GraddctlFormatTest, JobsTableHasOneLinePerJob) {
   const std::string out = FormatJobs(jobs);
   EXPECT_THAT(out, HasSubstr("ID"));
   EXPECT_THAT(out, HasSubstr("ITERATION"));
-  EXPECT_THAT(out, testing::ContainsRegex(
+  EXPECT_THAT(out, ::testing::ContainsRegex(
                        "resnet +running +3/4 +2 +8 +120 +5 +3.0 MiB"));
   // Each job's network epoch (issue 34).
   EXPECT_THAT(out, HasSubstr("EPOCH"));
   j->set_epoch(2);
   EXPECT_THAT(FormatJobs(jobs),
-              testing::ContainsRegex("resnet +running .* +3.0 MiB +2\n"));
+              ::testing::ContainsRegex("resnet +running .* +3.0 MiB +2\n"));
 }
 
 TEST(GraddctlFormatTest, JobDetailShowsEverySection) {
@@ -368,8 +369,9 @@ TEST(GraddctlTraceTest, JsonStringEscapes) {
 // expression over `t` that must be true); "ok" or what went wrong.
 std::string CheckWithPython(const std::string& trace,
                             const std::string& check) {
-  char dir[] = "/tmp/graddctl_trace_XXXXXX";
-  if (mkdtemp(dir) == nullptr) return "mkdtemp failed";
+  ::gradd::testing::TempDir temp("graddctl_trace_");
+  if (temp.path().empty()) return "mkdtemp failed";
+  const std::string& dir = temp.path();
   const std::string json = absl::StrCat(dir, "/trace.json");
   const std::string script = absl::StrCat(dir, "/check.py");
   std::ofstream(json) << trace;
@@ -385,9 +387,6 @@ std::string CheckWithPython(const std::string& trace,
     while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
     pclose(p);
   }
-  unlink(json.c_str());
-  unlink(script.c_str());
-  rmdir(dir);
   while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }

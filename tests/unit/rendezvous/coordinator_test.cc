@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/rendezvous/host_addresses.h"
 #include "server/rendezvous/rendezvous_client.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/auth/test_certs.h"
 
 namespace gradd {
@@ -181,9 +182,9 @@ TEST(CoordinatorTest, WithoutCredentialsMultiNodeIsRefusedBeforeAnyPort) {
 // With a token, the store the selector serves demands it and the clients
 // Connect() makes carry it; the store's limits come from the options.
 TEST(CoordinatorTest, TheServedStoreDemandsTheDaemonsCredentials) {
-  char tmpl[] = "/tmp/gradd-coord-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string token = std::string(tmpl) + "/token";
+  testing::TempDir dir("gradd-coord-");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string token = dir.path() + "/token";
   ASSERT_TRUE(testing::WriteSecret(token, "0123456789abcdef0123456789abcdef"));
   NodeCredentialsOptions creds;
   creds.token_file = token;
@@ -212,7 +213,6 @@ TEST(CoordinatorTest, TheServedStoreDemandsTheDaemonsCredentials) {
   EXPECT_EQ((*stranger)->Set("job", "k", "poisoned").code(),
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(*(*member)->Get("job", "k", absl::Seconds(1)), "v");
-  testing::RemoveTree(tmpl);
 }
 
 TEST(HostAddressesTest, ParsesHostsAndPorts) {

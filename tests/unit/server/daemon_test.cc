@@ -24,6 +24,7 @@
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "server/config.h"
 
 namespace gradd {
@@ -34,9 +35,8 @@ using ::testing::HasSubstr;
 class DaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-daemon-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    root_ = ::gradd::testing::MakeTempDir("gradd-daemon-test-");
+    ASSERT_FALSE(root_.empty());
     config_ = DefaultConfig();
     config_.set_socket_path(root_ + "/run/gradd.sock");
   }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd {
 namespace {
@@ -20,9 +21,8 @@ namespace {
 class SystemdNotifyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gradd-notify-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::gradd::testing::MakeTempDir("gradd-notify-");
+    ASSERT_FALSE(dir_.empty());
     path_ = dir_ + "/notify";
     fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(fd_, 0);
@@ -40,8 +40,7 @@ class SystemdNotifyTest : public ::testing::Test {
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
     if (fd_ >= 0) close(fd_);
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
+    ::gradd::testing::RemoveTree(dir_);
   }
   // The next datagram, or "" after 5 s.
   std::string Receive() {
