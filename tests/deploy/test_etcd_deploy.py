@@ -23,7 +23,12 @@ import pytest
 
 from test_systemd_unit import parse_unit
 
-yaml = pytest.importorskip("yaml", reason="python3-yaml not installed")
+# scripts/setup installs it: without it this module fails, it does not skip.
+try:
+    import yaml
+except ImportError as e:
+    raise ImportError(f"{e}: python3-yaml is a test dependency (scripts/setup "
+                      "installs it)") from e
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -75,9 +80,7 @@ def gradd_config(text):
 @pytest.fixture(scope="module")
 def models():
     """test_k8s_manifests' checker (python3-kubernetes' models)."""
-    pytest.importorskip("kubernetes.client",
-                        reason="python3-kubernetes not installed")
-    import test_k8s_manifests
+    import test_k8s_manifests  # fails without python3-kubernetes
     return test_k8s_manifests
 
 
@@ -231,7 +234,8 @@ def test_the_dropin_loads_what_the_config_names():
 def test_verify_passes_with_both_dropins(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze not installed (Debian: systemd)")
+        pytest.fail("systemd-analyze not installed (Debian: systemd, which "
+                    "scripts/setup installs)", pytrace=False)
     binary = gradd_binary()
     unit = tmp_path / "gradd.service"
     unit.write_text((SYSTEMD / "gradd.service").read_text().replace(
@@ -281,7 +285,8 @@ def test_etcd_default_is_one_member_of_a_tls_cluster():
 def gradd_binary():
     binary = os.environ.get("GRADD_BINARY", str(REPO / "build/server/gradd"))
     if not os.access(binary, os.X_OK):
-        pytest.skip(f"gradd not built at {binary}")
+        pytest.fail(f"gradd not built at {binary} (ninja -C build gradd)",
+                    pytrace=False)
     return os.path.abspath(binary)
 
 
@@ -292,7 +297,8 @@ def graddctl_binary():
          if p.is_file() and os.access(p, os.X_OK)), None) \
         if (build / "tools").exists() else shutil.which("graddctl")
     if not found:
-        pytest.skip("graddctl not built (tools/graddctl, the admin CLI)")
+        pytest.fail("graddctl not built (tools/graddctl, the admin CLI)",
+                    pytrace=False)
     return found
 
 
@@ -305,7 +311,8 @@ def free_port():
 @pytest.fixture
 def certs(tmp_path):
     if not os.access(ETCD, os.X_OK):
-        pytest.skip(f"etcd not installed at {ETCD} (scripts/setup: etcd-server)")
+        pytest.fail(f"etcd not installed at {ETCD} (scripts/setup installs "
+                    "etcd-server)", pytrace=False)
     out = tmp_path / "certs"
     subprocess.run(["sh", str(REPO / "tests/tools/make_test_certs.sh"), str(out)],
                    check=True, timeout=60)

@@ -97,7 +97,8 @@ def test_every_dashboard_query_names_an_exported_metric(gradd_binary, job_id):
         assert not unshown, f"not on the dashboard: {sorted(unshown)}"
 
         if shutil.which("prometheus") is None:
-            pytest.skip("Prometheus is not installed: PromQL not evaluated")
+            pytest.fail("Prometheus is not installed (scripts/setup installs "
+                        "it): PromQL not evaluated", pytrace=False)
         prom = Prometheus([f"127.0.0.1:{d.metrics_port}"])
         wait_for("a scrape", lambda: prom.query("gradd_jobs"), timeout=60)
         for title, expr in queries:

@@ -94,9 +94,10 @@ def test_failed_attach_is_counted_by_code(metrics_daemon, job_id):
     assert value(text, "gradd_attaches_total", code="INVALID_ARGUMENT") == 1
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None,
-                    reason="Prometheus is not installed (Debian package 'prometheus')")
 def test_real_prometheus_scrapes_a_running_job(metrics_daemon, job_id):
+    if shutil.which("prometheus") is None:
+        pytest.fail("Prometheus is not installed (Debian package 'prometheus', "
+                    "which scripts/setup installs)", pytrace=False)
     trainer = Trainer(metrics_daemon, job_id, ITERATIONS)
     prom = None
     try:

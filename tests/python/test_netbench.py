@@ -25,7 +25,9 @@ def _why_not():
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
     if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
+        # scripts/setup installs iproute2: its absence fails the module.
+        raise RuntimeError("iproute2 (ip, tc) is not installed (scripts/setup "
+                           "installs it)")
     name = f"gnbprobe{secrets.token_hex(2)}"
     p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, env=_ENV)
     if p.returncode != 0:

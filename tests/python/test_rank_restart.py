@@ -256,8 +256,9 @@ def _rank_restart_supported(socket_path, job_id):
 @pytest.fixture
 def restart_supported(daemon, job_id):
     if not _rank_restart_supported(daemon.socket, job_id + "-probe"):
-        pytest.skip("this build's client library / daemon do not implement rank restart "
-                    "(a job attached with rank_restart_grace_ms=1234 reports 0)")
+        pytest.fail("this build's client library / daemon do not implement rank restart "
+                    "(a job attached with rank_restart_grace_ms=1234 reports 0)",
+                    pytrace=False)
 
 
 class _Trainers(TrainerProcs):

@@ -276,7 +276,8 @@ def _netns_reason():
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
     if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
+        pytest.fail("iproute2 (ip, tc) is not installed (scripts/setup installs it)",
+                    pytrace=False)
     name = f"gnbprobe{secrets.token_hex(2)}"
     p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if p.returncode != 0:
