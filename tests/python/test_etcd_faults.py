@@ -11,7 +11,7 @@ recompute the parameters without gradd).
     talk to first, while a follower; and the leader, while not member 0):
     nothing happens to the job, no aborted iteration, no re-formation;
   - every etcd member is SIGKILLed mid-job: the running job finishes its
-    steps, a job attached meanwhile fails within the join timeout naming
+    steps, a job attached meanwhile fails within the formation timeout naming
     the etcd endpoints, and once etcd is back a new job forms and ends.
 
   - jobs that ended (an elastic one, whose last node deletes its keys, and
@@ -214,7 +214,7 @@ def test_etcd_down_then_back(etcd_nodes, job_id, tmp_path):
     to go on: both trainers complete every step on 2 nodes, no aborted
     iteration, parameters of the recomputation (and no node decides the
     other is lost because etcd went quiet). A 2-node job attached while
-    etcd is down fails on both nodes within the join timeout (not a hang,
+    etcd is down fails on both nodes within the formation timeout (not a hang,
     not the client's attach timeout) with an error naming the etcd
     endpoints. After restart_all() a new 2-node job forms and completes on
     the same daemons."""
