@@ -298,10 +298,13 @@ class Stranger {
     v1::RendezvousGetResponse response;
     return stub_->Get(&context, request, &response);
   }
+  // `timeout`: how long the call may take (a large value on a loaded
+  // machine needs more than the default to even arrive).
   grpc::Status Set(const std::string& job, const std::string& key,
-                   const std::string& value) {
+                   const std::string& value,
+                   absl::Duration timeout = absl::Seconds(5)) {
     grpc::ClientContext context;
-    Prepare(&context);
+    Prepare(&context, timeout);
     v1::RendezvousSetRequest request;
     request.set_job_id(job);
     request.set_key(key);
@@ -321,8 +324,9 @@ class Stranger {
   }
 
  private:
-  void Prepare(grpc::ClientContext* context) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  void Prepare(grpc::ClientContext* context,
+               absl::Duration timeout = absl::Seconds(5)) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     if (!token_.empty())
       context->AddMetadata("authorization", "Bearer " + token_);
   }
@@ -601,8 +605,13 @@ TEST_F(CoordinatorAuthTest,
     for (int i = 0; i < 16; ++i) {
       senders.emplace_back([&, i] {
         Stranger stranger(absl::StrCat("127.0.0.1:", port), "");
-        grpc::Status s = stranger.Set(absl::StrCat("bloat", i), "k",
-                                      std::string(31 << 20, 'x'));
+        // 16 x 31 MiB at once: under a loaded CI machine they took more
+        // than the default 5 s to arrive (DEADLINE_EXCEEDED, the refusal
+        // never seen), so the calls get a minute; what is measured is the
+        // memory after, not the time.
+        grpc::Status s =
+            stranger.Set(absl::StrCat("bloat", i), "k",
+                         std::string(31 << 20, 'x'), absl::Seconds(60));
         EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
             << s.error_message();
       });
