@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/job/job.h"
 #include "server/engine/reduce/fake_bucket_reducer.h"
+#include "tests/unit/engine/job/job_control_test.h"
 
 namespace gradd {
 namespace {
@@ -89,7 +90,7 @@ struct JobOptions {
   int initial_world_size = 0;
 };
 
-class JobElasticTest : public ::testing::Test {
+class JobElasticTest : public JobControlTest {
  protected:
   // Node rank 0 of 2 (nodes 'a', 'b'), two local ranks, world size 4; two
   // float32 parameters of 64 bytes, one bucket each.
@@ -127,32 +128,13 @@ class JobElasticTest : public ::testing::Test {
         breaks_.push_back(std::move(b));
       });
     }
-    layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
-    std::vector<int> rank_blocks;
-    for (int r = 0; r < 2; ++r) {
-      rank_blocks.push_back(job_->FdsFor(r)[2]);
-      bells_.push_back(job_->FdsFor(r)[3]);
-    }
-    control_ = *ControlMapping::Map(*layout_, job_->FdsFor(0)[0],
-                                    /*job_writable=*/false, rank_blocks);
-    header_ = layout_->header(control_.data());
-    me_ = layout_->rank_header(control_.data(), 0);
+    MapControl(*job_);
     job_->Start();
   }
   void TearDown() override {
     if (job_) job_->Stop();
   }
 
-  void Publish(int rank, int bucket, uint64_t iteration) {
-    layout_->ready_row(control_.data(), rank)[bucket].store(
-        iteration, std::memory_order_release);
-    RingDaemon(header_, layout_->rank_header(control_.data(), rank),
-               bells_[rank]);
-  }
-  uint64_t Done(int bucket) {
-    return layout_->done_seq(control_.data())[bucket].load(
-        std::memory_order_acquire);
-  }
   uint64_t Row(int rank, int bucket) {
     return layout_->ready_row(control_.data(), rank)[bucket].load();
   }
@@ -212,11 +194,6 @@ class JobElasticTest : public ::testing::Test {
   std::shared_ptr<FakeReductions> net_;
   RecordingSink* sink_ = nullptr;
   std::unique_ptr<Job> job_;
-  std::unique_ptr<ControlLayout> layout_;
-  ControlMapping control_;
-  ControlHeader* header_ = nullptr;
-  RankHeader* me_ = nullptr;
-  std::vector<int> bells_;
   absl::Mutex breaks_mu_;
   std::vector<Job::NetworkBreak> breaks_ ABSL_GUARDED_BY(breaks_mu_);
 };

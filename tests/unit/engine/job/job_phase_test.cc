@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/job/job.h"
 #include "server/engine/reduce/fake_bucket_reducer.h"
+#include "tests/unit/engine/job/job_control_test.h"
 
 namespace gradd {
 namespace {
@@ -55,7 +56,7 @@ class PhaseSink final : public JobEventSinkInterface {
   std::vector<JobPhaseEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
-class JobPhaseTest : public ::testing::Test {
+class JobPhaseTest : public JobControlTest {
  protected:
   void MakeJob(int num_nodes, int min_nodes) {
     JobSpec spec;
@@ -86,25 +87,11 @@ class JobPhaseTest : public ::testing::Test {
       absl::MutexLock lock(&mu_);
       ++breaks_;
     });
-    layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
-    std::vector<int> rank_blocks;
-    for (int r = 0; r < 2; ++r) {
-      rank_blocks.push_back(job_->FdsFor(r)[2]);
-      bells_.push_back(job_->FdsFor(r)[3]);
-    }
-    control_ = *ControlMapping::Map(*layout_, job_->FdsFor(0)[0],
-                                    /*job_writable=*/false, rank_blocks);
-    header_ = layout_->header(control_.data());
+    MapControl(*job_);
     job_->Start();
   }
   void TearDown() override {
     if (job_) job_->Stop();
-  }
-  void Publish(int rank, int bucket, uint64_t iteration) {
-    layout_->ready_row(control_.data(), rank)[bucket].store(
-        iteration, std::memory_order_release);
-    RingDaemon(header_, layout_->rank_header(control_.data(), rank),
-               bells_[rank]);
   }
   bool WaitBreaks(int n) {
     absl::MutexLock lock(&mu_);
@@ -121,10 +108,6 @@ class JobPhaseTest : public ::testing::Test {
   std::shared_ptr<FakeReductions> net_;
   PhaseSink* sink_ = nullptr;
   std::unique_ptr<Job> job_;
-  std::unique_ptr<ControlLayout> layout_;
-  ControlMapping control_;
-  ControlHeader* header_ = nullptr;
-  std::vector<int> bells_;
   absl::Mutex mu_;
   int breaks_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/job/job.h"
 #include "server/engine/reduce/fake_bucket_reducer.h"
+#include "tests/unit/engine/job/job_control_test.h"
 
 namespace gradd {
 namespace {
@@ -24,7 +25,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class JobRebuildTest : public ::testing::Test {
+class JobRebuildTest : public JobControlTest {
  protected:
   // Four float32 parameters of 64 bytes, caps that put two per bucket:
   // attach plan [3, 2] [1, 0]. `cuda`: every parameter on the (fake) GPU
@@ -52,32 +53,13 @@ class JobRebuildTest : public ::testing::Test {
                            std::make_unique<FakeBucketReducer>(reducer_));
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
-    layout_ = std::make_unique<ControlLayout>(2, job_->bucket_slots());
-    std::vector<int> rank_blocks;
-    for (int r = 0; r < 2; ++r) {
-      rank_blocks.push_back(job_->FdsFor(r)[2]);
-      bells_.push_back(job_->FdsFor(r)[3]);
-    }
-    control_ = *ControlMapping::Map(*layout_, job_->FdsFor(0)[0],
-                                    /*job_writable=*/false, rank_blocks);
-    header_ = layout_->header(control_.data());
-    me_ = layout_->rank_header(control_.data(), 0);
+    MapControl(*job_);
     job_->Start();
   }
   void TearDown() override {
     if (job_) job_->Stop();
   }
 
-  void Publish(int rank, int bucket, uint64_t iteration) {
-    layout_->ready_row(control_.data(), rank)[bucket].store(
-        iteration, std::memory_order_release);
-    RingDaemon(header_, layout_->rank_header(control_.data(), rank),
-               bells_[rank]);
-  }
-  uint64_t Done(int bucket) {
-    return layout_->done_seq(control_.data())[bucket].load(
-        std::memory_order_acquire);
-  }
   bool WaitError() {
     return WaitForDaemon(
         header_, me_,
@@ -107,11 +89,6 @@ class JobRebuildTest : public ::testing::Test {
   std::vector<ParamInfo> params_;
   std::shared_ptr<FakeReductions> reducer_;
   std::unique_ptr<Job> job_;
-  std::unique_ptr<ControlLayout> layout_;
-  ControlMapping control_;
-  ControlHeader* header_ = nullptr;
-  RankHeader* me_ = nullptr;
-  std::vector<int> bells_;
 };
 
 struct SwitchResult {

@@ -1,0 +1,61 @@
+// A test fixture base for unit tests that drive a real Job through its
+// control block as its two local ranks would: both ranks mapped in this
+// process (the job block read-only, as trainers get it), a bucket handed
+// over by writing its ready row and ringing the rank's bell.
+//
+// The Job itself stays in the derived fixture (declared there, so it is
+// destroyed before this mapping and before anything the fixture lent it).
+#ifndef GRADD_TESTS_UNIT_ENGINE_JOB_JOB_CONTROL_TEST_H_
+#define GRADD_TESTS_UNIT_ENGINE_JOB_JOB_CONTROL_TEST_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/control_block.h"
+#include "common/control_mapping.h"
+#include "common/doorbell.h"
+#include "gtest/gtest.h"
+#include "server/engine/job/job.h"
+
+namespace gradd {
+
+class JobControlTest : public ::testing::Test {
+ protected:
+  // Maps `job`'s control block for its two local ranks (before Start).
+  void MapControl(Job& job) {
+    layout_ = std::make_unique<ControlLayout>(2, job.bucket_slots());
+    std::vector<int> rank_blocks;
+    for (int r = 0; r < 2; ++r) {
+      rank_blocks.push_back(job.FdsFor(r)[2]);
+      bells_.push_back(job.FdsFor(r)[3]);
+    }
+    control_ = *ControlMapping::Map(*layout_, job.FdsFor(0)[0],
+                                    /*job_writable=*/false, rank_blocks);
+    header_ = layout_->header(control_.data());
+    me_ = layout_->rank_header(control_.data(), 0);
+  }
+  // Local rank `rank` hands bucket `bucket` of `iteration` over.
+  void Publish(int rank, int bucket, uint64_t iteration) {
+    layout_->ready_row(control_.data(), rank)[bucket].store(
+        iteration, std::memory_order_release);
+    RingDaemon(header_, layout_->rank_header(control_.data(), rank),
+               bells_[rank]);
+  }
+  // The last iteration of bucket `bucket` the job completed.
+  uint64_t Done(int bucket) {
+    return layout_->done_seq(control_.data())[bucket].load(
+        std::memory_order_acquire);
+  }
+
+  std::unique_ptr<ControlLayout> layout_;
+  ControlMapping control_;
+  ControlHeader* header_ = nullptr;
+  RankHeader* me_ = nullptr;  // local rank 0's header
+  std::vector<int> bells_;
+};
+
+}  // namespace gradd
+
+#endif  // GRADD_TESTS_UNIT_ENGINE_JOB_JOB_CONTROL_TEST_H_
