@@ -26,9 +26,7 @@ class UnixSocketTest : public ::testing::Test {
     ASSERT_FALSE(dir_.empty());
     path_ = dir_ + "/s.sock";
   }
-  void TearDown() override {
-    ::gradd::testing::RemoveTree(dir_);
-  }
+  void TearDown() override { ::gradd::testing::RemoveTree(dir_); }
   std::string dir_;
   std::string path_;
 };

@@ -24,8 +24,8 @@
 #include "gradd/v1/node.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/temp_dir.h"
 #include "server/config.h"
+#include "tests/support/temp_dir.h"
 
 namespace gradd {
 namespace {

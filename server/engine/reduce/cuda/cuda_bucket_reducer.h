@@ -81,11 +81,12 @@
 //
 // None of this has run on a GPU yet in this form: the staging bookkeeping
 // is unit-tested over a fake device
-// (tests/unit/engine/reduce/host_staging_test), the plan-order gate and the NCCL setup's decisions over fakes
-// (plan_order_gate_test, nccl_job_setup_test, nccl_job_platform_test), the
-// CUDA calls only compiled (tests/gpu and tests/python GPU tests carry the
-// checks for a machine with one). The NCCL path between nodes has never
-// run on a GPU, nor on any machine: it needs two nodes with a GPU each.
+// (tests/unit/engine/reduce/host_staging_test), the plan-order gate and the
+// NCCL setup's decisions over fakes (plan_order_gate_test, nccl_job_setup_test,
+// nccl_job_platform_test), the CUDA calls only compiled (tests/gpu and
+// tests/python GPU tests carry the checks for a machine with one). The NCCL
+// path between nodes has never run on a GPU, nor on any machine: it needs two
+// nodes with a GPU each.
 #ifndef GRADD_SERVER_ENGINE_REDUCE_CUDA_CUDA_BUCKET_REDUCER_H_
 #define GRADD_SERVER_ENGINE_REDUCE_CUDA_CUDA_BUCKET_REDUCER_H_
 
