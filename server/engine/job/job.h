@@ -442,6 +442,10 @@ class Job {
   // (allreduce, allgather, ...): checks that every local rank from `first`
   // on describes the same round, then hands it to the reducer.
   bool StartAreaCollective(uint64_t need, int first, bool join_mode);
+  // Hands round `work` (a broadcast or another collective round) to the
+  // reducer; its completion publishes bcast_done_seq or the failure, named
+  // "<what> <seq>". `what` must outlive the round (a literal).
+  void StartRound(const BroadcastWork& work, absl::string_view what);
   void CheckStuck();
   // Join (job_join.cc). JoinInPlay: an epoch runs or some rank opened one.
   bool JoinInPlay();

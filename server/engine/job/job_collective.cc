@@ -112,18 +112,7 @@ bool Job::ScanBroadcast() {
     }
     work.rank_areas = &join_areas_;
   }
-  in_flight_.fetch_add(1);
-  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
-    if (!s.ok()) {
-      const std::string what = absl::StrCat(
-          "job '", spec_.job_id, "' broadcast ", need, ": ", s.message());
-      if (!NoteNetworkError(s, what)) PublishFailure(s.code(), what);
-    } else {
-      header_->bcast_done_seq.store(need, std::memory_order_release);
-      WakeClients(layout_, control_.data());
-    }
-    ReducerWorkDone();
-  });
+  StartRound(work, "broadcast");
   return true;
 }
 
@@ -257,20 +246,24 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
                      spec_.broadcast_bytes));
   }
   bcast_started_ = need;
+  StartRound(work, "collective round");
+  return true;
+}
+
+void Job::StartRound(const BroadcastWork& work, absl::string_view what) {
+  const uint64_t need = work.seq;
   in_flight_.fetch_add(1);
-  reducer_->StartBroadcast(work, [this, need](absl::Status s) {
+  reducer_->StartBroadcast(work, [this, need, what](absl::Status s) {
     if (!s.ok()) {
-      const std::string what =
-          absl::StrCat("job '", spec_.job_id, "' collective round ", need, ": ",
-                       s.message());
-      if (!NoteNetworkError(s, what)) PublishFailure(s.code(), what);
+      const std::string why = absl::StrCat("job '", spec_.job_id, "' ", what,
+                                           " ", need, ": ", s.message());
+      if (!NoteNetworkError(s, why)) PublishFailure(s.code(), why);
     } else {
       header_->bcast_done_seq.store(need, std::memory_order_release);
       WakeClients(layout_, control_.data());
     }
     ReducerWorkDone();
   });
-  return true;
 }
 
 }  // namespace gradd
