@@ -73,6 +73,13 @@ struct SizeResult {
   double local_reduce_us = -1;
   double network_us = -1;
   double write_back_us = -1;
+  // A compressing hook's wall time per run and phase (PowerSGD: pass1,
+  // allreduce_p, ...), in log order, averaged over the nodes, from the
+  // line the hook logs when the job ends; empty when none was found.
+  std::vector<std::pair<std::string, double>> hook_ms;
+  // The same, least over the nodes: for the allreduce phases the node that
+  // came last, so about the wire alone; mean - min is the waiting.
+  std::vector<std::pair<std::string, double>> hook_ms_min;
 };
 
 // Where the daemons and trainers run. Single node today; the multi-node mode
@@ -108,6 +115,10 @@ absl::StatusOr<std::map<uint64_t, SizeResult>> CollectResults(
 // reduced; phase split ms: local_reduce=X network=Y write_back=Z" lines.
 void ReadPhaseSplit(const std::vector<std::string>& logs,
                     const std::string& job_id, SizeResult* r);
+// Fills r's hook_ms from the daemons' "<hook> hook over E bucket
+// elements: R compressed runs, ms per run: k=v k=v ..." lines for a job of
+// E = r->size_bytes / 4 float32 elements.
+void ReadHookPhases(const std::vector<std::string>& logs, SizeResult* r);
 // The table's comment lines and column heads (not printed for JSON).
 void PrintHeader(const Settings& s, const Topology& topo, int ref_threads);
 // One size: a table row or a JSON object, flushed.

@@ -427,6 +427,7 @@ int CoordinatorMain(const Settings& s) {
     SizeResult& r = (*results)[size];
     r.ref = refs[size];
     ReadPhaseSplit(daemons->logs, JobId(job_prefix, size), &r);
+    ReadHookPhases(daemons->logs, &r);
     PrintRow(s, topo, r);
   }
   return 0;

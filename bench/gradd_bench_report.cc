@@ -12,7 +12,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/gradd_bench.h"
 
@@ -46,6 +50,52 @@ void ReadPhaseSplit(const std::vector<std::string>& logs,
   r->local_reduce_us = local / nodes;
   r->network_us = network / nodes;
   r->write_back_us = write_back / nodes;
+}
+
+void ReadHookPhases(const std::vector<std::string>& logs, SizeResult* r) {
+  const std::string key = absl::StrCat(
+      " hook over ", r->size_bytes / sizeof(float), " bucket elements: ");
+  const std::string per_run = "ms per run: ";
+  std::vector<std::pair<std::string, double>> sum, min;
+  int nodes = 0;
+  for (const std::string& log : logs) {
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find(key);
+      const size_t from = line.find(per_run, at == std::string::npos ? 0 : at);
+      if (at == std::string::npos || from == std::string::npos) continue;
+      // "k=v k=v ... (" up to the parenthesis.
+      const std::string fields = line.substr(
+          from + per_run.size(), line.find(" (", from) - from - per_run.size());
+      std::vector<std::pair<std::string, double>> node;
+      for (absl::string_view f : absl::StrSplit(fields, ' ')) {
+        const size_t eq = f.find('=');
+        double v = 0;
+        if (eq == absl::string_view::npos ||
+            !absl::SimpleAtod(f.substr(eq + 1), &v)) {
+          continue;
+        }
+        node.emplace_back(std::string(f.substr(0, eq)), v);
+      }
+      if (sum.empty()) {
+        sum = node;
+        min = node;
+      } else if (sum.size() == node.size()) {
+        for (size_t k = 0; k < node.size(); ++k) {
+          sum[k].second += node[k].second;
+          min[k].second = std::min(min[k].second, node[k].second);
+        }
+      } else {
+        continue;
+      }
+      ++nodes;
+    }
+  }
+  if (nodes == 0) return;
+  for (auto& [name, v] : sum) v /= nodes;
+  r->hook_ms = std::move(sum);
+  r->hook_ms_min = std::move(min);
 }
 
 absl::StatusOr<std::map<uint64_t, SizeResult>> CollectResults(
@@ -129,6 +179,24 @@ void PrintHeader(const Settings& s, const Topology& topo, int ref_threads) {
   std::printf("\n");
 }
 
+// "k<sep>v" pairs of a hook split joined by `between`, e.g. `"k": v, ...`.
+std::string JoinSplit(const std::vector<std::pair<std::string, double>>& kv,
+                      const char* quote, const char* sep, const char* between) {
+  return absl::StrJoin(kv, between, [&](std::string* out, const auto& e) {
+    absl::StrAppend(out, quote, e.first, quote, sep,
+                    absl::StrFormat("%.3f", e.second));
+  });
+}
+
+// `, "hook_ms": {"k": v, ...}, "hook_ms_min": {...}` when the hook's
+// phases were found.
+std::string HookJson(const SizeResult& r) {
+  if (r.hook_ms.empty()) return "";
+  return absl::StrCat(
+      ", \"hook_ms\": {", JoinSplit(r.hook_ms, "\"", ": ", ", "),
+      "}, \"hook_ms_min\": {", JoinSplit(r.hook_ms_min, "\"", ": ", ", "), "}");
+}
+
 void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
   const double p50 = Percentile(r.iteration_us, 50);
   const double p90 = Percentile(r.iteration_us, 90);
@@ -152,11 +220,11 @@ void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
         "\"trainers\": %d, \"nodes\": %d, \"iters\": %d, \"warmup\": %d, "
         "\"local_reduce_us\": %.3f, \"network_us\": %.3f, "
         "\"write_back_us\": %.3f, \"dtype\": \"float32\", "
-        "\"device\": \"%s\"}\n",
+        "\"device\": \"%s\"%s}\n",
         r.size_bytes, p50, p90, algbw, bound, busbw, r.ref.produced_us,
         r.ref.hot_us, bound_hot, min, mean, max, topo.trainers, topo.nodes,
         s.iters, s.warmup, r.local_reduce_us, r.network_us, r.write_back_us,
-        s.cuda ? "cuda" : "cpu");
+        s.cuda ? "cuda" : "cpu", HookJson(r).c_str());
   } else {
     std::printf("  %12" PRIu64 " %12" PRIu64
                 " %10.1f %10.1f %10.1f %12.2f %12.2f %10.1f %7.3f %9.1f",
@@ -167,6 +235,12 @@ void PrintRow(const Settings& s, const Topology& topo, const SizeResult& r) {
                   r.write_back_us);
     }
     std::printf("\n");
+    if (!r.hook_ms.empty()) {
+      std::printf("# hook ms per run, mean of nodes: %s\n",
+                  JoinSplit(r.hook_ms, "", "=", " ").c_str());
+      std::printf("# hook ms per run, min of nodes:  %s\n",
+                  JoinSplit(r.hook_ms_min, "", "=", " ").c_str());
+    }
   }
   std::fflush(stdout);
 }

@@ -10,6 +10,7 @@
 // shape; rank 4), the layout scripts/netbench registers.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>
@@ -75,6 +76,14 @@ void BM_PowerSgd(benchmark::State& state) {
     if (!hook.Run(work, net).ok()) state.SkipWithError("hook failed");
   }
   state.SetBytesProcessed(state.iterations() * kCount * sizeof(float));
+  // Where the time went (PowerSgdHook::PhaseTimes), ms per run.
+  const PowerSgdHook::PhaseTimes& t = hook.phase_times();
+  const double runs = std::max<double>(1, t.runs);
+  state.counters["q_ms"] = t.q_s * 1e3 / runs;
+  state.counters["pass1_ms"] = t.pass1_s * 1e3 / runs;
+  state.counters["orth_p_ms"] = t.orthogonalize_p_s * 1e3 / runs;
+  state.counters["pass2_ms"] = t.pass2_s * 1e3 / runs;
+  state.counters["pass3_ms"] = t.pass3_s * 1e3 / runs;
 }
 BENCHMARK(BM_PowerSgd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 

@@ -67,6 +67,31 @@ absl::StatusOr<std::unique_ptr<CommHookInterface>> MakePowerSgdHook(
 
 class PowerSgdHook final : public CommHookInterface {
  public:
+  // Wall time of Run's phases, summed over the compressed runs (vanilla
+  // runs and each bucket's first compressed run apart); logged once when
+  // the hook is destroyed (the job's end).
+  // The allreduce phases are the wire plus the wait for the slowest node.
+  struct PhaseTimes {
+    uint64_t runs = 0;          // compressed runs
+    uint64_t vanilla_runs = 0;  // before start_powersgd_iter
+    double vanilla_s = 0;
+    double uncompressed_s = 0;  // sum, allreduce, write of the uncompressed
+    double q_s = 0;             // draw / orthogonalise / transpose Q
+    double pass1_s = 0;         // M (+ deferred error), P = M Q
+    double allreduce_p_s = 0;
+    double orthogonalize_p_s = 0;
+    double pass2_s = 0;  // Q = M^T P
+    double allreduce_q_s = 0;
+    double pass3_s = 0;  // P Q^T into the ranks' buckets
+    // The first compressed run of each bucket (it allocates and zeroes the
+    // bucket's error), apart: the phases above are the later runs'.
+    uint64_t first_runs = 0;
+    double first_runs_s = 0;
+
+    double total_s() const;
+    PhaseTimes& operator+=(const PhaseTimes& t);
+  };
+
   // One compressed matrix: rows x cols at element `offset` of the (padded)
   // bucket, approximated with `rank` columns; its P and Q at p_offset /
   // q_offset of the bucket's P and Q memory.
@@ -99,6 +124,13 @@ class PowerSgdHook final : public CommHookInterface {
   std::string name() const override {
     return batched_ ? "batched_powerSGD" : "powerSGD";
   }
+  ~PowerSgdHook() override;
+  const PhaseTimes& phase_times() const { return times_; }
+  // The line the destructor logs: "<name> hook over E bucket elements: R
+  // compressed runs, ms per run: pass1=... (F first compressed runs, ms
+  // per run ...; V vanilla runs, ms per run ...)"; bench/gradd-bench reads
+  // it.
+  std::string DescribePhaseTimes() const;
 
   // The layouts torch's hooks use for `plan` (exposed for tests).
   static std::vector<Layout> PerParameterLayouts(
@@ -113,6 +145,7 @@ class PowerSgdHook final : public CommHookInterface {
     std::vector<float> p;
     std::vector<float> q;
     bool has_memory = false;  // warm start: q holds last iteration's Q
+    bool timed = false;       // had its first compressed run (PhaseTimes)
     // Error feedback, deferred (powersgd_hook.cc, Run): `error` holds the
     // last M of the compressed matrices; their error is that M minus
     // deferred_ranks * prev_p prev_qt (P, and Q^T divided by the world
@@ -139,6 +172,7 @@ class PowerSgdHook final : public CommHookInterface {
   std::vector<BucketState> states_;
   ThreadPool* const pool_;
 
+  PhaseTimes times_;
   NumpyRandomState rng_;
   TorchCpuRandom torch_rng_;
   uint64_t next_draw_ = 0;
