@@ -38,8 +38,8 @@
 //
 // Differences from torch within rounding only: products are float32 fused
 // multiply-adds summed in a fixed order (torch: its BLAS), so every CPU
-// computes the same bits; for rank > 2 torch
-// orthogonalises by QR, which may flip column signs of P and Q -- the
+// computes the same bits (the kernels: powersgd_kernels.h); for rank > 2
+// torch orthogonalises by QR, which may flip column signs of P and Q -- the
 // result P Q^T is the same -- and ignores epsilon. Buckets must be
 // float32 (MakePowerSgdHook says otherwise). Thread-compatible
 // (comm_hook.h: one caller, buckets in plan order).
