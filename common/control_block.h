@@ -75,17 +75,17 @@
 // the job's collective backend.
 //
 // Join (uneven inputs, DDP's join(); the state machine is drawn in
-// server/engine/job/join_state.h), per join "epoch" e = 1, 2, ...:
+// server/engine/job/join_state.h), per join e = 1, 2, ... (JoinSlot.join_seq):
 //   client: JoinSlot(r): flags, begin = current iteration, then
-//           epoch.store(e, release) (entering join mode before iteration
+//           join_seq.store(e, release) (entering join mode before iteration
 //           `begin`); per iteration it takes part in: sync_bytes, then
 //           active_seq.store(i, release); when out of inputs:
 //           joined_at.store(i, release) (zeros from iteration i on).
 //   daemon: per iteration, once every rank is active or joined: decides
 //           (JoinBoard: max_active, then decided_iteration.store(i)), or
-//           ends the epoch (next_iteration, bcast_seq, authoritative_rank,
-//           exhausted_rank, then done_epoch.store(e, release)).
-//   client: after done_epoch >= e, a rank that lags (joined early) moves its
+//           ends the join (next_iteration, bcast_seq, authoritative_rank,
+//           exhausted_rank, then done_join_seq.store(e, release)).
+//   client: after done_join_seq >= e, a rank that lags (joined early) moves its
 //           ready rows to next_iteration - 1 and its broadcast row to
 //           bcast_seq, then clears joined_at (release): until then the
 //           daemon treats its old rows as "not ready", not as an error.
@@ -280,12 +280,12 @@ inline constexpr uint32_t kJoinThrowOnEarlyTermination = 2;
 
 // Rank -> daemon: rank r's join state (written only by rank r).
 struct alignas(kCacheLine) JoinSlot {
-  std::atomic<uint64_t> epoch;       // join contexts entered; 0 = never
-  std::atomic<uint64_t> begin;       // first iteration of epoch `epoch`
+  std::atomic<uint64_t> join_seq;    // joins entered; 0 = never
+  std::atomic<uint64_t> begin;       // first iteration of join `join_seq`
   std::atomic<uint64_t> active_seq;  // last iteration declared active in
   std::atomic<uint64_t> joined_at;   // 0, or: joined from this iteration on
   std::atomic<uint64_t> sync_bytes;  // bytes of the per-iteration sync
-  std::atomic<uint32_t> flags;       // kJoin* of epoch `epoch`
+  std::atomic<uint32_t> flags;       // kJoin* of join `join_seq`
 };
 
 // Daemon -> ranks: outcome of the join rounds (written only by the daemon).
@@ -294,11 +294,11 @@ struct alignas(kCacheLine) JoinBoard {
   // global rank (the root of that iteration's sync).
   std::atomic<uint64_t> decided_iteration;
   std::atomic<int32_t> max_active;
-  // The last finished epoch and how it ended: the job's next iteration,
+  // The last finished join and how it ended: the job's next iteration,
   // the broadcast sequence at that moment, the rank whose model is final
   // (-1 when thrown) and the lowest rank that ran out of inputs when
   // thrown (-1 otherwise).
-  alignas(kCacheLine) std::atomic<uint64_t> done_epoch;
+  alignas(kCacheLine) std::atomic<uint64_t> done_join_seq;
   std::atomic<uint64_t> next_iteration;
   std::atomic<uint64_t> bcast_seq;
   std::atomic<int32_t> authoritative_rank;

@@ -242,7 +242,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   std::unique_ptr<Daemon> d(new Daemon(config));
   // Shared with the etcd client's and lease's observers, which may run on
   // formation threads that outlive the daemon.
-  d->metrics_ = std::make_shared<DaemonMetrics>();
+  d->metrics_ =
+      std::make_shared<DaemonMetrics>(config.metrics().new_label_values());
   if (const std::string& listen = config.metrics().listen_address();
       !listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =

@@ -100,12 +100,32 @@ int PhaseRank(const std::string& phase) {
   return 5;
 }
 
+v1::JobPhase PhaseOf(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kRunning:
+      return v1::JOB_PHASE_RUNNING;
+    case JobPhase::kSwitchingPlan:
+      return v1::JOB_PHASE_SWITCHING_PLAN;
+    case JobPhase::kDraining:
+      return v1::JOB_PHASE_DRAINING;
+    case JobPhase::kReforming:
+      return v1::JOB_PHASE_REFORMING;
+    case JobPhase::kFailed:
+      return v1::JOB_PHASE_FAILED;
+  }
+  return v1::JOB_PHASE_UNSPECIFIED;
+}
+
 }  // namespace
 
 v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   v1::JobSummary s;
   s.set_job_id(job.job_id);
   s.set_state(StateOf(job.state));
+  if (job.state == JobSnapshot::State::kRunning ||
+      job.state == JobSnapshot::State::kFailed) {
+    s.set_phase(PhaseOf(job.phase));
+  }
   s.set_local_world_size(job.local_world_size);
   int live = 0;
   for (const RankSnapshot& r : job.ranks) {
@@ -132,7 +152,10 @@ v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   s.set_epoch(job.epoch);
   for (const std::string& id : job.node_ids) s.add_live_node_ids(id);
   for (const std::string& id : job.lost_node_ids) s.add_lost_node_ids(id);
-  s.set_last_reform_reason(job.last_reform_reason);
+  s.set_last_reformation_reason(job.last_reformation_reason);
+  // The deprecated field keeps the same text for one release
+  // (docs/deprecations.md).
+  s.set_last_reform_reason(job.last_reformation_reason);
   s.set_initial_num_nodes(job.initial_num_nodes);
   s.set_initial_world_size(job.initial_world_size);
   return s;

@@ -42,16 +42,38 @@ std::string CodeLabel(absl::StatusCode code) {
 
 }  // namespace
 
-std::string ReformReasonLabel(const NetworkReformEvent& event) {
+std::string ReformReasonLabel(const NetworkReformEvent& event,
+                              bool new_label_values) {
   // The closer's decision, the same on every node; a closer that did not
-  // say (an older daemon): what this node can tell.
+  // say (an older daemon, whose text said "rejoined"): what this node can
+  // tell.
+  std::string label;
   if (event.cause != ReformCause::kUnknown) {
-    return std::string(ReformCauseName(event.cause));
+    label = std::string(ReformCauseName(event.cause));
+  } else if (!event.lost.empty()) {
+    label = "node_lost";
+  } else if (!event.admitted.empty()) {
+    label = "node_admitted";
+  } else if (absl::StrContains(event.reason, "rejoined") ||
+             absl::StrContains(event.reason, "restarted")) {
+    label = std::string(ReformCauseName(ReformCause::kRankRestarted));
+  } else {
+    label = "other";
   }
-  if (!event.lost.empty()) return "node_lost";
-  if (!event.admitted.empty()) return "node_admitted";
-  if (absl::StrContains(event.reason, "rejoined")) return "rank_rejoined";
-  return "other";
+  if (!new_label_values &&
+      label == ReformCauseName(ReformCause::kRankRestarted)) {
+    return kDeprecatedRankRestartLabel;
+  }
+  return label;
+}
+
+std::string DeprecatedLabelWarning() {
+  return absl::StrCat(
+      "gradd_job_reformations_total counted a rank restart as reason=\"",
+      kDeprecatedRankRestartLabel,
+      "\": that label value is deprecated and becomes \"rank_restarted\" "
+      "in the next release; set metrics.new_label_values: true to use it now "
+      "(docs/deprecations.md)");
 }
 
 // One job's series, created when it starts and removed when it ends (this
@@ -140,7 +162,7 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
   }
 
-  void OnRankRejoined(const RankRestartEvent& e) override {
+  void OnRankRestarted(const RankRestartEvent& e) override {
     daemon_->rank_restarts_.Increment();
     // A rank's return in a multi-node job is one re-formation, whose
     // aborted iteration OnNetworkReformed counts.
@@ -151,7 +173,12 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   }
 
   void OnNetworkReformed(const NetworkReformEvent& e) override {
-    daemon_->reformations_.Add({{"reason", ReformReasonLabel(e)}}).Increment();
+    const std::string reason = ReformReasonLabel(e, daemon_->new_label_values_);
+    if (reason == kDeprecatedRankRestartLabel &&
+        !daemon_->warned_deprecated_label_.exchange(true)) {
+      spdlog::warn("{}", DeprecatedLabelWarning());
+    }
+    daemon_->reformations_.Add({{"reason", reason}}).Increment();
     daemon_->nodes_lost_.Increment(static_cast<double>(e.lost.size()));
     if (e.aborted_iteration != 0) daemon_->iterations_aborted_.Increment();
     if (world_size_ != nullptr) world_size_->Set(e.world_size);
@@ -200,7 +227,7 @@ auto& Register(Builder&& builder, prometheus::Registry& registry,
 
 }  // namespace
 
-DaemonMetrics::DaemonMetrics()
+DaemonMetrics::DaemonMetrics(bool new_label_values)
     : registry_(std::make_shared<prometheus::Registry>()),
       jobs_(Register(BuildGauge(), *registry_, "gradd_jobs",
                      "Jobs active on this daemon (every local rank attached)")
@@ -240,8 +267,10 @@ DaemonMetrics::DaemonMetrics()
       reformations_(Register(
           BuildCounter(), *registry_, "gradd_job_reformations_total",
           "Re-formations of a multi-node job's group of nodes, by reason: "
-          "node_lost, node_admitted, rank_rejoined (a rank of a node "
-          "restarted), other")),
+          "node_lost, node_admitted, rank_restarted (a rank of a node "
+          "restarted; \"rank_rejoined\", deprecated, unless "
+          "metrics.new_label_values), other")),
+      new_label_values_(new_label_values),
       nodes_lost_(Register(BuildCounter(), *registry_, "gradd_nodes_lost_total",
                            "Nodes a running elastic job went on without "
                            "(counted by every node that went on)")
@@ -366,7 +395,9 @@ DaemonMetrics::DaemonMetrics()
     rendezvous_requests_.Add({{"method", method}});
   }
   for (const char* reason :
-       {"node_lost", "node_admitted", "rank_rejoined", "other"}) {
+       {"node_lost", "node_admitted",
+        new_label_values_ ? "rank_restarted" : kDeprecatedRankRestartLabel,
+        "other"}) {
     reformations_.Add({{"reason", reason}});
   }
 }

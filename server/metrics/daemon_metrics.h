@@ -43,15 +43,23 @@ enum class EtcdLeaseEvent : int;
 struct EtcdLeaseInfo;
 
 // The reason label of gradd_job_reformations_total for a re-formation: a
-// fixed set (node_lost, node_admitted, rank_rejoined, other), whatever the
-// event's free-text reason says.
-std::string ReformReasonLabel(const NetworkReformEvent& event);
+// fixed set (node_lost, node_admitted, rank_restarted, other), whatever the
+// event's free-text reason says. With `new_label_values` false (this
+// release's default, MetricsConfig.new_label_values) a rank restart is
+// counted as the deprecated "rank_rejoined".
+std::string ReformReasonLabel(const NetworkReformEvent& event,
+                              bool new_label_values = true);
+// The deprecated label value, and the warning the daemon logs once when it
+// first counts it.
+inline constexpr char kDeprecatedRankRestartLabel[] = "rank_rejoined";
+std::string DeprecatedLabelWarning();
 
 class DaemonMetrics final : public EngineEventSinkInterface {
  public:
   static constexpr int kMaxJobSeries = 256;
 
-  DaemonMetrics();
+  // `new_label_values`: MetricsConfig.new_label_values.
+  explicit DaemonMetrics(bool new_label_values = false);
   ~DaemonMetrics() override;
 
   DaemonMetrics(const DaemonMetrics&) = delete;
@@ -117,6 +125,8 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   // Node loss and arrival (daemon-wide): re-formations of a job's nodes'
   // group by reason kind (ReformReasonLabel), nodes lost.
   prometheus::Family<prometheus::Counter>& reformations_;
+  const bool new_label_values_;
+  std::atomic<bool> warned_deprecated_label_{false};
   prometheus::Counter& nodes_lost_;
   prometheus::Family<prometheus::Counter>& rendezvous_requests_;
   prometheus::Family<prometheus::Gauge>& rendezvous_backend_;

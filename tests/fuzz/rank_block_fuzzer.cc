@@ -64,7 +64,7 @@ std::vector<JoinRankView> ReadJoinViews(const ControlLayout& layout, void* base,
     const gradd::JoinSlot* slot = layout.join_slot(base, r);
     JoinRankView& v = views[r];
     v.live = live[r];
-    v.epoch = slot->epoch.load(std::memory_order_acquire);
+    v.join_seq = slot->join_seq.load(std::memory_order_acquire);
     v.begin = slot->begin.load(std::memory_order_relaxed);
     v.flags = slot->flags.load(std::memory_order_relaxed);
     v.active_seq = slot->active_seq.load(std::memory_order_acquire);

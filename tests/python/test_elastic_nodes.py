@@ -625,7 +625,7 @@ def test_every_node_reports_a_rank_restart_and_a_node_return_alike(
         log = logs[i]
         lines = _reformed_lines(log, 1)
         assert len(lines) == 1, (i, lines)
-        assert "local rank 0 of node 'node-1' restarted (rank_rejoined)" in lines[0], lines
+        assert "local rank 0 of node 'node-1' restarted (rank_restarted)" in lines[0], lines
         assert " I " in lines[0][:40], lines
         assert f"goes on at iteration {back1[0]['rejoin_iteration']}" in lines[0], \
             (lines, back1[0]["rejoin_iteration"])
@@ -647,4 +647,4 @@ def test_every_node_reports_a_rank_restart_and_a_node_return_alike(
     # node-2 before its loss said the same about the rank restart.
     dead_log = [d.log() for i, d in nodes.dead if i == 2][0]
     lines = _reformed_lines(dead_log, 1)
-    assert len(lines) == 1 and "(rank_rejoined)" in lines[0], lines
+    assert len(lines) == 1 and "(rank_restarted)" in lines[0], lines

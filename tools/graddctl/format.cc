@@ -200,6 +200,25 @@ std::string StateName(v1::JobState state) {
   }
 }
 
+// The engine's phase as job_snapshot.h's JobPhaseName writes it; empty
+// before the job formed (or from a daemon older than the field).
+std::string PhaseName(v1::JobPhase phase) {
+  switch (phase) {
+    case v1::JOB_PHASE_RUNNING:
+      return "running";
+    case v1::JOB_PHASE_SWITCHING_PLAN:
+      return "switching_plan";
+    case v1::JOB_PHASE_DRAINING:
+      return "draining";
+    case v1::JOB_PHASE_REFORMING:
+      return "reforming";
+    case v1::JOB_PHASE_FAILED:
+      return "failed";
+    default:
+      return "";
+  }
+}
+
 std::string FormatStatus(const v1::GetStatusResponse& s) {
   const int64_t uptime = s.uptime_ns();
   std::vector<std::vector<std::string>> rows = {
@@ -241,10 +260,13 @@ std::string FormatJobs(const v1::ListJobsResponse& jobs) {
 std::string FormatJob(const v1::JobDetail& d) {
   const v1::JobSummary& s = d.summary();
   std::string out = absl::StrCat(
-      "job ", s.job_id(), ": ", StateName(s.state()), ", iteration ",
-      s.iteration(), ", ", s.live_local_ranks(), "/", s.local_world_size(),
-      " local ranks live, node ", s.node_rank(), " of ", s.num_nodes(),
-      ", world size ", s.world_size(), "\n");
+      "job ", s.job_id(), ": ", StateName(s.state()),
+      PhaseName(s.phase()).empty()
+          ? std::string()
+          : absl::StrCat(" (phase ", PhaseName(s.phase()), ")"),
+      ", iteration ", s.iteration(), ", ", s.live_local_ranks(), "/",
+      s.local_world_size(), " local ranks live, node ", s.node_rank(), " of ",
+      s.num_nodes(), ", world size ", s.world_size(), "\n");
   if (!s.error().empty()) absl::StrAppend(&out, "error: ", s.error(), "\n");
   if (s.rank_restart_grace_ms() > 0 || s.restarts() > 0) {
     absl::StrAppend(&out, "rank restart: grace ", s.rank_restart_grace_ms(),
@@ -262,8 +284,8 @@ std::string FormatJob(const v1::JobDetail& d) {
                         ? std::string("none")
                         : absl::StrJoin(s.lost_node_ids(), ", "),
                     "\n");
-    if (!s.last_reform_reason().empty()) {
-      absl::StrAppend(&out, "last re-formation: ", s.last_reform_reason(),
+    if (!s.last_reformation_reason().empty()) {
+      absl::StrAppend(&out, "last re-formation: ", s.last_reformation_reason(),
                       "\n");
     }
   }

@@ -151,9 +151,9 @@ absl::Status ClientImpl::Init(const std::vector<ClientParam>& params,
   join_ = std::make_unique<JoinClient>(layout_, control_.data(),
                                        options_.local_rank, bell_.get(),
                                        global_rank_, Who(), std::move(hooks));
-  restart_.Attach(header_, response.rejoined(),
+  restart_.Attach(header_, response.restarted(),
                   response.rank_restart_grace_ms(), response.sync_seq());
-  if (response.rejoined()) {
+  if (response.restarted()) {
     // Rank restart: the running job's next iteration and collective round
     // (the daemon already moved this rank's rows there). No rebuild: the
     // plan just received is the job's current one, and the ranks that

@@ -20,9 +20,9 @@ JoinClient::JoinClient(const ControlLayout& layout, void* control_base,
       hooks_(std::move(hooks)),
       slot_(layout_.join_slot(control_base, static_cast<uint32_t>(local_rank))),
       board_(layout_.join_board(control_base)) {
-  // A client that attaches to a job whose earlier epochs ended (it cannot,
+  // A client that attaches to a job whose earlier joins ended (it cannot,
   // today: jobs form once) would start counting from there.
-  epoch_ = slot_->epoch.load(std::memory_order_acquire);
+  join_seq_ = slot_->join_seq.load(std::memory_order_acquire);
 }
 
 absl::Status JoinClient::Enter(const JoinOptions& options, uint64_t iteration) {
@@ -41,8 +41,8 @@ absl::Status JoinClient::Enter(const JoinOptions& options, uint64_t iteration) {
   slot_->joined_at.store(0, std::memory_order_relaxed);
   synced_ = 0;
   open_.store(true, std::memory_order_release);
-  // Release: the daemon reading the epoch sees begin and flags.
-  slot_->epoch.store(++epoch_, std::memory_order_release);
+  // Release: the daemon reading the join sees begin and flags.
+  slot_->join_seq.store(++join_seq_, std::memory_order_release);
   Ring();
   return absl::OkStatus();
 }
@@ -105,16 +105,16 @@ absl::Status JoinClient::Active(uint64_t iteration, void* sync_data,
   const bool throws = flags_ & kJoinThrowOnEarlyTermination;
   if (!throws && sync_bytes == 0) return absl::OkStatus();
 
-  const uint64_t epoch = epoch_;
+  const uint64_t join = join_seq_;
   absl::Status s = hooks_.wait(
-      [this, iteration, epoch] {
+      [this, iteration, join] {
         return board_->decided_iteration.load(std::memory_order_acquire) >=
                    iteration ||
-               board_->done_epoch.load(std::memory_order_acquire) >= epoch;
+               board_->done_join_seq.load(std::memory_order_acquire) >= join;
       },
       absl::StrCat("the join decision of iteration ", iteration));
   if (!s.ok()) return s;
-  if (board_->done_epoch.load(std::memory_order_acquire) >= epoch) {
+  if (board_->done_join_seq.load(std::memory_order_acquire) >= join) {
     const int exhausted =
         board_->exhausted_rank.load(std::memory_order_relaxed);
     *catch_up = Finish();
@@ -142,10 +142,10 @@ absl::StatusOr<JoinResult> JoinClient::Join(uint64_t iteration,
   }
   slot_->joined_at.store(iteration, std::memory_order_release);
   Ring();
-  const uint64_t epoch = epoch_;
+  const uint64_t join = join_seq_;
   absl::Status s = hooks_.wait(
-      [this, epoch] {
-        return board_->done_epoch.load(std::memory_order_acquire) >= epoch;
+      [this, join] {
+        return board_->done_join_seq.load(std::memory_order_acquire) >= join;
       },
       absl::StrCat("every rank to join (joined from iteration ", iteration,
                    ")"));

@@ -2,7 +2,7 @@
 // control block (common/control_block.h: JoinSlot / JoinBoard; the daemon's
 // state machine is drawn in server/engine/job/join_state.h).
 //
-//   Enter(options)   before an iteration: join mode from it on (epoch e)
+//   Enter(options)   before an iteration: join mode from it on (join e)
 //   NoteActive(i)    this rank takes part in iteration i (MarkReady does it;
 //                    with throw_on_early_termination Active must come first)
 //   Active(i, sync)  the same, explicitly, before computing: with
@@ -43,7 +43,7 @@ class JoinClient {
     // The Client's Broadcast (bypassing its join-mode guard).
     std::function<absl::Status(void* data, size_t bytes, int root)> broadcast;
   };
-  // What the Client must take over after an epoch ended.
+  // What the Client must take over after a join ended.
   struct CatchUp {
     uint64_t next_iteration = 0;
     uint64_t bcast_seq = 0;
@@ -60,13 +60,13 @@ class JoinClient {
   // not called first: the iteration may be abandoned, so nothing of it may
   // reach the daemon before the decision.
   absl::Status NoteActive(uint64_t iteration);
-  // On an epoch that ended (thrown) while waiting, fills *catch_up.
+  // On a join that ended (thrown) while waiting, fills *catch_up.
   absl::Status Active(uint64_t iteration, void* sync_data, size_t sync_bytes,
                       CatchUp* catch_up);
   absl::StatusOr<JoinResult> Join(uint64_t iteration, CatchUp* catch_up);
 
  private:
-  // After done_epoch >= epoch_: moves this rank's rows up to the job,
+  // After done_join_seq >= join_seq_: moves this rank's rows up to the job,
   // clears joined_at, leaves join mode.
   CatchUp Finish();
   // Declares this rank active in `iteration` (once; any thread).
@@ -85,7 +85,7 @@ class JoinClient {
   JoinBoard* const board_;
 
   std::atomic<bool> open_{false};
-  uint64_t epoch_ = 0;
+  uint64_t join_seq_ = 0;
   uint32_t flags_ = 0;
   // The iteration last declared active in (any thread), and last synced.
   std::atomic<uint64_t> noted_{0};

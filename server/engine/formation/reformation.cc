@@ -56,7 +56,7 @@ v1::ElasticMember MemberOf(const ReformOptions& o) {
   for (v1::ParamSpec& p : Fingerprint(o.params)) *m.add_params() = std::move(p);
   m.set_reason(o.reason);
   m.set_initial_world_size(o.initial_world_size);
-  for (int r : o.rejoined_local_ranks) m.add_rejoined_local_ranks(r);
+  for (int r : o.restarted_local_ranks) m.add_restarted_local_ranks(r);
   return m;
 }
 
@@ -69,7 +69,7 @@ ReformCause CauseOf(v1::ReformCause cause) {
     case v1::REFORM_CAUSE_NODE_ADMITTED:
       return ReformCause::kNodeAdmitted;
     case v1::REFORM_CAUSE_RANK_REJOINED:
-      return ReformCause::kRankRejoined;
+      return ReformCause::kRankRestarted;
     case v1::REFORM_CAUSE_OTHER:
       return ReformCause::kOther;
     default:
@@ -182,7 +182,7 @@ absl::Status ConnectBackend(RendezvousStoreInterface& store,
 absl::StatusOr<std::optional<Reformed>> EnterEpoch(
     RendezvousStoreInterface& store, const ReformOptions& o,
     absl::Time deadline) {
-  const EpochKeys keys = KeysOf(o.elastic_prefix, o.epoch);
+  const EpochKeys keys = KeysOf(o.reformation_prefix, o.epoch);
   const absl::Time entered = absl::Now();
   if (store.HasLeases()) RETURN_IF_ERROR(StillRunning(store, o));
   RETURN_IF_ERROR(store.Set(o.job_id, keys.Member(o.node_id),
@@ -201,7 +201,8 @@ absl::StatusOr<std::optional<Reformed>> EnterEpoch(
     if (!verdict.has_value()) return std::optional<Reformed>();  // too late
     // This node's liveness in the job, under its daemon's lease (an
     // arrival's first; a survivor's again, in case its lease was replaced).
-    RETURN_IF_ERROR(MarkAlive(store, o.job_id, o.elastic_prefix, o.node_id));
+    RETURN_IF_ERROR(
+        MarkAlive(store, o.job_id, o.reformation_prefix, o.node_id));
   } else if (IsSurvivor(o)) {
     ASSIGN_OR_RETURN(int64_t closers, store.Add(o.job_id, keys.Closed(), 1));
     if (closers == 1) {
@@ -236,12 +237,12 @@ absl::Status AskAgain(RendezvousStoreInterface& store, ReformOptions& o) {
 absl::Status ChooseEpoch(RendezvousStoreInterface& store, uint64_t floor,
                          ReformOptions& o) {
   ASSIGN_OR_RETURN(uint64_t last,
-                   LastClosedEpoch(store, o.job_id, o.elastic_prefix));
+                   LastClosedEpoch(store, o.job_id, o.reformation_prefix));
   if (o.epoch != 0 && last >= o.epoch) {
     RETURN_IF_ERROR(AskAgain(store, o));
   } else if (o.epoch == 0 && o.arrival > 0) {
     const std::optional<v1::ElasticMembers> verdict =
-        StoredVerdict(store, o.job_id, o.elastic_prefix, last);
+        StoredVerdict(store, o.job_id, o.reformation_prefix, last);
     if (verdict.has_value() && verdict->arrivals_seen() >= o.arrival) {
       RETURN_IF_ERROR(AskAgain(store, o));
     }
@@ -252,7 +253,7 @@ absl::Status ChooseEpoch(RendezvousStoreInterface& store, uint64_t floor,
 
 }  // namespace
 
-std::string ElasticPrefix(const std::string& round_prefix) {
+std::string ReformationPrefix(const std::string& round_prefix) {
   if (absl::StartsWith(round_prefix, "round")) {
     return absl::StrCat("elastic", round_prefix.substr(5));
   }
@@ -261,15 +262,15 @@ std::string ElasticPrefix(const std::string& round_prefix) {
 
 absl::Status MarkRunning(RendezvousStoreInterface& store,
                          const std::string& job_id,
-                         const std::string& elastic_prefix,
+                         const std::string& reformation_prefix,
                          const std::string& round_prefix,
                          const std::string& node_id) {
   const std::string where =
       absl::StrCat("marking job '", job_id, "' running elastically");
   RETURN_IF_ERROR(Prefixed(
-      store.Set(job_id, RunningKey(elastic_prefix), round_prefix), where));
+      store.Set(job_id, RunningKey(reformation_prefix), round_prefix), where));
   if (!store.HasLeases()) return absl::OkStatus();
-  return Prefixed(MarkAlive(store, job_id, elastic_prefix, node_id), where);
+  return Prefixed(MarkAlive(store, job_id, reformation_prefix, node_id), where);
 }
 
 absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
@@ -292,7 +293,7 @@ absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
         std::optional<std::string> closed,
         Probe(store, job_id, absl::StrCat("round", k, "/closed"), kProbe));
     if (!closed.has_value()) break;
-    const std::string prefix = ElasticPrefix(absl::StrCat("round", k));
+    const std::string prefix = ReformationPrefix(absl::StrCat("round", k));
     ASSIGN_OR_RETURN(std::optional<std::string> running,
                      Probe(store, job_id, RunningKey(prefix), kProbe));
     if (running.has_value()) found = prefix;
@@ -314,17 +315,18 @@ absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
   const std::string serialized = MemberOf(options).SerializeAsString();
   if (absl::Status s =
           store.Set(options.job_id,
-                    absl::StrCat(options.elastic_prefix, "/arrival/member/",
+                    absl::StrCat(options.reformation_prefix, "/arrival/member/",
                                  options.node_id),
                     serialized);
       !s.ok()) {
     return Prefixed(s, where);
   }
   absl::StatusOr<int64_t> n =
-      store.Add(options.job_id, ArrivalsKey(options.elastic_prefix), 1);
+      store.Add(options.job_id, ArrivalsKey(options.reformation_prefix), 1);
   if (!n.ok()) return Prefixed(n.status(), where);
-  if (absl::Status s = store.Set(
-          options.job_id, ArrivalKey(options.elastic_prefix, *n), serialized);
+  if (absl::Status s =
+          store.Set(options.job_id, ArrivalKey(options.reformation_prefix, *n),
+                    serialized);
       !s.ok()) {
     return Prefixed(s, where);
   }
@@ -332,27 +334,27 @@ absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
 }
 
 absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
-                  const std::string& elastic_prefix,
+                  const std::string& reformation_prefix,
                   const std::string& node_id) {
-  return store.Add(job_id, AliveKey(elastic_prefix, node_id), 1).status();
+  return store.Add(job_id, AliveKey(reformation_prefix, node_id), 1).status();
 }
 
 absl::Status MarkAlive(RendezvousStoreInterface& store,
                        const std::string& job_id,
-                       const std::string& elastic_prefix,
+                       const std::string& reformation_prefix,
                        const std::string& node_id) {
-  return store.SetOwn(job_id, AliveKey(elastic_prefix, node_id), node_id);
+  return store.SetOwn(job_id, AliveKey(reformation_prefix, node_id), node_id);
 }
 
 absl::Status LeaveJob(RendezvousStoreInterface& store,
                       const std::string& job_id,
-                      const std::string& elastic_prefix,
+                      const std::string& reformation_prefix,
                       const std::string& node_id) {
   if (!store.HasLeases()) return absl::OkStatus();
   RETURN_IF_ERROR(
-      store.Delete(job_id, AliveKey(elastic_prefix, node_id)).status());
+      store.Delete(job_id, AliveKey(reformation_prefix, node_id)).status());
   ASSIGN_OR_RETURN(int64_t live,
-                   store.CountPrefix(job_id, AliveKey(elastic_prefix, "")));
+                   store.CountPrefix(job_id, AliveKey(reformation_prefix, "")));
   if (live > 0) return absl::OkStatus();
   // The last node of the job to leave: the job's keys go.
   ASSIGN_OR_RETURN(int64_t gone, store.DeletePrefix(job_id, ""));
@@ -363,25 +365,26 @@ absl::Status LeaveJob(RendezvousStoreInterface& store,
 
 absl::Status WaitForArrival(RendezvousStoreInterface& store,
                             const std::string& job_id,
-                            const std::string& elastic_prefix, int64_t next,
+                            const std::string& reformation_prefix, int64_t next,
                             absl::Duration timeout) {
   const std::string where = absl::StrCat(
       "job '", job_id, "' waiting for arriving node number ", next);
   // The counter first: arrival keys at or below a settled number may be
   // deleted already.
   absl::StatusOr<int64_t> announced =
-      store.Add(job_id, ArrivalsKey(elastic_prefix), 0);
+      store.Add(job_id, ArrivalsKey(reformation_prefix), 0);
   if (!announced.ok()) return Prefixed(announced.status(), where);
   if (*announced >= next) return absl::OkStatus();
   return Prefixed(
-      store.Wait(job_id, {ArrivalKey(elastic_prefix, next)}, timeout), where);
+      store.Wait(job_id, {ArrivalKey(reformation_prefix, next)}, timeout),
+      where);
 }
 
 absl::StatusOr<Reformed> ReformNodeJob(RendezvousStoreInterface& store,
                                        const ReformOptions& options) {
   ReformOptions o = options;
   const absl::Time deadline = absl::Now() + o.timeout;
-  if (o.job_id.empty() || o.node_id.empty() || o.elastic_prefix.empty() ||
+  if (o.job_id.empty() || o.node_id.empty() || o.reformation_prefix.empty() ||
       o.local_world_size < 1 || o.min_nodes < 1 || o.max_nodes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(o),

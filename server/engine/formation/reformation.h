@@ -129,9 +129,9 @@ struct NcclJobSetup;  // nccl_job_setup.h
 struct ReformOptions {
   std::string job_id;
   std::string node_id;
-  // The job's elastic namespace ("elastic<k>", ElasticPrefix) and the epoch
+  // The job's elastic namespace ("elastic<k>", ReformationPrefix) and the epoch
   // this node enters (the one it ran + 1; an arrival: its admission's).
-  std::string elastic_prefix;
+  std::string reformation_prefix;
   uint64_t epoch = 1;
   // The members of the epoch this node leaves, by node rank (empty for an
   // arrival). Their global rank offsets are kept.
@@ -169,7 +169,7 @@ struct ReformOptions {
   std::string reason;
   // The local ranks whose return (rank restart) made this node break: the
   // closer makes the re-formation a rank restart on every node.
-  std::vector<int> rejoined_local_ranks;
+  std::vector<int> restarted_local_ranks;
   // An arrival: the number AnnounceArrival returned (0: unknown). With it,
   // an arrival whose announcement an epoch settled without it (it was too
   // slow) announces itself again, so that the running nodes break for it.
@@ -199,10 +199,10 @@ struct Reformed {
   // Every node lost in this or an earlier epoch and not back
   // (ElasticMembers.departed), in the order they were lost.
   std::vector<std::string> departed;
-  // The fresh inter-node group ("<elastic_prefix>/epoch<e>/gloo").
+  // The fresh inter-node group ("<reformation_prefix>/epoch<e>/gloo").
   std::unique_ptr<CollectiveBackendInterface> backend;
   // The prefix hooks and collective rounds of this epoch agree under
-  // ("<elastic_prefix>/epoch<e>").
+  // ("<reformation_prefix>/epoch<e>").
   std::string store_prefix;
   // The highest arrival number the closer had seen announced and settled
   // (admitted, or refused because the job had max_nodes): the running
@@ -224,14 +224,14 @@ struct Reformed {
 };
 
 // "elastic<k>" for the job's formation round "round<k>".
-std::string ElasticPrefix(const std::string& round_prefix);
+std::string ReformationPrefix(const std::string& round_prefix);
 
 // Once formed (every node; node rank 0's write wins, the others are the
-// same): marks the job running under `elastic_prefix` so arrivals find it;
+// same): marks the job running under `reformation_prefix` so arrivals find it;
 // on etcd, writes node `node_id`'s liveness key too.
 absl::Status MarkRunning(RendezvousStoreInterface& store,
                          const std::string& job_id,
-                         const std::string& elastic_prefix,
+                         const std::string& reformation_prefix,
                          const std::string& round_prefix,
                          const std::string& node_id);
 
@@ -252,26 +252,26 @@ absl::StatusOr<std::string> FindRunning(RendezvousStoreInterface& store,
 absl::StatusOr<int64_t> AnnounceArrival(RendezvousStoreInterface& store,
                                         const ReformOptions& options);
 // How often a running node beats on the built-in store, and the beat:
-// Add(1) on "<elastic_prefix>/alive/<node_id>" (a closer tells a dead node
+// Add(1) on "<reformation_prefix>/alive/<node_id>" (a closer tells a dead node
 // from a slow one by it).
 inline constexpr absl::Duration kBeatPeriod = absl::Milliseconds(200);
 absl::Status Beat(RendezvousStoreInterface& store, const std::string& job_id,
-                  const std::string& elastic_prefix,
+                  const std::string& reformation_prefix,
                   const std::string& node_id);
-// On a store with leases (etcd) instead: "<elastic_prefix>/alive/<node_id>"
+// On a store with leases (etcd) instead: "<reformation_prefix>/alive/<node_id>"
 // under this daemon's lease (SetOwn), gone when the daemon is. Written once
 // a node runs (MarkRunning, an epoch entered), and again by the watcher
 // only so that a lease etcd replaced carries it too; nobody reads a rate.
 absl::Status MarkAlive(RendezvousStoreInterface& store,
                        const std::string& job_id,
-                       const std::string& elastic_prefix,
+                       const std::string& reformation_prefix,
                        const std::string& node_id);
 // The job ended on node `node_id` (etcd only; nothing on the built-in
 // store, whose job TTL removes the keys): its liveness key goes, and when
 // it was the last live node, every key of the job.
 absl::Status LeaveJob(RendezvousStoreInterface& store,
                       const std::string& job_id,
-                      const std::string& elastic_prefix,
+                      const std::string& reformation_prefix,
                       const std::string& node_id);
 
 // The running nodes' watcher: waits up to `timeout` for arrival number
@@ -279,7 +279,7 @@ absl::Status LeaveJob(RendezvousStoreInterface& store,
 // when not yet, another error when the store is gone.
 absl::Status WaitForArrival(RendezvousStoreInterface& store,
                             const std::string& job_id,
-                            const std::string& elastic_prefix, int64_t next,
+                            const std::string& reformation_prefix, int64_t next,
                             absl::Duration timeout);
 
 // The agreement of epoch `options.epoch` and the new backend (see above).

@@ -31,7 +31,7 @@ absl::StatusOr<std::optional<v1::ElasticMember>> ReadArrival(
     RendezvousStoreInterface& store, const ReformOptions& o, int64_t n) {
   ASSIGN_OR_RETURN(
       std::optional<std::string> bytes,
-      Probe(store, o.job_id, ArrivalKey(o.elastic_prefix, n), kFollowUp));
+      Probe(store, o.job_id, ArrivalKey(o.reformation_prefix, n), kFollowUp));
   v1::ElasticMember arrival;
   if (!bytes.has_value() || !arrival.ParseFromString(*bytes)) {
     return std::optional<v1::ElasticMember>();
@@ -44,10 +44,10 @@ absl::StatusOr<Expected> ExpectedEntrants(RendezvousStoreInterface& store,
   Expected expected;
   for (const JobNode& node : o.previous) expected.ids.insert(node.node_id);
   const std::optional<v1::ElasticMembers> before =
-      StoredVerdict(store, o.job_id, o.elastic_prefix, o.epoch - 1);
+      StoredVerdict(store, o.job_id, o.reformation_prefix, o.epoch - 1);
   const int64_t settled = before.has_value() ? before->arrivals_seen() : 0;
   ASSIGN_OR_RETURN(expected.announced,
-                   store.Add(o.job_id, ArrivalsKey(o.elastic_prefix), 0));
+                   store.Add(o.job_id, ArrivalsKey(o.reformation_prefix), 0));
   for (int64_t n = settled + 1; n <= expected.announced; ++n) {
     ASSIGN_OR_RETURN(std::optional<v1::ElasticMember> arrival,
                      ReadArrival(store, o, n));
@@ -64,7 +64,7 @@ absl::StatusOr<int64_t> SettledArrivals(
     int64_t announced_at_entry,
     const std::vector<v1::ElasticMember>& entrants) {
   ASSIGN_OR_RETURN(int64_t announced,
-                   store.Add(o.job_id, ArrivalsKey(o.elastic_prefix), 0));
+                   store.Add(o.job_id, ArrivalsKey(o.reformation_prefix), 0));
   int64_t seen = announced_at_entry;
   while (seen < announced) {
     ASSIGN_OR_RETURN(std::optional<v1::ElasticMember> arrival,
@@ -125,8 +125,9 @@ absl::Status AwaitEntrants(RendezvousStoreInterface& store,
     for (const std::string& id : expected) {
       auto pulse = pulses.find(id);
       if (pulse == pulses.end()) continue;
-      ASSIGN_OR_RETURN(int64_t beats,
-                       store.Add(o.job_id, AliveKey(o.elastic_prefix, id), 0));
+      ASSIGN_OR_RETURN(
+          int64_t beats,
+          store.Add(o.job_id, AliveKey(o.reformation_prefix, id), 0));
       if (beats != pulse->second.beats) pulse->second = Pulse{beats, now};
       if (beats > 0 && now - pulse->second.moved >= o.silence) {
         silent.push_back(id);
@@ -189,10 +190,10 @@ absl::StatusOr<std::vector<v1::ElasticMember>> CloseAndRead(
 void DeleteEpochKeys(RendezvousStoreInterface& store, const ReformOptions& o,
                      uint64_t epoch) {
   if (epoch == 0) return;
-  const EpochKeys keys = KeysOf(o.elastic_prefix, epoch);
+  const EpochKeys keys = KeysOf(o.reformation_prefix, epoch);
   const std::string& job = o.job_id;
   std::optional<v1::ElasticMembers> verdict =
-      StoredVerdict(store, job, o.elastic_prefix, epoch);
+      StoredVerdict(store, job, o.reformation_prefix, epoch);
   absl::StatusOr<int64_t> joined = store.Add(job, keys.Joined(), 0);
   const int64_t slots =
       joined.ok() ? (*joined >= kClosedBias ? *joined - kClosedBias : *joined)
@@ -215,7 +216,7 @@ void DeleteEpochKeys(RendezvousStoreInterface& store, const ReformOptions& o,
       }
     }
     for (int64_t n = 1; n <= verdict->arrivals_seen(); ++n) {
-      doomed.push_back(ArrivalKey(o.elastic_prefix, n));
+      doomed.push_back(ArrivalKey(o.reformation_prefix, n));
     }
     // A CUDA job's communicator of that epoch (nccl_job_setup.h).
     for (std::string& key :
@@ -242,8 +243,8 @@ absl::StatusOr<v1::ElasticMembers> CloseEpoch(RendezvousStoreInterface& store,
                    SettledArrivals(store, o, expected.announced, entrants));
   v1::ElasticMembers verdict =
       Decide(o, entrants, arrivals_seen,
-             StoredVerdict(store, o.job_id, o.elastic_prefix, o.epoch - 1));
-  RETURN_IF_ERROR(store.Set(o.job_id, LastEpochKey(o.elastic_prefix),
+             StoredVerdict(store, o.job_id, o.reformation_prefix, o.epoch - 1));
+  RETURN_IF_ERROR(store.Set(o.job_id, LastEpochKey(o.reformation_prefix),
                             absl::StrCat(o.epoch)));
   RETURN_IF_ERROR(
       store.Set(o.job_id, keys.Members(), verdict.SerializeAsString()));
@@ -257,16 +258,16 @@ absl::StatusOr<v1::ElasticMembers> CloseEpoch(RendezvousStoreInterface& store,
   DeleteEpochKeys(store, o, o.epoch - 1);
   return verdict;
 }
-absl::StatusOr<uint64_t> LastClosedEpoch(RendezvousStoreInterface& store,
-                                         const std::string& job,
-                                         const std::string& elastic_prefix) {
+absl::StatusOr<uint64_t> LastClosedEpoch(
+    RendezvousStoreInterface& store, const std::string& job,
+    const std::string& reformation_prefix) {
   ASSIGN_OR_RETURN(std::optional<std::string> text,
-                   Probe(store, job, LastEpochKey(elastic_prefix), kProbe));
+                   Probe(store, job, LastEpochKey(reformation_prefix), kProbe));
   uint64_t epoch = 0;
   if (text.has_value() && !absl::SimpleAtoi(*text, &epoch)) {
-    return absl::InternalError(absl::StrCat("'", LastEpochKey(elastic_prefix),
-                                            "' holds '", *text,
-                                            "', not an epoch number"));
+    return absl::InternalError(
+        absl::StrCat("'", LastEpochKey(reformation_prefix), "' holds '", *text,
+                     "', not an epoch number"));
   }
   return epoch;
 }
@@ -274,10 +275,10 @@ absl::StatusOr<uint64_t> LastClosedEpoch(RendezvousStoreInterface& store,
 // The verdict of `epoch` when it is still in the store (nullopt otherwise).
 std::optional<v1::ElasticMembers> StoredVerdict(
     RendezvousStoreInterface& store, const std::string& job,
-    const std::string& elastic_prefix, uint64_t epoch) {
+    const std::string& reformation_prefix, uint64_t epoch) {
   if (epoch == 0) return std::nullopt;
   absl::StatusOr<std::optional<std::string>> bytes =
-      Probe(store, job, KeysOf(elastic_prefix, epoch).Members(), kProbe);
+      Probe(store, job, KeysOf(reformation_prefix, epoch).Members(), kProbe);
   v1::ElasticMembers verdict;
   if (!bytes.ok() || !bytes->has_value() || !verdict.ParseFromString(**bytes)) {
     return std::nullopt;
@@ -336,7 +337,7 @@ absl::Status StillRunning(RendezvousStoreInterface& store,
                           const ReformOptions& o) {
   ASSIGN_OR_RETURN(
       std::optional<std::string> running,
-      Probe(store, o.job_id, RunningKey(o.elastic_prefix), kProbe));
+      Probe(store, o.job_id, RunningKey(o.reformation_prefix), kProbe));
   if (running.has_value()) return absl::OkStatus();
   return absl::AbortedError(
       absl::StrCat("the job's keys are gone from ", store.Describe(),
@@ -368,7 +369,7 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
     // Decided since the probe above (the verdict is there now), or decided
     // and gone (a later epoch's decider deleted it: too late).
     ASSIGN_OR_RETURN(uint64_t last,
-                     LastClosedEpoch(store, o.job_id, o.elastic_prefix));
+                     LastClosedEpoch(store, o.job_id, o.reformation_prefix));
     if (last >= o.epoch) {
       ASSIGN_OR_RETURN(bytes, Probe(store, o.job_id, keys.Members(), kProbe));
       if (!bytes.has_value()) return std::nullopt;
@@ -394,7 +395,7 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
         if (!previous.contains(id)) continue;
         ASSIGN_OR_RETURN(
             std::optional<std::string> alive,
-            Probe(store, o.job_id, AliveKey(o.elastic_prefix, id), kProbe));
+            Probe(store, o.job_id, AliveKey(o.reformation_prefix, id), kProbe));
         if (!alive.has_value()) gone.push_back(id);
       }
       for (const std::string& id : gone) {
@@ -415,7 +416,7 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
             SettledArrivals(store, o, expected.announced, entrants));
         v1::ElasticMembers verdict = Decide(
             o, entrants, arrivals_seen,
-            StoredVerdict(store, o.job_id, o.elastic_prefix, o.epoch - 1));
+            StoredVerdict(store, o.job_id, o.reformation_prefix, o.epoch - 1));
         // The compare-and-swap on the job's epoch key: it moves from the
         // last epoch to this one together with the verdict, once.
         std::optional<std::string> was;
@@ -424,8 +425,8 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
             {keys.Members(), verdict.SerializeAsString()}};
         ASSIGN_OR_RETURN(
             bool decided,
-            store.CompareAndSet(o.job_id, LastEpochKey(o.elastic_prefix), was,
-                                absl::StrCat(o.epoch), also));
+            store.CompareAndSet(o.job_id, LastEpochKey(o.reformation_prefix),
+                                was, absl::StrCat(o.epoch), also));
         if (decided) {
           spdlog::info(
               "{}: decided with {} node(s) after {}; lost [{}], admitted [{}], "
@@ -439,7 +440,7 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
           if (o.epoch > 1) {
             (void)store.DeletePrefix(
                 o.job_id,
-                absl::StrCat(KeysOf(o.elastic_prefix, o.epoch - 1).prefix,
+                absl::StrCat(KeysOf(o.reformation_prefix, o.epoch - 1).prefix,
                              "/"));
           }
           return std::optional<v1::ElasticMembers>(std::move(verdict));
@@ -447,8 +448,9 @@ absl::StatusOr<std::optional<v1::ElasticMembers>> AgreeByTransaction(
         // Another node decided first (its verdict is read next), or the
         // epoch key no longer holds the last epoch: a later epoch went on
         // (this node is too late, next) or the job's keys are gone.
-        ASSIGN_OR_RETURN(uint64_t now_last,
-                         LastClosedEpoch(store, o.job_id, o.elastic_prefix));
+        ASSIGN_OR_RETURN(
+            uint64_t now_last,
+            LastClosedEpoch(store, o.job_id, o.reformation_prefix));
         if (now_last + 1 < o.epoch) RETURN_IF_ERROR(StillRunning(store, o));
         continue;
       }

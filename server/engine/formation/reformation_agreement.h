@@ -63,11 +63,11 @@ absl::Status StillRunning(RendezvousStoreInterface& store,
 // The last epoch decided (0: none yet).
 absl::StatusOr<uint64_t> LastClosedEpoch(RendezvousStoreInterface& store,
                                          const std::string& job,
-                                         const std::string& elastic_prefix);
+                                         const std::string& reformation_prefix);
 // The verdict of `epoch` when it is still in the store (nullopt otherwise).
 std::optional<v1::ElasticMembers> StoredVerdict(
     RendezvousStoreInterface& store, const std::string& job,
-    const std::string& elastic_prefix, uint64_t epoch);
+    const std::string& reformation_prefix, uint64_t epoch);
 
 }  // namespace gradd::reformation_internal
 

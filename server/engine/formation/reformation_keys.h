@@ -64,24 +64,25 @@ struct EpochKeys {
   std::string Gloo() const { return absl::StrCat(prefix, "/gloo"); }
 };
 
-inline EpochKeys KeysOf(const std::string& elastic_prefix, uint64_t epoch) {
-  return EpochKeys{absl::StrCat(elastic_prefix, "/epoch", epoch)};
+inline EpochKeys KeysOf(const std::string& reformation_prefix, uint64_t epoch) {
+  return EpochKeys{absl::StrCat(reformation_prefix, "/epoch", epoch)};
 }
-inline std::string ArrivalsKey(const std::string& elastic_prefix) {
-  return absl::StrCat(elastic_prefix, "/arrivals");
+inline std::string ArrivalsKey(const std::string& reformation_prefix) {
+  return absl::StrCat(reformation_prefix, "/arrivals");
 }
-inline std::string ArrivalKey(const std::string& elastic_prefix, int64_t n) {
-  return absl::StrCat(elastic_prefix, "/arrival/", n);
+inline std::string ArrivalKey(const std::string& reformation_prefix,
+                              int64_t n) {
+  return absl::StrCat(reformation_prefix, "/arrival/", n);
 }
-inline std::string AliveKey(const std::string& elastic_prefix,
+inline std::string AliveKey(const std::string& reformation_prefix,
                             const std::string& node_id) {
-  return absl::StrCat(elastic_prefix, "/alive/", node_id);
+  return absl::StrCat(reformation_prefix, "/alive/", node_id);
 }
-inline std::string LastEpochKey(const std::string& elastic_prefix) {
-  return absl::StrCat(elastic_prefix, "/epoch");
+inline std::string LastEpochKey(const std::string& reformation_prefix) {
+  return absl::StrCat(reformation_prefix, "/epoch");
 }
-inline std::string RunningKey(const std::string& elastic_prefix) {
-  return absl::StrCat(elastic_prefix, "/running");
+inline std::string RunningKey(const std::string& reformation_prefix) {
+  return absl::StrCat(reformation_prefix, "/running");
 }
 
 // Whether this node ran the previous epoch (else it is an arrival).

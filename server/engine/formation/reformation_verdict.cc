@@ -149,13 +149,13 @@ void DecideCause(const std::vector<const v1::ElasticMember*>& order,
                                                   verdict->admitted().end());
   std::vector<std::string> rejoined, others;
   for (const v1::ElasticMember* m : order) {
-    for (int r : m->rejoined_local_ranks()) {
+    for (int r : m->restarted_local_ranks()) {
       rejoined.push_back(
           absl::StrCat("local rank ", r, " of node '", m->node_id(), "'"));
     }
     // What the survivors saw (an arrival's "asks to be admitted" is said
     // by the admission itself).
-    if (m->rejoined_local_ranks().empty() && !m->reason().empty() &&
+    if (m->restarted_local_ranks().empty() && !m->reason().empty() &&
         !admitted.contains(m->node_id()) &&
         std::find(others.begin(), others.end(), m->reason()) == others.end()) {
       others.push_back(m->reason());

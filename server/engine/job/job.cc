@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(
   job->header_->sync_seq.store(s.initial_sync_seq, std::memory_order_relaxed);
   // ... and at the job's iteration: every bucket done, and every rank's
   // row, up to the one before its first (the rows as a rejoined rank's,
-  // Job::ResetRejoinedRank; its ranks attach rejoined at first_iteration).
+  // Job::ResetRestartedRank; its ranks attach rejoined at first_iteration).
   if (s.first_iteration > 1) {
     void* base = job->control_.data();
     const uint64_t before = s.first_iteration - 1;
@@ -150,13 +150,14 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
       iterations_(layout_.num_buckets()),
-      elastic_(spec_.num_nodes > 1 &&
-               (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)),
+      reformable_(
+          spec_.num_nodes > 1 &&
+          (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)),
       // A node admitted into its running job: the reducer divides by the
       // live world size it was admitted into; a job that divides by the
       // initial one says so per bucket from the start, as its other nodes
-      // do since their re-formation (job_elastic.cc).
-      epoch_(elastic_,
+      // do since their re-formation (job_reformation.cc).
+      epoch_(reformable_,
              EpochState::BucketDivisor(spec_.divide_by_initial_world_size,
                                        spec_.initial_world_size)) {
   live_.node_rank = spec_.node_rank;
@@ -176,14 +177,14 @@ Job::~Job() {
   Stop();
   AbortSwitch(absl::CancelledError(absl::StrCat(
       "job '", spec_.job_id, "' stopped during a bucket rebuild")));
-  AbortRejoins(absl::CancelledError(absl::StrCat(
+  AbortRankRestarts(absl::CancelledError(absl::StrCat(
       "job '", spec_.job_id, "' stopped before the rank could rejoin")));
-  FailPendingRejoins(absl::CancelledError(absl::StrCat(
+  FailPendingRankRestarts(absl::CancelledError(absl::StrCat(
       "job '", spec_.job_id, "' stopped before the rank could rejoin")));
   {
     // A re-formation that finished after the job stopped: its reducer
     // never ran anything.
-    absl::MutexLock lock(&network_mu_);
+    absl::MutexLock lock(&reformation_mu_);
     reformed_.reset();
   }
   // Joins the reducer's threads (if any) while the memory its completions
@@ -260,7 +261,7 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   }
   resp.set_rank_restart_grace_ms(
       static_cast<uint32_t>(spec_.rank_restart_grace.count()));
-  // A new job; a rejoin overwrites these (Job::Rejoin).
+  // A new job; a rejoin overwrites these (Job::RestartRank).
   resp.set_next_iteration(spec_.first_iteration);
   resp.set_collective_seq(0);
   resp.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
@@ -324,22 +325,6 @@ void Job::PublishFailure(absl::StatusCode code, absl::string_view message) {
                std::string_view(message.data(), message.size()));
 }
 
-absl::string_view Job::PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kRunning:
-      return "running";
-    case Phase::kSwitchingPlan:
-      return "switching_plan";
-    case Phase::kDraining:
-      return "draining";
-    case Phase::kReforming:
-      return "reforming";
-    case Phase::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
-
 void Job::EnterPhase(Phase next, absl::string_view why) {
   if (next == phase_ || phase_ == Phase::kFailed) return;
   JobPhaseEvent e;
@@ -349,6 +334,10 @@ void Job::EnterPhase(Phase next, absl::string_view why) {
   e.epoch = epoch();
   e.at_ns = EngineNowNs();
   phase_ = next;
+  {
+    absl::MutexLock lock(&live_mu_);
+    live_.phase = next;
+  }
   spdlog::debug("job '{}': {} -> {} ({})", spec_.job_id, e.from, e.to, e.why);
   events_.OnPhase(e);
 }
@@ -377,16 +366,16 @@ void Job::Loop() {
     }
     if (rejoin_pending_.load(std::memory_order_acquire)) {
       if (failed()) {
-        AbortRejoins(ReadError(header_));
-      } else if (TryRejoin()) {
+        AbortRankRestarts(ReadError(header_));
+      } else if (TryRestartRanks()) {
         continue;
       }
     }
     // Elastic multi-node jobs: while the inter-node group drains or
-    // re-forms, nothing new starts (job_elastic.cc).
-    const bool held = elastic_ && !failed() && StepEpoch();
-    if (failed() && !elastic_rejoins_.empty()) {
-      FailPendingRejoins(ReadError(header_));
+    // re-forms, nothing new starts (job_reformation.cc).
+    const bool held = reformable_ && !failed() && StepEpoch();
+    if (failed() && !restarts_in_reformation_.empty()) {
+      FailPendingRankRestarts(ReadError(header_));
     }
     bool progress = !failed() && !held && Scan();
     if (!failed() && !held && stalls_.enabled()) CheckStalls();
@@ -524,7 +513,7 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
         absl::StrCat("job '", spec_.job_id, "' bucket ", bucket, " iteration ",
                      iteration, ": ", status.message());
     // Elastic: the break is the re-formation's, not the job's end.
-    if (!NoteNetworkError(status, what)) PublishFailure(status.code(), what);
+    if (!NoteInterNodeError(status, what)) PublishFailure(status.code(), what);
     return;
   }
   EmitBucket(bucket, iteration);

@@ -20,7 +20,7 @@
 //       |  no rebuild pending              | fails ABORTED naming the rank
 //       |  (RankRestarting)                |
 //       +-----------------------------> restarting ---(Attach again, same
-//       ^                                             model: Rejoin)---+
+//       ^                                             model: RestartRank)---+
 //       |  engine, at a point where no bucket or round is with the     |
 //       |  reducer: aborts the iteration / collective round in         |
 //       |  progress, resets the rank's rows, restarts++, sync_seq++    |
@@ -173,14 +173,14 @@ struct JobSpec {
   // closed without Detach (0: it does not wait, the rank is gone). The
   // JobManager enforces it; here it decides whether the fds are kept.
   std::chrono::milliseconds rank_restart_grace{0};
-  // Node loss and arrival (control_block.h "Re-formation"; job_elastic.cc):
+  // Node loss and arrival (control_block.h "Re-formation"; job_reformation.cc):
   // the smallest node count the job goes on with (0: not elastic across
   // nodes; a multi-node job with a rank restart grace is elastic too), the
   // divisor rule after a re-formation, and the job's elastic namespace in
   // the store (formation/reformation.h).
   int min_nodes = 0;
   bool divide_by_initial_world_size = false;
-  std::string elastic_prefix;
+  std::string reformation_prefix;
   // A node admitted into its running elastic job (the JobManager's
   // formation found it running): the control block starts at the agreed
   // epoch and sync_seq, and state_behind (its ranks offer no state in the
@@ -286,7 +286,7 @@ class Job {
   // What a re-attached rank is told: ResponseFor(rank) with rejoined,
   // next_iteration, collective_seq and sync_seq set, made on the engine
   // thread (the plan is the engine's); the caller adds the attach id.
-  using RejoinDone =
+  using RankRestartDone =
       absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
   // Restarting local rank r attached again (checked by the caller): the
   // engine thread, at its next point where no bucket or round is with the
@@ -294,10 +294,10 @@ class Job {
   // done(response) there; done(error) instead if the job has failed, stops
   // first, or r is not restarting. Any thread. In a job elastic across
   // nodes the return re-forms the inter-node group instead ("Elastic
-  // multi-node jobs" below; reason "local rank r rejoined"): done runs
+  // multi-node jobs" below; reason "local rank r restarted"): done runs
   // after Reformed, with the re-formation's single abort and its agreed
   // sync_seq (no separate bump).
-  void Rejoin(int rank, RejoinDone done);
+  void RestartRank(int rank, RankRestartDone done);
   // Restarted ranks re-attached, iterations aborted by them (any thread).
   uint64_t restarts() const;
   // Collective rounds (broadcasts, the collectives API) done so far,
@@ -310,38 +310,38 @@ class Job {
   }
 
   // Elastic multi-node jobs: epochs and re-formation on node loss and
-  // arrival (job_elastic.cc, epoch_state.h; control_block.h
+  // arrival (job_reformation.cc, epoch_state.h; control_block.h
   // "Re-formation"). A job survives them when num_nodes > 1 and
   // min_nodes > 0 or it has a rank restart grace.
   //
-  //   running --network error / BreakNetwork / multi-node Rejoin-->
+  //   running --network error / RequestReformation / multi-node RestartRank-->
   //   draining (nothing new to the reducer; what is with it completes,
   //             failures are not the job's) --nothing with the reducer-->
   //   reforming (handler runs; ranks wait, heartbeats go on)
   //             --Reformed(ok)--> running on the new reducer, after the
   //               one abort of the iteration and round in progress (or
   //               the next) and the sync_seq / epoch / world_size update;
-  //               pending Rejoins answered
+  //               pending rank restarts answered
   //             --Reformed(error)--> failed (the error names the lost
   //               nodes / the reason)
-  struct NetworkBreak {
+  struct ReformationRequest {
     std::string reason;
     uint64_t completed_iteration = 0;  // every bucket done for it
     uint64_t sync_seq = 0;
     uint64_t epoch = 0;  // the epoch being left
     // The local ranks whose return made this node break (rank restart).
-    std::vector<int> rejoined_local_ranks;
+    std::vector<int> restarted_local_ranks;
   };
-  using ReformHandler = absl::AnyInvocable<void(NetworkBreak)>;
+  using ReformationHandler = absl::AnyInvocable<void(ReformationRequest)>;
   // Before Start. Called on the engine thread once per break, when the
   // reducer is drained; the receiver re-forms (off that thread) and
   // answers with Reformed.
-  void SetReformHandler(ReformHandler handler);
+  void SetReformationHandler(ReformationHandler handler);
   // Any thread: break the job's inter-node group at the next point where
   // nothing is with the reducer (e.g. a node asks to be admitted). No-op
   // for a job that is not elastic across nodes.
-  void BreakNetwork(std::string reason);
-  struct ReformedNetwork {
+  void RequestReformation(std::string reason);
+  struct ReformationResult {
     std::unique_ptr<BucketReducerInterface> reducer;
     uint64_t epoch = 0;
     int node_rank = 0;
@@ -361,7 +361,7 @@ class Job {
     std::vector<std::string> departed;
   };
   // Any thread: the outcome of the re-formation the handler started.
-  void Reformed(absl::StatusOr<ReformedNetwork> result);
+  void Reformed(absl::StatusOr<ReformationResult> result);
   // Re-formations so far (any thread).
   uint64_t epoch() const;
 
@@ -420,9 +420,12 @@ class Job {
     kRestarting = 3
   };
 
-  // The job's phase (see the top of this file). Engine thread.
-  enum class Phase { kRunning, kSwitchingPlan, kDraining, kReforming, kFailed };
-  static absl::string_view PhaseName(Phase phase);
+  // The job's phase (see the top of this file; job_snapshot.h JobPhase).
+  // Engine thread; Snapshot reads the copy in live_.
+  using Phase = JobPhase;
+  static absl::string_view PhaseName(Phase phase) {
+    return JobPhaseName(phase);
+  }
   // The one transition function: moves phase_ to `next` and reports the
   // change (`why`) to the events and the log. No-op when already there;
   // kFailed is final.
@@ -505,12 +508,12 @@ class Job {
   // parameters no rank used. `map` is the reduced map (float32, one per
   // model parameter) in a contributing rank's bucket, not yet handed back.
   void RecordUsedMap(uint64_t iteration, const float* map);
-  // job_restart.cc, engine thread: runs the pending Rejoins if no bucket
+  // job_restart.cc, engine thread: runs the pending rank restarts if no bucket
   // or round is with the reducer; true if it did.
-  bool TryRejoin();
-  void RejoinNow(int rank, RejoinDone done);
-  // Fails the pending Rejoins with `status`.
-  void AbortRejoins(const absl::Status& status);
+  bool TryRestartRanks();
+  void RestartRankNow(int rank, RankRestartDone done);
+  // Fails the pending rank restarts with `status`.
+  void AbortRankRestarts(const absl::Status& status);
   // Create: every rank's device memory on its GPU, when the job has CUDA
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();
@@ -529,28 +532,28 @@ class Job {
   Abort AbortInProgress(int aborted_rank);
   // Step 3 for a restarting rank: its rows, join slot and state; restarts++.
   // False (done answered) when r went away meanwhile.
-  bool ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done);
+  bool ResetRestartedRank(int rank, const Abort& abort, RankRestartDone* done);
 
-  // job_elastic.cc, engine thread. Advances the re-formation (epoch_,
+  // job_reformation.cc, engine thread. Advances the re-formation (epoch_,
   // "Elastic multi-node jobs" above); true while the engine must not
   // start anything (draining or reforming).
   bool StepEpoch();
   // A break seen (`reason`): draining, or the job fails when it cannot
   // survive one now (EpochState::Unsurvivable).
   void BeginDraining(std::string reason);
-  void ApplyReformed(absl::StatusOr<ReformedNetwork> result);
+  void ApplyReformed(absl::StatusOr<ReformationResult> result);
   // Every reducer hand-over counts itself in in_flight_ until its
   // completion; a completion with an error in an elastic job notes the
   // break instead of failing the job (`what` names the work). False: not
   // elastic, the caller fails the job.
-  bool NoteNetworkError(const absl::Status& status, absl::string_view what);
+  bool NoteInterNodeError(const absl::Status& status, absl::string_view what);
   void ReducerWorkDone();
   // The reducer other threads read through (stats, DescribeDevice); the
   // engine thread swaps it under reducer_mu_.
   void ReplaceReducer(std::unique_ptr<BucketReducerInterface> reducer);
   // The live global world size (the spec's until a re-formation).
   int live_world_size() const;
-  void FailPendingRejoins(const absl::Status& status);
+  void FailPendingRankRestarts(const absl::Status& status);
 
   const JobSpec spec_;
   const ControlLayout layout_;
@@ -591,8 +594,9 @@ class Job {
   std::unique_ptr<std::atomic<int64_t>[]> restart_since_ns_;
   std::atomic<uint64_t> iterations_aborted_{0};
   std::atomic<bool> rejoin_pending_{false};
-  absl::Mutex rejoin_mu_;
-  std::vector<std::pair<int, RejoinDone>> rejoins_ ABSL_GUARDED_BY(rejoin_mu_);
+  absl::Mutex restart_mu_;
+  std::vector<std::pair<int, RankRestartDone>> pending_restarts_
+      ABSL_GUARDED_BY(restart_mu_);
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
@@ -670,26 +674,27 @@ class Job {
   // (PublishError's first-failure-wins check is not atomic).
   absl::Mutex error_mu_;
 
-  // Epochs and re-formation (job_elastic.cc). elastic_: the job survives
+  // Epochs and re-formation (job_reformation.cc). reformable_: the job survives
   // node loss and arrival; epoch_: the re-formation's stage, and what the
   // plain buckets divide by and whether the nodes changed since the job
   // formed (engine thread).
-  const bool elastic_;
+  const bool reformable_;
   EpochState epoch_;
   // Reducer hand-overs whose completion has not run yet (any thread).
   std::atomic<int> in_flight_{0};
-  // Set (with network_error_) by a completion that failed, by BreakNetwork
-  // and by Reformed; the engine looks at network_mu_ only when it is set.
+  // Set (with network_error_) by a completion that failed, by
+  // RequestReformation and by Reformed; the engine looks at reformation_mu_
+  // only when it is set.
   std::atomic<bool> network_pending_{false};
   std::atomic<bool> draining_{false};  // mirrors epoch_.under_way()
-  absl::Mutex network_mu_;
-  std::optional<std::string> network_error_ ABSL_GUARDED_BY(network_mu_);
-  std::optional<std::string> break_request_ ABSL_GUARDED_BY(network_mu_);
-  std::optional<absl::StatusOr<ReformedNetwork>> reformed_
-      ABSL_GUARDED_BY(network_mu_);
-  ReformHandler reform_handler_;  // set before Start
+  absl::Mutex reformation_mu_;
+  std::optional<std::string> network_error_ ABSL_GUARDED_BY(reformation_mu_);
+  std::optional<std::string> break_request_ ABSL_GUARDED_BY(reformation_mu_);
+  std::optional<absl::StatusOr<ReformationResult>> reformed_
+      ABSL_GUARDED_BY(reformation_mu_);
+  ReformationHandler reform_handler_;  // set before Start
   // Engine thread: the rejoins the current re-formation answers.
-  std::vector<std::pair<int, RejoinDone>> elastic_rejoins_;
+  std::vector<std::pair<int, RankRestartDone>> restarts_in_reformation_;
   // Where this node sits now (ResponseFor, Snapshot read it; the engine
   // thread writes it on a re-formation).
   struct LiveLayout {
@@ -697,8 +702,9 @@ class Job {
     int num_nodes = 1;
     int world_size = 1;
     std::vector<std::string> node_ids;
-    std::vector<std::string> lost;  // every node lost so far
-    std::string last_reason;        // of the last re-formation
+    std::vector<std::string> lost;        // every node lost so far
+    std::string last_reason;              // of the last re-formation
+    JobPhase phase = JobPhase::kRunning;  // phase_, for Snapshot
   };
   mutable absl::Mutex live_mu_;
   LiveLayout live_ ABSL_GUARDED_BY(live_mu_);

@@ -222,7 +222,7 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
   }
   work.kind = static_cast<CollectiveKind>(round.kind);
   // Laid out (or divided) over the initial global ranks: wrong once a node
-  // was lost or admitted (job_elastic.cc).
+  // was lost or admitted (job_reformation.cc).
   if (epoch_.membership_changed() &&
       (work.kind == CollectiveKind::kAllgather ||
        work.kind == CollectiveKind::kReduceScatter ||
@@ -257,7 +257,7 @@ void Job::StartRound(const BroadcastWork& work, absl::string_view what) {
     if (!s.ok()) {
       const std::string why = absl::StrCat("job '", spec_.job_id, "' ", what,
                                            " ", need, ": ", s.message());
-      if (!NoteNetworkError(s, why)) PublishFailure(s.code(), why);
+      if (!NoteInterNodeError(s, why)) PublishFailure(s.code(), why);
     } else {
       header_->bcast_done_seq.store(need, std::memory_order_release);
       WakeClients(layout_, control_.data());

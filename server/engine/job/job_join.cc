@@ -15,10 +15,10 @@ namespace gradd {
 bool Job::JoinInPlay() {
   if (join_.active()) return true;
   void* base = control_.data();
-  const uint64_t done_epoch = join_.done_epoch();
+  const uint64_t done_join = join_.done_join_seq();
   for (int r = 0; r < spec_.local_world_size; ++r) {
-    if (layout_.join_slot(base, r)->epoch.load(std::memory_order_acquire) >
-        done_epoch) {
+    if (layout_.join_slot(base, r)->join_seq.load(std::memory_order_acquire) >
+        done_join) {
       return true;
     }
   }
@@ -43,8 +43,8 @@ std::vector<JoinRankView> Job::ReadJoinViews(uint64_t next_iteration) {
     const JoinSlot* slot = layout_.join_slot(base, r);
     JoinRankView& v = views[r];
     v.live = rank_state_[r].load() == kLive;
-    // epoch last: it is published last (release), after begin and flags.
-    v.epoch = slot->epoch.load(std::memory_order_acquire);
+    // join: it is published last (release), after begin and flags.
+    v.join_seq = slot->join_seq.load(std::memory_order_acquire);
     v.begin = slot->begin.load(std::memory_order_relaxed);
     v.flags = slot->flags.load(std::memory_order_relaxed);
     v.active_seq = slot->active_seq.load(std::memory_order_acquire);
@@ -98,7 +98,7 @@ bool Job::StepJoin() {
     progress = true;
   }
 
-  // kOff or kCollecting. An epoch starts only between iterations.
+  // kOff or kCollecting. An join only between iterations.
   for (size_t b = 0; b < num_buckets; ++b) {
     if (started_[b] > done[b].load(std::memory_order_acquire)) {
       return progress;
@@ -179,7 +179,7 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
                                   std::memory_order_relaxed);
   board->exhausted_rank.store(outcome.exhausted_rank,
                               std::memory_order_relaxed);
-  board->done_epoch.store(join_.done_epoch(), std::memory_order_release);
+  board->done_join_seq.store(join_.done_join_seq(), std::memory_order_release);
   WakeClients(layout_, control_.data());
 }
 

@@ -20,14 +20,14 @@ bool Job::RankRestarting(int rank, absl::string_view reason) {
       rebuild_after_.load(std::memory_order_acquire) != 0 ||
       switch_pending_.load(std::memory_order_acquire);
   in.failed = header_->status.load(std::memory_order_acquire) != 0;
-  // A join (uneven inputs) in play: some rank opened a join epoch the
+  // A join (uneven inputs) in play: some rank opened a join the
   // daemon has not finished.
   void* base = control_.data();
-  const uint64_t done_epoch =
-      layout_.join_board(base)->done_epoch.load(std::memory_order_acquire);
+  const uint64_t done_join =
+      layout_.join_board(base)->done_join_seq.load(std::memory_order_acquire);
   for (int r = 0; r < spec_.local_world_size && !in.join_open; ++r) {
-    in.join_open = layout_.join_slot(base, r)->epoch.load(
-                       std::memory_order_acquire) > done_epoch;
+    in.join_open = layout_.join_slot(base, r)->join_seq.load(
+                       std::memory_order_acquire) > done_join;
   }
   if (!RankRestarts::CanWait(in)) return false;
   const int64_t now = EngineNowNs();
@@ -64,34 +64,34 @@ uint64_t Job::restarts() const {
   return header_->restarts.load(std::memory_order_acquire);
 }
 
-void Job::Rejoin(int rank, RejoinDone done) {
+void Job::RestartRank(int rank, RankRestartDone done) {
   {
-    absl::MutexLock lock(&rejoin_mu_);
-    rejoins_.emplace_back(rank, std::move(done));
+    absl::MutexLock lock(&restart_mu_);
+    pending_restarts_.emplace_back(rank, std::move(done));
     rejoin_pending_.store(true, std::memory_order_release);
   }
   doorbell_->Ring();
 }
 
-void Job::AbortRejoins(const absl::Status& status) {
-  std::vector<std::pair<int, RejoinDone>> batch;
+void Job::AbortRankRestarts(const absl::Status& status) {
+  std::vector<std::pair<int, RankRestartDone>> batch;
   {
-    absl::MutexLock lock(&rejoin_mu_);
-    batch.swap(rejoins_);
+    absl::MutexLock lock(&restart_mu_);
+    batch.swap(pending_restarts_);
     rejoin_pending_.store(false, std::memory_order_release);
   }
   for (auto& [rank, done] : batch) std::move(done)(status);
 }
 
-bool Job::TryRejoin() {
-  if (elastic_) {
+bool Job::TryRestartRanks() {
+  if (reformable_) {
     // Multi-node (job.h "Elastic multi-node jobs"): the rank's return is
     // one re-formation of the job's inter-node group. The draining waits
     // for the quiet point; the rejoin is answered after Reformed.
-    std::vector<std::pair<int, RejoinDone>> batch;
+    std::vector<std::pair<int, RankRestartDone>> batch;
     {
-      absl::MutexLock lock(&rejoin_mu_);
-      batch.swap(rejoins_);
+      absl::MutexLock lock(&restart_mu_);
+      batch.swap(pending_restarts_);
       rejoin_pending_.store(false, std::memory_order_release);
     }
     std::string reason;
@@ -102,8 +102,8 @@ bool Job::TryRejoin() {
         continue;
       }
       if (reason.empty())
-        reason = absl::StrCat("local rank ", rank, " rejoined");
-      elastic_rejoins_.emplace_back(rank, std::move(d));
+        reason = absl::StrCat("local rank ", rank, " restarted");
+      restarts_in_reformation_.emplace_back(rank, std::move(d));
     }
     if (!reason.empty() && epoch_.running()) {
       BeginDraining(std::move(reason));
@@ -122,13 +122,13 @@ bool Job::TryRejoin() {
       header_->bcast_done_seq.load(std::memory_order_acquire)) {
     return false;
   }
-  std::vector<std::pair<int, RejoinDone>> batch;
+  std::vector<std::pair<int, RankRestartDone>> batch;
   {
-    absl::MutexLock lock(&rejoin_mu_);
-    batch.swap(rejoins_);
+    absl::MutexLock lock(&restart_mu_);
+    batch.swap(pending_restarts_);
     rejoin_pending_.store(false, std::memory_order_release);
   }
-  for (auto& [rank, d] : batch) RejoinNow(rank, std::move(d));
+  for (auto& [rank, d] : batch) RestartRankNow(rank, std::move(d));
   return !batch.empty();
 }
 
@@ -176,7 +176,8 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
   return a;
 }
 
-bool Job::ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done) {
+bool Job::ResetRestartedRank(int rank, const Abort& abort,
+                             RankRestartDone* done) {
   void* base = control_.data();
   // 3. The rank's rows say "done with everything so far"; its join state
   // starts over. Written by the daemon against the rule that rank r writes
@@ -188,7 +189,7 @@ bool Job::ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done) {
   layout_.bcast(base, rank)
       ->ready_seq.store(abort.collective_seq, std::memory_order_release);
   JoinSlot* slot = layout_.join_slot(base, rank);
-  slot->epoch.store(0, std::memory_order_relaxed);
+  slot->join_seq.store(0, std::memory_order_relaxed);
   slot->begin.store(0, std::memory_order_relaxed);
   slot->active_seq.store(0, std::memory_order_relaxed);
   slot->joined_at.store(0, std::memory_order_relaxed);
@@ -210,14 +211,14 @@ bool Job::ResetRejoinedRank(int rank, const Abort& abort, RejoinDone* done) {
   return true;
 }
 
-void Job::RejoinNow(int rank, RejoinDone done) {
+void Job::RestartRankNow(int rank, RankRestartDone done) {
   if (rank_state_[rank].load() != kRestarting) {
     std::move(done)(absl::FailedPreconditionError(
         absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin")));
     return;
   }
   const Abort abort = AbortInProgress(rank);
-  if (!ResetRejoinedRank(rank, abort, &done)) return;
+  if (!ResetRestartedRank(rank, abort, &done)) return;
   const uint64_t sync =
       header_->sync_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
   WakeClients(layout_, control_.data());
@@ -230,11 +231,11 @@ void Job::RejoinNow(int rank, RejoinDone done) {
   e.aborted_iteration = abort.iteration;
   e.aborted_round = abort.round;
   e.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
-  events_.OnRankRejoined(e);
+  events_.OnRankRestarted(e);
   spdlog::info(
       "{}",
       absl::StrCat(
-          RankName(rank), " rejoined after ",
+          RankName(rank), " restarted: back after ",
           e.since_ns != 0 ? (now - e.since_ns) / 1'000'000 : 0, " ms away; ",
           abort.iteration != 0
               ? absl::StrCat("aborted iteration ", abort.iteration)
@@ -246,7 +247,7 @@ void Job::RejoinNow(int rank, RejoinDone done) {
           sync));
 
   v1::AttachResponse response = ResponseFor(rank);
-  response.set_rejoined(true);
+  response.set_restarted(true);
   response.set_next_iteration(abort.last + 1);
   response.set_collective_seq(abort.collective_seq);
   response.set_sync_seq(sync);

@@ -24,6 +24,22 @@ bool PlanDiffers(const BucketPlan& a, const BucketPlan& b) {
 
 }  // namespace
 
+absl::string_view JobPhaseName(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kSwitchingPlan:
+      return "switching_plan";
+    case JobPhase::kDraining:
+      return "draining";
+    case JobPhase::kReforming:
+      return "reforming";
+    case JobPhase::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
 int FindUsedMapParam(const std::vector<ParamInfo>& params) {
   if (params.size() < 2 || params[0].name != kUsedMapParameterName ||
       params[0].dtype != DType::kFloat32 ||
@@ -77,7 +93,8 @@ JobSnapshot Job::Snapshot(bool detail) const {
     s.world_size = live_.world_size;
     s.node_ids = live_.node_ids;
     s.lost_node_ids = live_.lost;
-    s.last_reform_reason = live_.last_reason;
+    s.last_reformation_reason = live_.last_reason;
+    s.phase = live_.phase;
   }
   s.initial_num_nodes = spec_.num_nodes;
   s.initial_world_size = spec_.initial_global_world_size();

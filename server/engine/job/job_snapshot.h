@@ -13,10 +13,24 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/bucket_planner.h"
 #include "server/engine/reduce/bucket_reducer.h"
 
 namespace gradd {
+
+// A job's one explicit phase (job.h "Phase"): what its engine is doing now.
+// Changed only by Job::EnterPhase; kFailed is final.
+enum class JobPhase {
+  kRunning,
+  kSwitchingPlan,
+  kDraining,
+  kReforming,
+  kFailed
+};
+// "running", "switching_plan", "draining", "reforming", "failed": the words
+// of the phase events, the log and graddctl.
+absl::string_view JobPhaseName(JobPhase phase);
 
 // The client library's used map (client/src/data/used_map_client.h): a float32
 // parameter registered first, one element per model parameter, averaged
@@ -102,7 +116,8 @@ struct JobSnapshot {
   int initial_world_size = 0;
   uint64_t epoch = 0;
   std::vector<std::string> lost_node_ids;
-  std::string last_reform_reason;
+  std::string last_reformation_reason;
+  JobPhase phase = JobPhase::kRunning;  // meaningful once formed
 
   // Bucket rebuild (engine/job/rebuild.h).
   bool rebuilt = false;

@@ -51,21 +51,21 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
     return std::vector<double>();
   }
   if (phase_ == Phase::kOff) {
-    const uint64_t next_epoch = done_epoch_ + 1;
+    const uint64_t next_join = done_join_seq_ + 1;
     int opener = -1;
     for (int r = 0; r < local_world_; ++r) {
-      if (ranks[r].epoch > next_epoch) {
+      if (ranks[r].join_seq > next_join) {
         return absl::FailedPreconditionError(
-            absl::StrCat(RankName(r), " entered join mode ", ranks[r].epoch,
-                         " while join ", next_epoch, " is the next one"));
+            absl::StrCat(RankName(r), " entered join mode ", ranks[r].join_seq,
+                         " while join ", next_join, " is the next one"));
       }
-      if (ranks[r].epoch == next_epoch && opener < 0) opener = r;
+      if (ranks[r].join_seq == next_join && opener < 0) opener = r;
     }
     if (opener < 0) return std::vector<double>();
     const JoinRankView& first = ranks[opener];
     for (int r = 0; r < local_world_; ++r) {
       const JoinRankView& v = ranks[r];
-      if (v.epoch != next_epoch) {
+      if (v.join_seq != next_join) {
         if (!v.live) {
           return absl::AbortedError(
               absl::StrCat(RankName(r), " left before entering join mode (",
@@ -94,7 +94,7 @@ absl::StatusOr<std::vector<double>> JoinState::Poll(
           RankName(opener), " entered join mode before iteration ", first.begin,
           " while iteration ", next_iteration, " is next"));
     }
-    epoch_ = next_epoch;
+    join_seq_ = next_join;
     iteration_ = first.begin;
     flags_ = first.flags;
     last_max_active_ = world_size_ - 1;
@@ -214,7 +214,7 @@ absl::StatusOr<JoinState::Outcome> JoinState::Resolve(
     phase_ = Phase::kRunning;
   } else {
     phase_ = Phase::kOff;
-    done_epoch_ = epoch_;
+    done_join_seq_ = join_seq_;
   }
   current_ = out;
   return out;

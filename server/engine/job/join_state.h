@@ -11,11 +11,11 @@
 // out of the local reduce (and never written), the divisor is the initial
 // world size or the number of ranks still active. Across nodes every daemon
 // must still issue the same collectives, so before bucket 0 of every
-// iteration of a join epoch the daemons allreduce a small "round" vector
+// iteration of a join the daemons allreduce a small "round" vector
 // (who is active / joined, options, the sync size) on the network thread,
-// in plan order. Plain jobs (no epoch open) run no round and pay nothing.
+// in plan order. Plain jobs (no join) run no round and pay nothing.
 //
-//                 any local rank opens epoch e (JoinSlot.epoch = e)
+//                 any local rank opens join e (JoinSlot.join_seq = e)
 //   kOff --------------------------------------------------------+
 //    ^                                                            v
 //    |                                     kCollecting(i = begin of e)
@@ -46,7 +46,7 @@
 // Thread: the engine thread only. Errors: INVALID_ARGUMENT /
 // FAILED_PRECONDITION naming the job and local rank (protocol misuse:
 // ranks that enter join mode at different iterations or with different
-// options, an active rank that also joined, an epoch that skips ahead).
+// options, an active rank that also joined, a join that skips ahead).
 #ifndef GRADD_SERVER_ENGINE_JOB_JOIN_STATE_H_
 #define GRADD_SERVER_ENGINE_JOB_JOIN_STATE_H_
 
@@ -62,7 +62,7 @@ namespace gradd {
 // One local rank's join state as read from its JoinSlot.
 struct JoinRankView {
   bool live = true;
-  uint64_t epoch = 0;
+  uint64_t join_seq = 0;
   uint64_t begin = 0;
   uint64_t active_seq = 0;
   uint64_t joined_at = 0;
@@ -99,14 +99,14 @@ class JoinState {
             int world_size, int num_nodes);
 
   Phase phase() const { return phase_; }
-  // The epoch being run (kOff: the last finished one) and the iteration
+  // The join being run (kOff: the last finished one) and the iteration
   // being decided or run.
-  uint64_t epoch() const { return epoch_; }
-  uint64_t done_epoch() const { return done_epoch_; }
+  uint64_t join_seq() const { return join_seq_; }
+  uint64_t done_join_seq() const { return done_join_seq_; }
   uint64_t iteration() const { return iteration_; }
   bool active() const { return phase_ != Phase::kOff; }
 
-  // kOff: whether some rank opened a new epoch; kCollecting: whether every
+  // kOff: whether some rank opened a new join; kCollecting: whether every
   // rank is decided for iteration(). Returns the node's round contribution
   // when the round can start (then phase() is kRound), an empty vector to
   // wait, or an error. `next_iteration` is the engine's next iteration
@@ -115,7 +115,7 @@ class JoinState {
       const std::vector<JoinRankView>& ranks, uint64_t next_iteration);
 
   // kRound: the round's result (summed over nodes). kContinue moves to
-  // kRunning; kComplete and kThrown end the epoch (kOff).
+  // kRunning; kComplete and kThrown end the join (kOff).
   absl::StatusOr<Outcome> Resolve(const std::vector<double>& summed);
 
   // kRunning: every bucket of iteration() is done; moves to kCollecting of
@@ -138,8 +138,8 @@ class JoinState {
   const int num_nodes_;
 
   Phase phase_ = Phase::kOff;
-  uint64_t epoch_ = 0;
-  uint64_t done_epoch_ = 0;
+  uint64_t join_seq_ = 0;
+  uint64_t done_join_seq_ = 0;
   uint64_t iteration_ = 0;
   uint32_t flags_ = 0;
   // Highest rank active in the last iteration that had an active rank; all

@@ -335,8 +335,8 @@ int EffectiveMinNodes(const v1::AttachRequest& request,
       std::min<uint32_t>(config.min_nodes(), static_cast<uint32_t>(num_nodes)));
 }
 
-bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
-                          uint32_t rank_restart_grace_ms) {
+bool IsReformableAcrossNodes(int num_nodes, int min_nodes,
+                             uint32_t rank_restart_grace_ms) {
   return num_nodes > 1 && (min_nodes > 0 || rank_restart_grace_ms > 0);
 }
 

@@ -60,8 +60,8 @@ int EffectiveMinNodes(const v1::AttachRequest& request,
 // Whether a job re-forms its inter-node group instead of failing when a
 // node is lost, arrives or a rank of it restarts (job.h "Elastic multi-node
 // jobs"): more than one node, and min_nodes or a rank restart grace.
-bool IsElasticAcrossNodes(int num_nodes, int min_nodes,
-                          uint32_t rank_restart_grace_ms);
+bool IsReformableAcrossNodes(int num_nodes, int min_nodes,
+                             uint32_t rank_restart_grace_ms);
 
 // A restarted local rank `rank` attaching again to its running job
 // (`local_world_size` ranks, parameters `job_params`, a broadcast area of

@@ -27,7 +27,7 @@
 // closes without Detach is "restarting" (Job::RankRestarting) with a
 // deadline this loop keeps (NextDeadline); an Attach for that job id and
 // rank that matches the job (CompareRestartAttach) is bound to its new
-// session, the engine takes the rank back (Job::Rejoin) and the Attach is
+// session, the engine takes the rank back (Job::RestartRank) and the Attach is
 // answered with the same fds and AttachResponse.rejoined. Past the
 // deadline the job fails ABORTED naming the rank and the grace, and the
 // rank is gone. A job whose every rank is restarting keeps waiting (its
@@ -195,7 +195,7 @@ class JobManager final : public NodeHandlerInterface,
     // Unique among the jobs this manager ever ran: results posted back for
     // a job id that ended meanwhile (and maybe attached afresh) are dropped.
     uint64_t generation = 0;
-    // Set for a job re-formable across nodes (IsElasticAcrossNodes).
+    // Set for a job re-formable across nodes (IsReformableAcrossNodes).
     std::unique_ptr<Reformable> reformable;
   };
   // Stops a re-formable job's watcher thread when its ActiveJob goes.
@@ -229,7 +229,7 @@ class JobManager final : public NodeHandlerInterface,
     uint64_t sync_seq = 0;
     bool behind = false;
     std::string store_prefix;
-    std::string elastic_prefix;
+    std::string reformation_prefix;
     int64_t arrivals_seen = 0;
     int max_nodes = 1;
     // The job's initial world size (Reformed::initial_world_size; 0: the
@@ -359,7 +359,7 @@ class JobManager final : public NodeHandlerInterface,
   // Control thread: a break of job `job_id` (generation `generation`),
   // posted by its reform handler; starts the re-formation thread.
   void StartReformation(const std::string& job_id, uint64_t generation,
-                        Job::NetworkBreak broke);
+                        Job::ReformationRequest broke);
   // Control thread: the re-formation thread's result.
   void FinishReformation(const std::string& job_id, uint64_t generation,
                          std::string reason, absl::StatusOr<Reformed> result,

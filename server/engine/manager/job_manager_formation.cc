@@ -53,7 +53,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
   // A peer node waits in the network while a rank of another node restarts.
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
-  options.elastic = IsElasticAcrossNodes(
+  options.elastic = IsReformableAcrossNodes(
       options.num_nodes, spec.min_nodes,
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
   for (absl::string_view id :
@@ -120,7 +120,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           ReformOptions admit;
           admit.job_id = job_id;
           admit.node_id = options.node_id;
-          admit.elastic_prefix = *running;
+          admit.reformation_prefix = *running;
           admit.epoch = 0;  // the next one the running nodes open
           admit.local_world_size = options.local_world_size;
           admit.max_nodes = options.num_nodes;
@@ -164,7 +164,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
           a.sync_seq = reformed.sync_seq;
           a.behind = reformed.behind;
           a.store_prefix = reformed.store_prefix;
-          a.elastic_prefix = *running;
+          a.reformation_prefix = *running;
           a.arrivals_seen = reformed.arrivals_seen;
           a.max_nodes = options.num_nodes;
           a.initial_world_size = reformed.initial_world_size;
@@ -199,7 +199,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
       if (formed.ok() && elastic) {
         // Arrivals find the job through it (every node writes the same).
         if (absl::Status marked =
-                MarkRunning(*client, job_id, ElasticPrefix(options.prefix),
+                MarkRunning(*client, job_id, ReformationPrefix(options.prefix),
                             options.prefix, options.node_id);
             !marked.ok()) {
           formed = marked;
@@ -226,7 +226,7 @@ void JobManager::StartNodeFormation(const std::string& job_id, JobSpec spec) {
         // The reducer's client goes at the first re-formation; the round
         // and the elastic namespace are held by clients of their own.
         for (const std::string& round :
-             {options.prefix, ElasticPrefix(options.prefix)}) {
+             {options.prefix, ReformationPrefix(options.prefix)}) {
           absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> holder =
               selector->Connect(coordinator, options.formation_timeout);
           if (!holder.ok()) continue;  // the job TTL removes the keys
@@ -276,7 +276,7 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
   spec.round_prefix = result->round_prefix;
   spec.nccl_between_nodes = std::move(result->nccl);
   if (result->admission.has_value()) {
-    spec.elastic_prefix = result->admission->elastic_prefix;
+    spec.reformation_prefix = result->admission->reformation_prefix;
     spec.initial_epoch = result->admission->epoch;
     spec.initial_sync_seq = result->admission->sync_seq;
     spec.initial_state_behind = result->admission->behind;
@@ -286,12 +286,12 @@ void JobManager::FinishNodeFormation(const std::string& job_id,
     spec.initial_lost = result->admission->lost;
     spec.first_iteration = result->admission->first_iteration;
   } else {
-    spec.elastic_prefix = ElasticPrefix(result->round_prefix);
+    spec.reformation_prefix = ReformationPrefix(result->round_prefix);
   }
-  const bool elastic = IsElasticAcrossNodes(
+  const bool elastic = IsReformableAcrossNodes(
       spec.num_nodes, spec.min_nodes,
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
-  if (!elastic) spec.elastic_prefix.clear();
+  if (!elastic) spec.reformation_prefix.clear();
   spdlog::info(
       "{}", absl::StrCat("job '", job_id, "' formed: node rank ",
                          layout.node_rank, " of ", layout.num_nodes, " (",
@@ -366,7 +366,7 @@ void JobManager::Activate(
   {
     // Node loss and arrival: the reform handler must be set before Start.
     const JobSpec& s = active.job->spec();
-    if (IsElasticAcrossNodes(
+    if (IsReformableAcrossNodes(
             s.num_nodes, s.min_nodes,
             static_cast<uint32_t>(s.rank_restart_grace.count()))) {
       MakeReformable(active, members, s.node_rank,
@@ -409,7 +409,7 @@ void JobManager::Activate(
     responses.back().set_attach_id(attach_ids[r]);
     // A node admitted into its running job: its ranks take part in the
     // next state sync before their first iteration.
-    if (admission.has_value()) responses.back().set_rejoined(true);
+    if (admission.has_value()) responses.back().set_restarted(true);
   }
   jobs_.emplace(job_id, std::move(active));
   for (int r = 0; r < world; ++r) {

@@ -80,8 +80,8 @@ void JobManager::MakeReformable(
   const std::string job_id = active.job->id();
   const uint64_t generation = active.generation;
   // Engine thread, once drained: hand the break to the control thread.
-  active.job->SetReformHandler(
-      [mailbox = mailbox_, job_id, generation](Job::NetworkBreak broke) {
+  active.job->SetReformationHandler(
+      [mailbox = mailbox_, job_id, generation](Job::ReformationRequest broke) {
         absl::MutexLock lock(&mailbox->mu);
         if (mailbox->owner == nullptr) return;  // daemon stopping
         mailbox->owner->Post([owner = mailbox->owner, job_id, generation,
@@ -101,7 +101,7 @@ void JobManager::MakeReformable(
   const JobSpec& spec = active.job->spec();
   std::thread([mailbox = mailbox_, selector = coordinators_, job_id, generation,
                coordinator = spec.coordinator,
-               elastic_prefix = spec.elastic_prefix,
+               reformation_prefix = spec.reformation_prefix,
                node_id = members.at(node_rank).node_id,
                stopped = state->watcher.stopped, next = watch.next_arrival,
                reformations = watch.reformations]() {
@@ -123,8 +123,8 @@ void JobManager::MakeReformable(
       const bool leased = client->HasLeases();
       if (absl::Now() >= beat_due) {
         const absl::Status beat =
-            leased ? MarkAlive(*client, job_id, elastic_prefix, node_id)
-                   : gradd::Beat(*client, job_id, elastic_prefix, node_id);
+            leased ? MarkAlive(*client, job_id, reformation_prefix, node_id)
+                   : gradd::Beat(*client, job_id, reformation_prefix, node_id);
         if (!beat.ok()) {
           client.reset();  // the store is gone: connect again
           absl::SleepFor(kWatcherRetry);
@@ -142,7 +142,7 @@ void JobManager::MakeReformable(
       // On etcd the wait is a watch: it returns as soon as the arrival is
       // announced, so a longer one only costs the stop's latency.
       absl::Status arrived =
-          WaitForArrival(*client, job_id, elastic_prefix, n,
+          WaitForArrival(*client, job_id, reformation_prefix, n,
                          leased ? kLeasedArrivalPoll : kArrivalPoll);
       if (arrived.ok()) {
         // The re-formations count now, not before the wait: one that ended
@@ -163,7 +163,7 @@ void JobManager::MakeReformable(
     // The job ended here (or the daemon stops).
     if (client != nullptr) {
       if (absl::Status left =
-              LeaveJob(*client, job_id, elastic_prefix, node_id);
+              LeaveJob(*client, job_id, reformation_prefix, node_id);
           !left.ok()) {
         spdlog::debug("job '{}': leaving it in {}: {}", job_id,
                       client->Describe(), left.message());
@@ -190,12 +190,12 @@ void JobManager::ArrivalSeen(const std::string& job_id, uint64_t generation,
       "job '{}': a node asks to be admitted (arrival {}); breaking "
       "the job's group at the next iteration boundary",
       job_id, n);
-  it->second.job->BreakNetwork("node asks to be admitted");
+  it->second.job->RequestReformation("node asks to be admitted");
 }
 
 void JobManager::StartReformation(const std::string& job_id,
                                   uint64_t generation,
-                                  Job::NetworkBreak broke) {
+                                  Job::ReformationRequest broke) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.generation != generation ||
       it->second.reformable == nullptr) {
@@ -210,7 +210,7 @@ void JobManager::StartReformation(const std::string& job_id,
   ReformOptions options;
   options.job_id = job_id;
   options.node_id = epochs.self().node_id;
-  options.elastic_prefix = spec.elastic_prefix;
+  options.reformation_prefix = spec.reformation_prefix;
   options.epoch = broke.epoch + 1;
   options.previous = epochs.members();
   options.local_world_size = spec.local_world_size;
@@ -230,9 +230,9 @@ void JobManager::StartReformation(const std::string& job_id,
   options.collective_timeout = InterNodeCollectiveTimeout(
       static_cast<uint32_t>(spec.rank_restart_grace.count()));
   options.reason = broke.reason;
-  options.rejoined_local_ranks = broke.rejoined_local_ranks;
+  options.restarted_local_ranks = broke.restarted_local_ranks;
   // What it was is known once the epoch closes: the job's "re-formed" line
-  // says it, the same on every node (job_elastic.cc).
+  // says it, the same on every node (job_reformation.cc).
   spdlog::debug(
       "job '{}': re-forming after epoch {} with the nodes that are there "
       "(at least {}, settling {} ms)",
@@ -311,7 +311,7 @@ void JobManager::FinishReformation(
   const JobLayout& layout = r.layout;
   const std::vector<std::string> ids = layout.NodeIds();
   // The job's "re-formed" line says what happened, once, on every node
-  // (job_elastic.cc); this one is for debugging the agreement.
+  // (job_reformation.cc); this one is for debugging the agreement.
   spdlog::debug(
       "job '{}': epoch {} agreed: node rank {} of {} of at most {} {}, world "
       "size {}, max completed iteration {}{}",
@@ -319,7 +319,7 @@ void JobManager::FinishReformation(
       NodeList(ids), layout.world_size, r.max_completed,
       r.behind ? " (this node was one iteration behind)" : "");
 
-  Job::ReformedNetwork net;
+  Job::ReformationResult net;
   net.epoch = r.epoch;
   net.node_rank = layout.node_rank;
   net.num_nodes = layout.num_nodes;

@@ -1,7 +1,7 @@
 // JobManager's side of rank restart (job_manager.h): a restarting rank's
 // new Attach checked against its running job and bound, the engine's
-// Rejoin answered with the rank's fds, and the grace's expiry. Control
-// thread only (the Rejoin's answer is posted back to it).
+// RestartRank answered with the rank's fds, and the grace's expiry. Control
+// thread only (the RestartRank's answer is posted back to it).
 #include <algorithm>
 #include <utility>
 
@@ -49,8 +49,8 @@ void JobManager::DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
   // The grace is over for this rank: it is back (the engine takes it at
   // its next safe point).
   active.restart_deadline[rank] = absl::InfiniteFuture();
-  job.Rejoin(rank, [this, id, rank, sid, done = std::move(done)](
-                       absl::StatusOr<v1::AttachResponse> info) mutable {
+  job.RestartRank(rank, [this, id, rank, sid, done = std::move(done)](
+                            absl::StatusOr<v1::AttachResponse> info) mutable {
     Post([this, id, rank, sid, info = std::move(info),
           done = std::move(done)]() mutable {
       auto it = jobs_.find(id);

@@ -27,8 +27,8 @@ absl::string_view ReformCauseName(ReformCause cause) {
       return "node_lost";
     case ReformCause::kNodeAdmitted:
       return "node_admitted";
-    case ReformCause::kRankRejoined:
-      return "rank_rejoined";
+    case ReformCause::kRankRestarted:
+      return "rank_restarted";
     case ReformCause::kOther:
       return "other";
     case ReformCause::kUnknown:

@@ -19,7 +19,7 @@
 // atomic counters, histograms and a preallocated ring under a short lock
 // are fine; I/O, allocation and locks held elsewhere for long are not. OnStall
 // runs on the engine thread; OnFailed on any thread, once per job;
-// OnRankRestarting on the job manager's thread, OnRankRejoined and OnPhase
+// OnRankRestarting on the job manager's thread, OnRankRestarted and OnPhase
 // on the engine thread (all rare).
 // EngineEventSinkInterface calls come from the job manager's control thread,
 // OnAttach from whichever thread answers the Attach.
@@ -157,7 +157,7 @@ enum class ReformCause {
   kUnknown,
   kNodeLost,
   kNodeAdmitted,
-  kRankRejoined,
+  kRankRestarted,
   kOther
 };
 // "node_lost", "node_admitted", "rank_rejoined", "other" ("unknown" for
@@ -218,7 +218,7 @@ class JobEventSinkInterface {
   // thread); it came back (the engine thread, once its return aborted what
   // it had to).
   virtual void OnRankRestarting(const RankRestartEvent& event) {}
-  virtual void OnRankRejoined(const RankRestartEvent& event) {}
+  virtual void OnRankRestarted(const RankRestartEvent& event) {}
   // Node loss and arrival: the job's inter-node group broke (the engine
   // thread, once drained) and was re-formed (the engine thread, after the
   // abort). A re-formation that fails ends in OnFailed.
@@ -291,8 +291,8 @@ class JobEventFanOut final : public JobEventSinkInterface {
   void OnRankRestarting(const RankRestartEvent& event) override {
     for (JobEventSinkInterface* s : sinks_) s->OnRankRestarting(event);
   }
-  void OnRankRejoined(const RankRestartEvent& event) override {
-    for (JobEventSinkInterface* s : sinks_) s->OnRankRejoined(event);
+  void OnRankRestarted(const RankRestartEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnRankRestarted(event);
   }
   void OnNetworkBroken(const NetworkReformEvent& event) override {
     for (JobEventSinkInterface* s : sinks_) s->OnNetworkBroken(event);

@@ -63,7 +63,7 @@ void Timeline::OnRankRestarting(const RankRestartEvent& e) {
   Push(entry);
 }
 
-void Timeline::OnRankRejoined(const RankRestartEvent& e) {
+void Timeline::OnRankRestarted(const RankRestartEvent& e) {
   Entry entry;
   entry.bucket = -1;
   entry.local_rank = e.local_rank;

@@ -6,7 +6,7 @@
 // engine saw the rank hand the bucket over to when the bucket started: how
 // long that rank waited for the others) and the node's "local_reduce",
 // "network" and "write_back" spans and its "done" instant, and the rank
-// restart events (OnRankRestarting / OnRankRejoined). The ring is
+// restart events (OnRankRestarting / OnRankRestarted). The ring is
 // allocated once (capacity entries); the oldest entries are overwritten.
 //
 // Threads: OnBucket from the job's completion thread (one short lock, no
@@ -36,7 +36,7 @@ class Timeline final : public JobEventSinkInterface {
   // (instants on the node; iteration: the iteration or round) for what its
   // return aborted.
   void OnRankRestarting(const RankRestartEvent& event) override;
-  void OnRankRejoined(const RankRestartEvent& event) override;
+  void OnRankRestarted(const RankRestartEvent& event) override;
   // Node loss and arrival (bucket -1, on the node): "network_broken"
   // (instant; iteration: the epoch left) when the job's group of nodes
   // broke, "network_reformed" (the span from the break to the re-formed

@@ -325,7 +325,7 @@ TEST(GraddctlFormatTest, JobDetailShowsTheLiveNodes) {
                                   Not(HasSubstr("last re-formation"))));
   s->set_epoch(1);
   s->add_lost_node_ids("c");
-  s->set_last_reform_reason("node 'c' (node rank 2) is gone");
+  s->set_last_reformation_reason("node 'c' (node rank 2) is gone");
   const std::string out = FormatJob(d);
   EXPECT_THAT(out, HasSubstr("nodes: epoch 1, 2 of 3 live (a, b), min_nodes "
                              "2, lost: c\n"));
@@ -335,6 +335,23 @@ TEST(GraddctlFormatTest, JobDetailShowsTheLiveNodes) {
   s->set_min_nodes(0);
   s->set_epoch(0);
   EXPECT_THAT(FormatJob(d), Not(HasSubstr("nodes: epoch")));
+}
+
+// The engine's phase (admin.proto JobPhase) follows the state in the
+// header line; a daemon older than the field (or a job not formed) sends
+// none and the line says nothing of it.
+TEST(GraddctlFormatTest, JobShowsTheEnginesPhase) {
+  v1::JobDetail d;
+  v1::JobSummary* s = d.mutable_summary();
+  s->set_job_id("p");
+  s->set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(FormatJob(d), AllOf(HasSubstr("job p: running, iteration"),
+                                  Not(HasSubstr("phase"))));
+  s->set_phase(v1::JOB_PHASE_REFORMING);
+  EXPECT_THAT(FormatJob(d),
+              HasSubstr("job p: running (phase reforming), iteration"));
+  s->set_phase(v1::JOB_PHASE_SWITCHING_PLAN);
+  EXPECT_THAT(FormatJob(d), HasSubstr("(phase switching_plan)"));
 }
 
 TEST(GraddctlTraceTest, RestartEventsAreNamedWithoutABucket) {

@@ -186,17 +186,51 @@ TEST(DaemonMetricsTest, ReformReasonLabelIsAFixedSet) {
   NetworkReformEvent e;
   e.reason = "anything at all";
   EXPECT_EQ(ReformReasonLabel(e), "other");
-  e.reason = "local rank 0 rejoined";
-  EXPECT_EQ(ReformReasonLabel(e), "rank_rejoined");
+  e.reason = "local rank 0 restarted";
+  EXPECT_EQ(ReformReasonLabel(e), "rank_restarted");
+  e.reason = "local rank 0 rejoined";  // an older daemon's closer's text
+  EXPECT_EQ(ReformReasonLabel(e), "rank_restarted");
   e.admitted = {"d"};
   EXPECT_EQ(ReformReasonLabel(e), "node_admitted");
   e.lost = {"b"};  // lost wins: the job shrank
   EXPECT_EQ(ReformReasonLabel(e), "node_lost");
   // The closer's decision, when it made one, is the label.
-  e.cause = ReformCause::kRankRejoined;
-  EXPECT_EQ(ReformReasonLabel(e), "rank_rejoined");
+  e.cause = ReformCause::kRankRestarted;
+  EXPECT_EQ(ReformReasonLabel(e), "rank_restarted");
   e.cause = ReformCause::kOther;
   EXPECT_EQ(ReformReasonLabel(e), "other");
+}
+
+TEST(DaemonMetricsTest, OldLabelValuesKeepTheDeprecatedRankRejoined) {
+  NetworkReformEvent e;
+  e.cause = ReformCause::kRankRestarted;
+  EXPECT_EQ(ReformReasonLabel(e, /*new_label_values=*/false), "rank_rejoined");
+  e.cause = ReformCause::kNodeLost;
+  EXPECT_EQ(ReformReasonLabel(e, false), "node_lost");
+  EXPECT_THAT(DeprecatedLabelWarning(), HasSubstr("metrics.new_label_values"));
+}
+
+// The daemon's exposition: this release's default keeps the old value (and
+// pre-creates its series); new_label_values switches both.
+TEST(DaemonMetricsTest, ReformationReasonSeriesFollowNewLabelValues) {
+  for (bool new_values : {false, true}) {
+    DaemonMetrics metrics(new_values);
+    JobInfo info = Info("j");
+    info.num_nodes = 2;
+    std::unique_ptr<JobEventSinkInterface> sink = metrics.OnJobStarted(info);
+    NetworkReformEvent e;
+    e.cause = ReformCause::kRankRestarted;
+    e.epoch = 1;
+    sink->OnNetworkReformed(e);
+    const std::string text = metrics.Serialize();
+    const std::string counted = new_values ? "rank_restarted" : "rank_rejoined";
+    const std::string absent = new_values ? "rank_rejoined" : "rank_restarted";
+    EXPECT_THAT(text, HasSubstr("gradd_job_reformations_total{reason=\"" +
+                                counted + "\"} 1"))
+        << new_values;
+    EXPECT_THAT(text, Not(HasSubstr("reason=\"" + absent + "\"")))
+        << new_values;
+  }
 }
 
 // Issue 32: the closer's cause is the label, whatever this node saw; a
@@ -221,7 +255,7 @@ TEST(DaemonMetricsTest, TheClosersCauseCountsOnceAndNodesFollowTheVerdict) {
   NetworkReformEvent e;
   e.epoch = 1;
   e.reason = "local rank 1 of node 'b' restarted";
-  e.cause = ReformCause::kRankRejoined;
+  e.cause = ReformCause::kRankRestarted;
   e.node_ids = {"a", "b", "c"};
   e.num_nodes = 3;
   e.world_size = 3;
@@ -231,7 +265,7 @@ TEST(DaemonMetricsTest, TheClosersCauseCountsOnceAndNodesFollowTheVerdict) {
   r.local_rank = 1;
   r.aborted_iteration = 9;
   r.with_reformation = true;
-  job->OnRankRejoined(r);
+  job->OnRankRestarted(r);
   text = metrics.Serialize();
   EXPECT_THAT(
       text,
@@ -269,7 +303,7 @@ TEST(DaemonMetricsTest, TheClosersCauseCountsOnceAndNodesFollowTheVerdict) {
   // A single-node rank restart counts its own abort.
   RankRestartEvent alone;
   alone.aborted_iteration = 12;
-  job->OnRankRejoined(alone);
+  job->OnRankRestarted(alone);
   EXPECT_THAT(metrics.Serialize(),
               HasSubstr("gradd_iterations_aborted_total 4"));
   // The job's node series go with it.

@@ -64,7 +64,7 @@ inline ReformOptions Survivor(const std::string& id,
   ReformOptions o;
   o.job_id = kJob;
   o.node_id = id;
-  o.elastic_prefix = kElastic;
+  o.reformation_prefix = kElastic;
   o.epoch = epoch;
   o.local_world_size = LocalSize(previous, id);
   o.previous = std::move(previous);

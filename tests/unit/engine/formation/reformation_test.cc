@@ -31,8 +31,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-TEST_P(ReformationTest, ElasticPrefixFollowsTheRound) {
-  EXPECT_EQ(ElasticPrefix("round7"), "elastic7");
+TEST_P(ReformationTest, ReformationPrefixFollowsTheRound) {
+  EXPECT_EQ(ReformationPrefix("round7"), "elastic7");
 }
 
 TEST_P(ReformationTest, LostNodeReformsAfterSettleKeepingOffsets) {
@@ -185,12 +185,12 @@ TEST_P(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
   std::vector<ReformOptions> nodes = {Survivor("a", ThreeNodes()),
                                       Survivor("b", ThreeNodes()),
                                       Survivor("c", ThreeNodes())};
-  nodes[1].rejoined_local_ranks = {1};
-  nodes[1].reason = "local rank 1 rejoined";
+  nodes[1].restarted_local_ranks = {1};
+  nodes[1].reason = "local rank 1 restarted";
   auto first = ReformAll(nodes);
   for (const auto& r : first) {
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->cause, ReformCause::kRankRejoined);
+    EXPECT_EQ(r->cause, ReformCause::kRankRestarted);
     EXPECT_EQ(r->reason, "local rank 1 of node 'b' restarted");
     EXPECT_THAT(r->departed, IsEmpty());
   }
@@ -199,7 +199,7 @@ TEST_P(ReformationTest, EveryNodeGetsTheClosersCauseAndTheSameLostNodes) {
   // Epoch 2: c is lost while a rank of a restarts: the loss wins, the line
   // names both.
   nodes = {Survivor("a", running, 2), Survivor("b", running, 2)};
-  nodes[0].rejoined_local_ranks = {0};
+  nodes[0].restarted_local_ranks = {0};
   nodes[1].reason = "gloo allreduce failed: connection reset by peer";
   auto second = ReformAll(nodes);
   for (const auto& r : second) {

@@ -52,15 +52,15 @@ TEST(EpochStateTest, FullCycleBackToRunning) {
 
 TEST(EpochStateTest, BreakUnderWayKeepsFirstReasonAndTime) {
   EpochState epoch(true);
-  ASSERT_TRUE(epoch.Break("local rank 1 rejoined", 10));
+  ASSERT_TRUE(epoch.Break("local rank 1 restarted", 10));
   EXPECT_FALSE(epoch.Break("node asks to be admitted", 20));
-  EXPECT_EQ(epoch.reason(), "local rank 1 rejoined");
+  EXPECT_EQ(epoch.reason(), "local rank 1 restarted");
   EXPECT_EQ(epoch.broke_ns(), 10);
   ASSERT_TRUE(epoch.Drained(0));
   // Re-forming: a further break is absorbed too.
   EXPECT_FALSE(epoch.Break("bucket 3: timeout", 30));
   EXPECT_EQ(epoch.stage(), Stage::kReforming);
-  EXPECT_EQ(epoch.reason(), "local rank 1 rejoined");
+  EXPECT_EQ(epoch.reason(), "local rank 1 restarted");
 }
 
 TEST(EpochStateTest, DrainedOnlyWhileDraining) {

@@ -66,7 +66,7 @@ class JobJoinTest : public ::testing::Test {
   void Enter(int r, uint64_t begin) {
     slot(r)->flags.store(kJoinDivideByInitialWorldSize);
     slot(r)->begin.store(begin);
-    slot(r)->epoch.store(1, std::memory_order_release);
+    slot(r)->join_seq.store(1, std::memory_order_release);
     Ring(r);
   }
   // Rank r takes part in `it` with gradient value v.
@@ -116,7 +116,7 @@ TEST_F(JobJoinTest, JoinedRankContributesZerosAndIsNeverWritten) {
   // join) is authoritative.
   slot(0)->joined_at.store(3, std::memory_order_release);
   Ring(0);
-  ASSERT_TRUE(WaitFor([&] { return board()->done_epoch.load() >= 1; }))
+  ASSERT_TRUE(WaitFor([&] { return board()->done_join_seq.load() >= 1; }))
       << job_->status();
   EXPECT_EQ(board()->next_iteration.load(), 3u);
   EXPECT_EQ(board()->authoritative_rank.load(), 0);

@@ -83,7 +83,7 @@ class JobPhaseTest : public JobControlTest {
     auto sink = std::make_unique<PhaseSink>();
     sink_ = sink.get();
     job_->AddEventSink(std::move(sink));
-    job_->SetReformHandler([this](Job::NetworkBreak) {
+    job_->SetReformationHandler([this](Job::ReformationRequest) {
       absl::MutexLock lock(&mu_);
       ++breaks_;
     });
@@ -114,7 +114,7 @@ class JobPhaseTest : public JobControlTest {
 
 TEST_F(JobPhaseTest, ReFormationGoesThroughDrainingAndReforming) {
   MakeJob(/*num_nodes=*/2, /*min_nodes=*/1);
-  job_->BreakNetwork("node 'c' asks to be admitted");
+  job_->RequestReformation("node 'c' asks to be admitted");
   ASSERT_TRUE(WaitBreaks(1));
   std::vector<JobPhaseEvent> e = sink_->Wait(2);
   ASSERT_EQ(e.size(), 2u);
@@ -125,9 +125,11 @@ TEST_F(JobPhaseTest, ReFormationGoesThroughDrainingAndReforming) {
   EXPECT_EQ(e[1].from, "draining");
   EXPECT_EQ(e[1].to, "reforming");
   EXPECT_GE(e[1].at_ns, e[0].at_ns);
+  // The admin snapshot shows the phase the events said.
+  EXPECT_EQ(job_->Snapshot(/*detail=*/false).phase, JobPhase::kReforming);
 
   auto net2 = std::make_shared<FakeReductions>();
-  Job::ReformedNetwork r;
+  Job::ReformationResult r;
   r.reducer = std::make_unique<FakeBucketReducer>(net2, /*multi_node=*/true);
   r.epoch = 1;
   r.num_nodes = 1;
@@ -142,11 +144,12 @@ TEST_F(JobPhaseTest, ReFormationGoesThroughDrainingAndReforming) {
   EXPECT_EQ(e[2].to, "running");
   EXPECT_EQ(e[2].epoch, 1u);
   EXPECT_TRUE(job_->status().ok());
+  EXPECT_EQ(job_->Snapshot(false).phase, JobPhase::kRunning);
 }
 
 TEST_F(JobPhaseTest, FailedReFormationEndsInFailedOnce) {
   MakeJob(2, 2);
-  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  job_->RequestReformation("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
   job_->Reformed(absl::UnavailableError("1 node left, min_nodes = 2"));
   const std::vector<JobPhaseEvent> e = sink_->Wait(3);
@@ -156,7 +159,7 @@ TEST_F(JobPhaseTest, FailedReFormationEndsInFailedOnce) {
   EXPECT_THAT(e[2].why, HasSubstr("min_nodes = 2"));
   EXPECT_EQ(job_->status().code(), absl::StatusCode::kAborted);
   // Failed is final: a later break or failure moves nothing.
-  job_->BreakNetwork("again");
+  job_->RequestReformation("again");
   job_->Fail(absl::StatusCode::kCancelled, "daemon shutdown");
   Settle();
   EXPECT_EQ(sink_->Path(),
@@ -186,6 +189,8 @@ TEST_F(JobPhaseTest, FailureFromOutsideIsSeenByTheEngine) {
   ASSERT_EQ(e.size(), 1u);
   EXPECT_EQ(e[0].to, "failed");
   EXPECT_THAT(e[0].why, HasSubstr("daemon shutting down"));
+  EXPECT_EQ(job_->Snapshot(false).phase, JobPhase::kFailed);
+  EXPECT_EQ(JobPhaseName(job_->Snapshot(false).phase), "failed");
 }
 
 TEST_F(JobPhaseTest, PlanSwitchGoesThroughSwitchingPlan) {

@@ -19,11 +19,11 @@ using Kind = JoinState::Kind;
 
 constexpr uint32_t kDivide = kJoinDivideByInitialWorldSize;
 
-// `n` ranks that all entered epoch 1 before iteration `begin`.
+// `n` ranks that all entered join before iteration `begin`.
 std::vector<JoinRankView> Entered(int n, uint64_t begin, uint32_t flags) {
   std::vector<JoinRankView> v(n);
   for (JoinRankView& r : v) {
-    r.epoch = 1;
+    r.join_seq = 1;
     r.begin = begin;
     r.flags = flags;
   }
@@ -60,7 +60,7 @@ TEST(JoinStateTest, PlainJobsStayOff) {
 TEST(JoinStateTest, WaitsForEveryRankToEnterThenToDecide) {
   JoinState s("job", 2, 0, 2, 1);
   std::vector<JoinRankView> v = Entered(2, 4, kDivide);
-  v[1].epoch = 0;  // rank 1 has not entered yet
+  v[1].join_seq = 0;  // rank 1 has not entered yet
   ASSERT_TRUE(s.Poll(v, 4)->empty());
   EXPECT_EQ(s.phase(), Phase::kOff);
   v[1] = v[0];
@@ -103,7 +103,7 @@ TEST(JoinStateTest, UnevenInputsDivideByInitialWorldSize) {
   EXPECT_EQ(o.authoritative_rank, 1);
   EXPECT_EQ(o.iteration, 3u);
   EXPECT_EQ(s.phase(), Phase::kOff);
-  EXPECT_EQ(s.done_epoch(), 1u);
+  EXPECT_EQ(s.done_join_seq(), 1u);
 }
 
 TEST(JoinStateTest, DivideByActiveRanks) {
@@ -180,7 +180,7 @@ TEST(JoinStateTest, MisuseIsNamed) {
   {
     JoinState s("job", 2, 0, 2, 1);
     std::vector<JoinRankView> v = Entered(2, 1, kDivide);
-    v[1].epoch = 0;
+    v[1].join_seq = 0;
     v[1].published = true;
     absl::Status st = s.Poll(v, 1).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);

@@ -183,11 +183,11 @@ TEST_F(AttachValidationTest, MinNodesIsTheJobsOrTheDaemonsDefault) {
   r.set_num_nodes(0);
   EXPECT_EQ(EffectiveMinNodes(r, config_), 0);
 
-  EXPECT_FALSE(IsElasticAcrossNodes(1, 0, 5000));
-  EXPECT_FALSE(IsElasticAcrossNodes(1, 1, 0));
-  EXPECT_FALSE(IsElasticAcrossNodes(3, 0, 0));
-  EXPECT_TRUE(IsElasticAcrossNodes(3, 2, 0));
-  EXPECT_TRUE(IsElasticAcrossNodes(3, 0, 5000));
+  EXPECT_FALSE(IsReformableAcrossNodes(1, 0, 5000));
+  EXPECT_FALSE(IsReformableAcrossNodes(1, 1, 0));
+  EXPECT_FALSE(IsReformableAcrossNodes(3, 0, 0));
+  EXPECT_TRUE(IsReformableAcrossNodes(3, 2, 0));
+  EXPECT_TRUE(IsReformableAcrossNodes(3, 0, 5000));
 }
 
 TEST_F(AttachValidationTest, LocalRanksMustAgreeOnTheElasticSettings) {

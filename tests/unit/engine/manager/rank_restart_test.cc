@@ -99,7 +99,7 @@ TEST_F(RankRestartTest, FreshAttachTellsTheGraceAndTheFirstIteration) {
   ASSERT_EQ(ranks.size(), 2u);
   const v1::AttachResponse& resp = ranks[1]->response();
   EXPECT_EQ(resp.rank_restart_grace_ms(), 10000u);
-  EXPECT_FALSE(resp.rejoined());
+  EXPECT_FALSE(resp.restarted());
   EXPECT_EQ(resp.next_iteration(), 1u);
   EXPECT_EQ(resp.collective_seq(), 0u);
   EXPECT_EQ(resp.sync_seq(), 0u);
@@ -135,7 +135,7 @@ TEST_F(RankRestartTest, DeathMidIterationWaitsThenRejoinAbortsIt) {
   std::unique_ptr<TestRank> back = Reattach("mid", 1, 2, &status);
   ASSERT_TRUE(status.ok()) << status;
   const v1::AttachResponse& resp = back->response();
-  EXPECT_TRUE(resp.rejoined());
+  EXPECT_TRUE(resp.restarted());
   EXPECT_EQ(resp.next_iteration(), 3u);
   // No round was in progress: the next one (1) is aborted, so a survivor's
   // next round and the rejoiner's state sync cannot meet in one round.
@@ -364,7 +364,7 @@ TEST_F(RankRestartTest, AttachQuickerThanTheNewsOfTheOldSessionsEnd) {
   absl::Status status;
   std::unique_ptr<TestRank> back = Reattach("quick", 1, 2, &status);
   ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(back->response().rejoined());
+  EXPECT_TRUE(back->response().restarted());
   sessions_.NotifyClosed(old_session);  // late news: nothing more happens
   ASSERT_TRUE(ranks[0]->WaitAllDone(1)) << ranks[0]->Error();
   EXPECT_EQ(ranks[0]->header()->aborted_iteration.load(), 1u);
@@ -408,7 +408,7 @@ TEST_F(RankRestartTest, DeathWithAJoinInPlayFailsAsBefore) {
   // dies: the join's rounds count the ranks, so the job fails at once.
   JoinSlot* slot = ranks[0]->layout().join_slot(ranks[0]->control_base(), 0);
   slot->begin.store(2, std::memory_order_relaxed);
-  slot->epoch.store(1, std::memory_order_release);
+  slot->join_seq.store(1, std::memory_order_release);
   Kill(ranks[1]);
   EXPECT_FALSE(ranks[0]->WaitAllDone(2, std::chrono::seconds(10)));
   EXPECT_THAT(ranks[0]->Error(),
@@ -539,9 +539,9 @@ TEST(RankRestartMetrics, RestartsAbortsAndWorldSizeAreExported) {
               HasSubstr("gradd_job_world_size{job_id=\"r\"} 1"));
   e.world_size = 2;
   e.aborted_iteration = 7;
-  sink->OnRankRejoined(e);
+  sink->OnRankRestarted(e);
   e.aborted_iteration = 0;
-  sink->OnRankRejoined(e);
+  sink->OnRankRestarted(e);
   const std::string text = metrics.Serialize();
   EXPECT_THAT(text, HasSubstr("gradd_rank_restarts_total 2"));
   EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
@@ -561,7 +561,7 @@ TEST(RankRestartTimeline, RestartEventsReachTheTimeline) {
   e.at_ns = e.since_ns + 5'000'000;
   e.aborted_iteration = 4;
   e.aborted_round = 2;
-  timeline.OnRankRejoined(e);
+  timeline.OnRankRestarted(e);
   std::vector<TimelineEvent> events = timeline.Snapshot();
   ASSERT_EQ(events.size(), 4u);
   EXPECT_EQ(events[0].phase, "restarting");

@@ -1,4 +1,4 @@
-// Elastic multi-node jobs (job.h "Elastic multi-node jobs", job_elastic.cc;
+// Elastic multi-node jobs (job.h "Elastic multi-node jobs", job_reformation.cc;
 // common/control_block.h "Re-formation") driven by hand: node rank 0 of a
 // two-node job, a fake reducer whose completions the test gives (success
 // or a network error), the test acting as the trainers on the real control
@@ -90,7 +90,7 @@ struct JobOptions {
   int initial_world_size = 0;
 };
 
-class JobElasticTest : public JobControlTest {
+class JobReformationTest : public JobControlTest {
  protected:
   // Node rank 0 of 2 (nodes 'a', 'b'), two local ranks, world size 4; two
   // float32 parameters of 64 bytes, one bucket each.
@@ -123,7 +123,7 @@ class JobElasticTest : public JobControlTest {
     sink_ = sink.get();
     job_->AddEventSink(std::move(sink));
     if (o.handler) {
-      job_->SetReformHandler([this](Job::NetworkBreak b) {
+      job_->SetReformationHandler([this](Job::ReformationRequest b) {
         absl::MutexLock lock(&breaks_mu_);
         breaks_.push_back(std::move(b));
       });
@@ -157,7 +157,7 @@ class JobElasticTest : public JobControlTest {
     };
     return breaks_mu_.AwaitWithTimeout(absl::Condition(&enough), kWait);
   }
-  Job::NetworkBreak break_at(size_t k) {
+  Job::ReformationRequest break_at(size_t k) {
     absl::MutexLock lock(&breaks_mu_);
     return breaks_.at(k);
   }
@@ -173,9 +173,9 @@ class JobElasticTest : public JobControlTest {
     ASSERT_TRUE(WaitFor([&] { return Done(0) >= it && Done(1) >= it; }));
   }
   // A re-formation result over a fresh fake reducer (*net).
-  Job::ReformedNetwork Result(std::shared_ptr<FakeReductions>* net) {
+  Job::ReformationResult Result(std::shared_ptr<FakeReductions>* net) {
     *net = std::make_shared<FakeReductions>();
-    Job::ReformedNetwork r;
+    Job::ReformationResult r;
     r.reducer = std::make_unique<FakeBucketReducer>(*net, /*multi_node=*/true);
     r.epoch = 1;
     r.node_rank = 0;
@@ -195,10 +195,10 @@ class JobElasticTest : public JobControlTest {
   RecordingSink* sink_ = nullptr;
   std::unique_ptr<Job> job_;
   absl::Mutex breaks_mu_;
-  std::vector<Job::NetworkBreak> breaks_ ABSL_GUARDED_BY(breaks_mu_);
+  std::vector<Job::ReformationRequest> breaks_ ABSL_GUARDED_BY(breaks_mu_);
 };
 
-TEST_F(JobElasticTest, FreshJobPublishesTheWorldAndAttachFields) {
+TEST_F(JobReformationTest, FreshJobPublishesTheWorldAndAttachFields) {
   MakeJob({.min_nodes = 1});
   EXPECT_EQ(header_->world_size.load(), 4u);
   EXPECT_EQ(header_->epoch.load(), 0u);
@@ -217,10 +217,10 @@ TEST_F(JobElasticTest, FreshJobPublishesTheWorldAndAttachFields) {
 }
 
 // (a) Not elastic (no min_nodes, no grace): a network error ends the job as
-// before, and BreakNetwork does nothing.
-TEST_F(JobElasticTest, NotElasticNetworkErrorFailsTheJob) {
+// before, and RequestReformation does nothing.
+TEST_F(JobReformationTest, NotElasticNetworkErrorFailsTheJob) {
   MakeJob({.min_nodes = 0});
-  job_->BreakNetwork("ignored");
+  job_->RequestReformation("ignored");
   size_t next = 0;
   RunIteration(*net_, 1, &next);
   EXPECT_TRUE(job_->status().ok());
@@ -243,7 +243,7 @@ TEST_F(JobElasticTest, NotElasticNetworkErrorFailsTheJob) {
 
 // (b) Elastic: an error mid-iteration drains, then breaks once; Reformed
 // aborts the iteration in progress and the job goes on on the new reducer.
-TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
+TEST_F(JobReformationTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   MakeJob({.min_nodes = 1});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
@@ -263,7 +263,7 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   ASSERT_TRUE(WaitBreaks(1));
   Settle();
   EXPECT_EQ(breaks(), 1u);
-  const Job::NetworkBreak b = break_at(0);
+  const Job::ReformationRequest b = break_at(0);
   EXPECT_THAT(b.reason, HasSubstr("node 'b' (node rank 1) is gone"));
   EXPECT_EQ(b.completed_iteration, 1u);  // bucket 1 never finished 2
   EXPECT_EQ(b.sync_seq, 0u);
@@ -280,7 +280,7 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   EXPECT_EQ(job_->ResponseFor(0).world_size(), 4);
 
   std::shared_ptr<FakeReductions> net2;
-  Job::ReformedNetwork r = Result(&net2);
+  Job::ReformationResult r = Result(&net2);
   r.behind = true;
   job_->Reformed(std::move(r));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
@@ -317,7 +317,7 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
   EXPECT_EQ(s.world_size, 2);
   EXPECT_EQ(s.initial_world_size, 4);
   EXPECT_THAT(s.lost_node_ids, ElementsAre("b"));
-  EXPECT_THAT(s.last_reform_reason, HasSubstr("is gone"));
+  EXPECT_THAT(s.last_reformation_reason, HasSubstr("is gone"));
 
   // Iteration 3 goes to the new reducer, averaged by its own (live) size.
   size_t next2 = 0;
@@ -334,16 +334,16 @@ TEST_F(JobElasticTest, ErrorMidIterationDrainsReformsAndAbortsIt) {
 
 // (c) A break with nothing in progress (a node asks to be admitted) aborts
 // the next iteration; divide_by_initial_world_size keeps the old divisor.
-TEST_F(JobElasticTest, IdleBreakAbortsTheNextIteration) {
+TEST_F(JobReformationTest, IdleBreakAbortsTheNextIteration) {
   MakeJob({.min_nodes = 2, .divide_by_initial = true});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
-  job_->BreakNetwork("node 'c' asks to be admitted");
+  job_->RequestReformation("node 'c' asks to be admitted");
   ASSERT_TRUE(WaitBreaks(1));
   EXPECT_EQ(break_at(0).completed_iteration, 1u);
   EXPECT_EQ(break_at(0).reason, "node 'c' asks to be admitted");
   std::shared_ptr<FakeReductions> net2;
-  Job::ReformedNetwork r = Result(&net2);
+  Job::ReformationResult r = Result(&net2);
   r.num_nodes = 3;
   r.world_size = 6;
   r.node_ids = {"a", "b", "c"};
@@ -369,16 +369,16 @@ TEST_F(JobElasticTest, IdleBreakAbortsTheNextIteration) {
 // saw the same arrival before the manager knew the job was re-forming) is
 // dropped: the re-formation under way settles the arrival, and the watcher
 // asks again for one it did not. It used to re-form once more, for nothing.
-TEST_F(JobElasticTest, ABreakRequestedWhileReFormingIsDropped) {
+TEST_F(JobReformationTest, ABreakRequestedWhileReFormingIsDropped) {
   MakeJob({.min_nodes = 1});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
-  job_->BreakNetwork("node 'c' asks to be admitted");
+  job_->RequestReformation("node 'c' asks to be admitted");
   ASSERT_TRUE(WaitBreaks(1));
-  job_->BreakNetwork("node 'c' asks to be admitted");
+  job_->RequestReformation("node 'c' asks to be admitted");
   Settle();
   std::shared_ptr<FakeReductions> net2;
-  Job::ReformedNetwork r = Result(&net2);
+  Job::ReformationResult r = Result(&net2);
   r.sync_seq = 1;
   job_->Reformed(std::move(r));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 1; }));
@@ -393,7 +393,7 @@ TEST_F(JobElasticTest, ABreakRequestedWhileReFormingIsDropped) {
 // (c') A node admitted into its running job (world size 4 now, 6 when the
 // job formed) divides by the initial world size from its first iteration
 // and after its own re-formations, and reports it as the initial one.
-TEST_F(JobElasticTest, AdmittedNodeDividesByTheInitialWorldSize) {
+TEST_F(JobReformationTest, AdmittedNodeDividesByTheInitialWorldSize) {
   MakeJob({.min_nodes = 1, .divide_by_initial = true, .initial_world_size = 6});
   EXPECT_EQ(header_->world_size.load(), 4u);  // the live one
   JobSnapshot s = job_->Snapshot(false);
@@ -404,7 +404,7 @@ TEST_F(JobElasticTest, AdmittedNodeDividesByTheInitialWorldSize) {
   EXPECT_EQ(net_->divisor(0), 6);
   EXPECT_EQ(net_->divisor(1), 6);
 
-  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  job_->RequestReformation("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
   std::shared_ptr<FakeReductions> net2;
   job_->Reformed(Result(&net2));
@@ -419,7 +419,7 @@ TEST_F(JobElasticTest, AdmittedNodeDividesByTheInitialWorldSize) {
 
 // ... and without divide_by_initial_world_size by the live one (the
 // reducer's), while still reporting the job's initial world size.
-TEST_F(JobElasticTest, AdmittedNodeWithoutDivideByInitialDividesByTheLive) {
+TEST_F(JobReformationTest, AdmittedNodeWithoutDivideByInitialDividesByTheLive) {
   MakeJob({.min_nodes = 1, .initial_world_size = 6});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
@@ -428,9 +428,9 @@ TEST_F(JobElasticTest, AdmittedNodeWithoutDivideByInitialDividesByTheLive) {
 }
 
 // (d) A re-formation that fails ends the job with its reason.
-TEST_F(JobElasticTest, ReformationErrorFailsTheJob) {
+TEST_F(JobReformationTest, ReformationErrorFailsTheJob) {
   MakeJob({.min_nodes = 2});
-  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  job_->RequestReformation("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
   job_->Reformed(absl::UnavailableError(
       "lost node 'b'; 1 node left, the job needs min_nodes = 2"));
@@ -443,7 +443,8 @@ TEST_F(JobElasticTest, ReformationErrorFailsTheJob) {
 // (e) A rank's return in a multi-node job is one re-formation: the rejoin
 // is answered only after Reformed, with the re-formation's sync_seq and a
 // single abort.
-TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
+TEST_F(JobReformationTest,
+       RankRestartBreaksTheGroupAndIsAnsweredAfterReformed) {
   MakeJob({.min_nodes = 0, .grace = std::chrono::milliseconds(10000)});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
@@ -454,7 +455,7 @@ TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
   ASSERT_TRUE(net_->WaitStarted(3));
   ASSERT_TRUE(job_->RankRestarting(1, "session closed"));
   auto result = std::make_shared<RejoinResult>();
-  job_->Rejoin(1, [result](absl::StatusOr<v1::AttachResponse> r) {
+  job_->RestartRank(1, [result](absl::StatusOr<v1::AttachResponse> r) {
     absl::MutexLock lock(&result->mu);
     result->response = std::move(r);
   });
@@ -462,13 +463,13 @@ TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
   EXPECT_EQ(breaks(), 0u) << "bucket 0 is still with the reducer";
   net_->Finish(2, absl::OkStatus());
   ASSERT_TRUE(WaitBreaks(1));
-  EXPECT_EQ(break_at(0).reason, "local rank 1 rejoined");
+  EXPECT_EQ(break_at(0).reason, "local rank 1 restarted");
   EXPECT_EQ(break_at(0).completed_iteration, 1u);
   Settle();
   EXPECT_FALSE(result->answered());
 
   std::shared_ptr<FakeReductions> net2;
-  Job::ReformedNetwork r = Result(&net2);
+  Job::ReformationResult r = Result(&net2);
   r.num_nodes = 2;
   r.world_size = 4;
   r.node_ids = {"a", "b"};
@@ -480,7 +481,7 @@ TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
     absl::MutexLock lock(&result->mu);
     ASSERT_TRUE(result->response->ok()) << result->response->status();
     const v1::AttachResponse& resp = **result->response;
-    EXPECT_TRUE(resp.rejoined());
+    EXPECT_TRUE(resp.restarted());
     EXPECT_EQ(resp.next_iteration(), 3u);
     EXPECT_EQ(resp.collective_seq(), 1u);
     EXPECT_EQ(resp.sync_seq(), 5u);
@@ -504,14 +505,14 @@ TEST_F(JobElasticTest, RejoinBreaksTheGroupAndIsAnsweredAfterReformed) {
 }
 
 // (f) A break with a join in play cannot re-form: the job fails saying so.
-TEST_F(JobElasticTest, BreakWithAJoinInPlayFailsTheJob) {
+TEST_F(JobReformationTest, BreakWithAJoinInPlayFailsTheJob) {
   MakeJob({.min_nodes = 1});
   size_t next = 0;
   RunIteration(*net_, 1, &next);
   JoinSlot* slot = layout_->join_slot(control_.data(), 0);
   slot->begin.store(2);
-  slot->epoch.store(1, std::memory_order_release);
-  job_->BreakNetwork("node 'c' asks to be admitted");
+  slot->join_seq.store(1, std::memory_order_release);
+  job_->RequestReformation("node 'c' asks to be admitted");
   ASSERT_TRUE(WaitError());
   EXPECT_EQ(job_->status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(job_->status().message(), HasSubstr("join"));
@@ -524,7 +525,7 @@ TEST_F(JobElasticTest, BreakWithAJoinInPlayFailsTheJob) {
 // A collective round that fails on the network breaks the group like a
 // bucket: the re-formation aborts that round (and the next iteration, none
 // being in progress), and the next round goes to the new reducer.
-TEST_F(JobElasticTest, RoundInFlightAtTheBreakIsAborted) {
+TEST_F(JobReformationTest, RoundInFlightAtTheBreakIsAborted) {
   MakeJob({.min_nodes = 1});
   auto round = [&](uint64_t seq) {
     for (int r = 0; r < 2; ++r) {
@@ -561,16 +562,16 @@ TEST_F(JobElasticTest, RoundInFlightAtTheBreakIsAborted) {
 
 // After a node was lost, a join (its rounds count the initial ranks)
 // fails clearly instead of disagreeing with the other nodes.
-TEST_F(JobElasticTest, JoinAfterANodeWasLostFailsClearly) {
+TEST_F(JobReformationTest, JoinAfterANodeWasLostFailsClearly) {
   MakeJob({.min_nodes = 1});
-  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  job_->RequestReformation("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitBreaks(1));
   std::shared_ptr<FakeReductions> net2;
   job_->Reformed(Result(&net2));
   ASSERT_TRUE(WaitFor([&] { return header_->sync_seq.load() == 7; }));
   JoinSlot* slot = layout_->join_slot(control_.data(), 0);
   slot->begin.store(2);
-  slot->epoch.store(1, std::memory_order_release);
+  slot->join_seq.store(1, std::memory_order_release);
   RingDaemon(header_, me_, bells_[0]);
   ASSERT_TRUE(WaitError());
   EXPECT_EQ(job_->status().code(), absl::StatusCode::kFailedPrecondition);
@@ -580,9 +581,9 @@ TEST_F(JobElasticTest, JoinAfterANodeWasLostFailsClearly) {
 }
 
 // No handler: a break cannot be re-formed and the job fails.
-TEST_F(JobElasticTest, BreakWithoutAHandlerFailsTheJob) {
+TEST_F(JobReformationTest, BreakWithoutAHandlerFailsTheJob) {
   MakeJob({.min_nodes = 1, .handler = false});
-  job_->BreakNetwork("node 'b' (node rank 1) is gone");
+  job_->RequestReformation("node 'b' (node rank 1) is gone");
   ASSERT_TRUE(WaitError());
   EXPECT_THAT(job_->status().message(), HasSubstr("nothing re-forms it"));
 }

@@ -9,8 +9,8 @@
 // world size and sync_seq, and answers the rejoins that caused or met the
 // break.
 //
-// Threads: BreakNetwork, Reformed, the completions' NoteNetworkError and
-// ReducerWorkDone run on any thread and only leave word (network_mu_,
+// Threads: RequestReformation, Reformed, the completions' NoteInterNodeError
+// and ReducerWorkDone run on any thread and only leave word (reformation_mu_,
 // atomics) and ring the engine's doorbell; everything else here runs on
 // the engine thread.
 #include <algorithm>
@@ -45,23 +45,23 @@ void Add(ReducerStats* to, const ReducerStats& s) {
 
 }  // namespace
 
-void Job::SetReformHandler(ReformHandler handler) {
+void Job::SetReformationHandler(ReformationHandler handler) {
   reform_handler_ = std::move(handler);
 }
 
-void Job::BreakNetwork(std::string reason) {
-  if (!elastic_) return;
+void Job::RequestReformation(std::string reason) {
+  if (!reformable_) return;
   {
-    absl::MutexLock lock(&network_mu_);
+    absl::MutexLock lock(&reformation_mu_);
     if (!break_request_.has_value()) break_request_ = std::move(reason);
     network_pending_.store(true, std::memory_order_release);
   }
   doorbell_->Ring();
 }
 
-void Job::Reformed(absl::StatusOr<ReformedNetwork> result) {
+void Job::Reformed(absl::StatusOr<ReformationResult> result) {
   {
-    absl::MutexLock lock(&network_mu_);
+    absl::MutexLock lock(&reformation_mu_);
     reformed_ = std::move(result);
     network_pending_.store(true, std::memory_order_release);
   }
@@ -97,10 +97,11 @@ void Job::ReplaceReducer(std::unique_ptr<BucketReducerInterface> reducer) {
   old.reset();
 }
 
-bool Job::NoteNetworkError(const absl::Status& status, absl::string_view what) {
-  if (!elastic_) return false;
+bool Job::NoteInterNodeError(const absl::Status& status,
+                             absl::string_view what) {
+  if (!reformable_) return false;
   {
-    absl::MutexLock lock(&network_mu_);
+    absl::MutexLock lock(&reformation_mu_);
     // The first error is the break's reason; the rest of the drain echoes
     // it (the hierarchical reducer fails everything after it).
     if (!network_error_.has_value()) network_error_ = std::string(what);
@@ -116,9 +117,9 @@ void Job::ReducerWorkDone() {
   if (in_flight_.fetch_sub(1) == 1 && draining_.load()) doorbell_->Ring();
 }
 
-void Job::FailPendingRejoins(const absl::Status& status) {
-  std::vector<std::pair<int, RejoinDone>> batch;
-  batch.swap(elastic_rejoins_);
+void Job::FailPendingRankRestarts(const absl::Status& status) {
+  std::vector<std::pair<int, RankRestartDone>> batch;
+  batch.swap(restarts_in_reformation_);
   for (auto& [rank, done] : batch) std::move(done)(status);
 }
 
@@ -150,9 +151,9 @@ void Job::BeginDraining(std::string reason) {
 bool Job::StepEpoch() {
   std::optional<std::string> error;
   std::optional<std::string> request;
-  std::optional<absl::StatusOr<ReformedNetwork>> reformed;
+  std::optional<absl::StatusOr<ReformationResult>> reformed;
   if (network_pending_.exchange(false, std::memory_order_acq_rel)) {
-    absl::MutexLock lock(&network_mu_);
+    absl::MutexLock lock(&reformation_mu_);
     error.swap(network_error_);
     reformed.swap(reformed_);
     // A request made while a break is under way (draining or re-forming)
@@ -201,13 +202,13 @@ bool Job::StepEpoch() {
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     completed = std::min(completed, done[b].load(std::memory_order_acquire));
   }
-  NetworkBreak broken;
+  ReformationRequest broken;
   broken.reason = epoch_.reason();
   broken.completed_iteration = completed;
   broken.sync_seq = header_->sync_seq.load(std::memory_order_acquire);
   broken.epoch = epoch();
-  for (const auto& [rank, done] : elastic_rejoins_) {
-    broken.rejoined_local_ranks.push_back(rank);
+  for (const auto& [rank, done] : restarts_in_reformation_) {
+    broken.restarted_local_ranks.push_back(rank);
   }
   NetworkReformEvent e;
   e.epoch = broken.epoch;
@@ -236,21 +237,21 @@ bool Job::StepEpoch() {
   return true;
 }
 
-void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
+void Job::ApplyReformed(absl::StatusOr<ReformationResult> result) {
   auto fail = [&](absl::string_view why) {
     const std::string message =
         absl::StrCat("job '", spec_.job_id, "': re-formation after the break (",
                      epoch_.reason(), ") failed: ", why);
     FailOnEngine(absl::StatusCode::kAborted, message);
     const absl::Status status = absl::AbortedError(message);
-    FailPendingRejoins(status);
-    AbortRejoins(status);
+    FailPendingRankRestarts(status);
+    AbortRankRestarts(status);
   };
   if (!result.ok()) {
     fail(result.status().message());
     return;
   }
-  ReformedNetwork& r = *result;
+  ReformationResult& r = *result;
   if (r.reducer == nullptr) {
     fail("no reducer for the new group");
     return;
@@ -354,20 +355,21 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
   // The ranks whose return caused or met this break: the re-formation's
   // abort and agreed sync_seq are theirs too.
   {
-    absl::MutexLock lock(&rejoin_mu_);
-    for (auto& entry : rejoins_) elastic_rejoins_.push_back(std::move(entry));
-    rejoins_.clear();
+    absl::MutexLock lock(&restart_mu_);
+    for (auto& entry : pending_restarts_)
+      restarts_in_reformation_.push_back(std::move(entry));
+    pending_restarts_.clear();
     rejoin_pending_.store(false, std::memory_order_release);
   }
-  std::vector<std::pair<int, RejoinDone>> batch;
-  batch.swap(elastic_rejoins_);
+  std::vector<std::pair<int, RankRestartDone>> batch;
+  batch.swap(restarts_in_reformation_);
   for (auto& [rank, done] : batch) {
     if (rank_state_[rank].load() != kRestarting) {
       std::move(done)(absl::FailedPreconditionError(absl::StrCat(
           RankName(rank), " is not restarting; it cannot rejoin")));
       continue;
     }
-    if (!ResetRejoinedRank(rank, abort, &done)) continue;
+    if (!ResetRestartedRank(rank, abort, &done)) continue;
     WakeClients(layout_, control_.data());
     RankRestartEvent re;
     re.local_rank = rank;
@@ -378,13 +380,13 @@ void Job::ApplyReformed(absl::StatusOr<ReformedNetwork> result) {
     re.aborted_round = abort.round;
     re.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
     re.with_reformation = true;
-    events_.OnRankRejoined(re);
+    events_.OnRankRestarted(re);
     spdlog::info(
-        "{} rejoined with the re-formation; it goes on at iteration "
+        "{} restarted: back with the re-formation; it goes on at iteration "
         "{} after state sync {}",
         RankName(rank), abort.last + 1, r.sync_seq);
     v1::AttachResponse response = ResponseFor(rank);
-    response.set_rejoined(true);
+    response.set_restarted(true);
     response.set_next_iteration(abort.last + 1);
     response.set_collective_seq(abort.collective_seq);
     response.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
