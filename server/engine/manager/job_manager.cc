@@ -151,10 +151,10 @@ void JobManager::DoSetCommHook(const v1::CommHookSetRequest& request,
                                SetCommHookCallback done) {
   const std::string who = absl::StrCat("local rank ", request.local_rank(),
                                        " of job '", request.job_id(), "'");
-  auto it = bound_.find(request.session_id());
   auto job = jobs_.find(request.job_id());
-  if (it == bound_.end() || it->second.first != request.job_id() ||
-      it->second.second != request.local_rank() || job == jobs_.end()) {
+  if (!bindings_.Holds(request.session_id(), request.job_id(),
+                       request.local_rank()) ||
+      job == jobs_.end()) {
     std::move(done)(absl::FailedPreconditionError(absl::StrCat(
         who, " is not attached through session ", request.session_id(),
         "; attach before choosing a communication hook")));
@@ -211,7 +211,7 @@ void JobManager::Stop() {
   }
   pending_.clear();
   jobs_.clear();  // ~Job joins each engine and unmaps its memory
-  bound_.clear();
+  bindings_.Clear();
 }
 
 void JobManager::SetWatchdog(absl::AnyInvocable<void()> ping,
@@ -240,7 +240,7 @@ absl::Time JobManager::NextDeadline() const {
   absl::Time next = jobs_.empty() ? absl::InfiniteFuture() : next_heartbeat_;
   next = std::min(next, watchdog_.next());
   for (const auto& [id, active] : jobs_) {
-    for (absl::Time t : active.restart_deadline) next = std::min(next, t);
+    next = std::min(next, active.restarts.NextDeadline());
   }
   // A forming job's ranks are answered by its formation.
   for (const auto& [id, p] : pending_) next = std::min(next, p.NextDeadline());
@@ -278,12 +278,9 @@ void JobManager::RankGone(const std::string& job_id, int rank, bool detached) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   ActiveJob& active = it->second;
-  bound_.erase(active.sessions[rank]);
-  active.sessions[rank] = 0;
+  bindings_.UnbindRank(job_id, rank);
   const bool was_restarting = active.job->restarting(rank);
-  if (rank < static_cast<int>(active.restart_deadline.size())) {
-    active.restart_deadline[rank] = absl::InfiniteFuture();
-  }
+  active.restarts.Clear(rank);
   active.job->RankGone(rank, detached);
   active.rebuild->RankGone(rank);
   // A restarting rank's detach was counted when its session closed.
@@ -328,32 +325,19 @@ void JobManager::HandleRebuildBuckets(v1::RebuildBucketsRequest request,
                });
 }
 
-absl::Status JobManager::CheckBound(uint64_t session_id,
-                                    const std::string& job_id, int local_rank,
-                                    absl::string_view who) const {
-  auto it = bound_.find(session_id);
-  if (it == bound_.end() || it->second.first != job_id ||
-      it->second.second != local_rank) {
-    return absl::NotFoundError(
-        absl::StrCat(who, " is not attached through session ", session_id));
-  }
-  return absl::OkStatus();
-}
-
 void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
                            absl::Time deadline, RebuildCallback done) {
-  const std::string who = absl::StrCat("local rank ", request.local_rank(),
-                                       " of job '", request.job_id(), "'");
-  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
-                                      request.local_rank(), who);
+  if (absl::Status bound = bindings_.CheckHolds(
+          request.session_id(), request.job_id(), request.local_rank());
       !bound.ok()) {
     std::move(done)(std::move(bound));
     return;
   }
   auto job = jobs_.find(request.job_id());
   if (job == jobs_.end()) {
-    std::move(done)(absl::FailedPreconditionError(
-        absl::StrCat(who, " asked to rebuild buckets before the job formed")));
+    std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+        "local rank ", request.local_rank(), " of job '", request.job_id(),
+        "' asked to rebuild buckets before the job formed")));
     return;
   }
   job->second.rebuild->Add(std::move(request), deadline, std::move(done));
@@ -361,14 +345,14 @@ void JobManager::DoRebuild(v1::RebuildBucketsRequest request,
 
 void JobManager::DoDetach(const v1::DetachRequest& request,
                           DetachCallback done) {
-  const std::string who = absl::StrCat("local rank ", request.local_rank(),
-                                       " of job '", request.job_id(), "'");
-  if (absl::Status bound = CheckBound(request.session_id(), request.job_id(),
-                                      request.local_rank(), who);
+  if (absl::Status bound = bindings_.CheckHolds(
+          request.session_id(), request.job_id(), request.local_rank());
       !bound.ok()) {
     std::move(done)(std::move(bound));
     return;
   }
+  const std::string who = absl::StrCat("local rank ", request.local_rank(),
+                                       " of job '", request.job_id(), "'");
   const std::string job_id = request.job_id();
   const int rank = request.local_rank();
   if (pending_.contains(job_id)) {
@@ -383,10 +367,10 @@ void JobManager::DoDetach(const v1::DetachRequest& request,
 }
 
 void JobManager::DoSessionClosed(uint64_t session_id) {
-  auto it = bound_.find(session_id);
-  if (it == bound_.end()) return;  // never attached, or detached already
-  const std::string job_id = it->second.first;
-  const int rank = it->second.second;
+  const SessionBindings::Rank* bound = bindings_.Find(session_id);
+  if (bound == nullptr) return;  // never attached, or detached already
+  const std::string job_id = bound->job_id;
+  const int rank = bound->local_rank;
   if (pending_.contains(job_id)) {
     const std::string who =
         absl::StrCat("local rank ", rank, " of job '", job_id, "'");
@@ -395,25 +379,23 @@ void JobManager::DoSessionClosed(uint64_t session_id) {
                                  who, " closed its session while attaching")),
                              absl::StrCat(who, " closed its session"),
                              /*unclaim=*/false)) {
-      bound_.erase(session_id);
+      bindings_.Unbind(session_id);
     }
     return;
   }
   if (auto job = jobs_.find(job_id);
-      job != jobs_.end() && job->second.grace_ms() > 0 && !shutting_down_ &&
-      !job->second.rebuild->in_progress() &&
+      job != jobs_.end() && job->second.restarts.has_grace() &&
+      !shutting_down_ && !job->second.rebuild->in_progress() &&
       job->second.job->RankRestarting(rank, "session closed without Detach")) {
     ActiveJob& active = job->second;
-    bound_.erase(session_id);
-    active.sessions[rank] = 0;
-    active.restart_deadline[rank] =
-        absl::Now() + absl::Milliseconds(active.grace_ms());
+    bindings_.Unbind(session_id);
+    active.restarts.Away(rank, absl::Now());
     if (events_ != nullptr) events_->OnDetach(/*clean=*/false);
     spdlog::warn(
         "job '{}': local rank {} is restarting (session closed without "
         "Detach); the job waits up to rank_restart_grace_ms={} for it to "
         "attach again",
-        job_id, rank, active.grace_ms());
+        job_id, rank, active.restarts.grace_ms());
     return;
   }
   spdlog::warn("job '{}': local rank {} closed its session without detaching",

@@ -25,13 +25,13 @@
 // Rank restart (job.h's rank lifecycle): in an active job whose effective
 // rank_restart_grace_ms is > 0 (attach_validation.h), a rank whose session
 // closes without Detach is "restarting" (Job::RankRestarting) with a
-// deadline this loop keeps (NextDeadline); an Attach for that job id and
-// rank that matches the job (CompareRestartAttach) is bound to its new
-// session, the engine takes the rank back (Job::RestartRank) and the Attach is
-// answered with the same fds and AttachResponse.rejoined. Past the
-// deadline the job fails ABORTED naming the rank and the grace, and the
-// rank is gone. A job whose every rank is restarting keeps waiting (its
-// memory kept) until the grace runs out.
+// deadline this loop keeps (RankRestartDeadlines, NextDeadline); an Attach
+// for that job id and rank that matches the job (CompareRestartAttach) is
+// bound to its new session (SessionBindings), the engine takes the rank
+// back (Job::RestartRank) and the Attach is answered with the same fds and
+// AttachResponse.restarted. Past the deadline the job fails ABORTED naming
+// the rank and the grace, and the rank is gone. A job whose every rank is
+// restarting keeps waiting (its memory kept) until the grace runs out.
 //
 // Elastic multi-node jobs (job_manager_reformation.cc; job.h "Elastic
 // multi-node jobs"): a job over several nodes with min_nodes or a rank
@@ -97,7 +97,9 @@
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
 #include "server/rendezvous/coordinator.h"
+#include "server/engine/manager/rank_restart_deadlines.h"
 #include "server/rendezvous/store_interface.h"
+#include "server/engine/manager/session_bindings.h"
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
@@ -183,13 +185,9 @@ class JobManager final : public NodeHandlerInterface,
   struct Reformable;
   struct ActiveJob {
     std::unique_ptr<Job> job;
-    std::vector<uint64_t> sessions;  // by local rank; 0 once gone
-    // Rank restart: the job's grace (0: none) and, by local rank, when a
-    // restarting rank's grace runs out (InfiniteFuture: not restarting).
-    uint32_t grace_ms() const {
-      return static_cast<uint32_t>(job->spec().rank_restart_grace.count());
-    }
-    std::vector<absl::Time> restart_deadline;
+    // Rank restart: the job's grace and its ranks away
+    // (rank_restart_deadlines.h). Their sessions are in bindings_.
+    RankRestartDeadlines restarts;
     // Declared after `job`: destroyed (and its thread joined) first.
     std::unique_ptr<RebuildCoordinator> rebuild;
     // Unique among the jobs this manager ever ran: results posted back for
@@ -281,11 +279,6 @@ class JobManager final : public NodeHandlerInterface,
 
   void DoDetach(const v1::DetachRequest& request, DetachCallback done);
   void DoSessionClosed(uint64_t session_id);
-  // NOT_FOUND naming `who` unless session `session_id` attached local rank
-  // `local_rank` of `job_id`: a call acts only for the rank its session
-  // attached.
-  absl::Status CheckBound(uint64_t session_id, const std::string& job_id,
-                          int local_rank, absl::string_view who) const;
   void DoRebuild(v1::RebuildBucketsRequest request, absl::Time deadline,
                  RebuildCallback done);
   void DoSetCommHook(const v1::CommHookSetRequest& request,
@@ -394,8 +387,9 @@ class JobManager final : public NodeHandlerInterface,
   std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
   absl::flat_hash_map<std::string, PendingJob> pending_;
   absl::flat_hash_map<std::string, ActiveJob> jobs_;
-  // Session -> (job id, local rank) for pending and active ranks.
-  absl::flat_hash_map<uint64_t, std::pair<std::string, int>> bound_;
+  // Which session holds which rank, pending and active
+  // (session_bindings.h).
+  SessionBindings bindings_;
 };
 
 }  // namespace gradd

@@ -36,11 +36,8 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
   const std::string who =
       absl::StrCat("local rank ", rank, " of job '", id, "'");
   const uint64_t sid = request.session_id();
-  if (auto it = bound_.find(sid); it != bound_.end()) {
-    std::move(done)(absl::AlreadyExistsError(
-        absl::StrCat("session ", sid, " is already attached as local rank ",
-                     it->second.second, " of job '", it->second.first,
-                     "'; each rank needs its own session")));
+  if (absl::Status free = bindings_.CheckFree(sid); !free.ok()) {
+    std::move(done)(std::move(free));
     return;
   }
   if (!sessions_->Claim(sid)) {
@@ -60,25 +57,25 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
     return;
   }
   if (auto it = jobs_.find(id); it != jobs_.end()) {
-    ActiveJob& active = it->second;
     // A restarted process can be quicker than the news of its old
     // session's end (OnSessionClosed, posted behind this Attach): act on
     // it now, so the rank is restarting and this Attach takes it back.
-    if (active.grace_ms() > 0 &&
-        rank < static_cast<int>(active.sessions.size()) &&
-        active.sessions[rank] != 0 &&
-        !sessions_->IsLive(active.sessions[rank])) {
-      DoSessionClosed(active.sessions[rank]);
+    // That may end the job (the rank was its last and cannot restart).
+    if (const uint64_t held = bindings_.SessionOf(id, rank);
+        it->second.restarts.has_grace() && held != 0 &&
+        !sessions_->IsLive(held)) {
+      DoSessionClosed(held);
     }
-    if (rank < static_cast<int>(active.sessions.size()) &&
-        active.job->restarting(rank)) {
+  }
+  if (auto it = jobs_.find(id); it != jobs_.end()) {
+    ActiveJob& active = it->second;
+    if (rank < active.job->local_world_size() && active.job->restarting(rank)) {
       DoRestartAttach(active, std::move(request), *std::move(params), *device,
                       std::move(done));
       return;
     }
     sessions_->Unclaim(sid);
-    if (rank < static_cast<int>(active.sessions.size()) &&
-        active.sessions[rank] != 0) {
+    if (bindings_.SessionOf(id, rank) != 0) {
       std::move(done)(
           absl::AlreadyExistsError(absl::StrCat(who, " is already attached")));
     } else {
@@ -116,7 +113,11 @@ void JobManager::DoAttach(v1::AttachRequest request, absl::Time deadline,
   }
   const absl::Time limit = std::min(
       deadline, absl::Now() + absl::Milliseconds(config_.attach_timeout_ms()));
-  bound_[sid] = {id, rank};
+  if (absl::Status bound = bindings_.Bind(sid, id, rank); !bound.ok()) {
+    sessions_->Unclaim(sid);
+    std::move(done)(std::move(bound));
+    return;
+  }
   if (p.Add(rank, PendingRank{std::move(request), *std::move(params), limit,
                               std::move(done), *device})) {
     FormJob(id);
@@ -143,15 +144,15 @@ void JobManager::ExpireAttaches(absl::Time now) {
 }
 
 void JobManager::Unbind(uint64_t session_id) {
-  bound_.erase(session_id);
+  bindings_.Unbind(session_id);
   sessions_->Unclaim(session_id);
 }
 
 void JobManager::DoAttachCancelled(uint64_t session_id) {
-  auto bound = bound_.find(session_id);
-  if (bound == bound_.end()) return;  // answered (and unbound) already
-  const std::string job_id = bound->second.first;
-  const int rank = bound->second.second;
+  const SessionBindings::Rank* bound = bindings_.Find(session_id);
+  if (bound == nullptr) return;  // answered (and unbound) already
+  const std::string job_id = bound->job_id;
+  const int rank = bound->local_rank;
   auto p = pending_.find(job_id);
   if (p == pending_.end()) return;  // formed: the attach was answered
   const std::optional<PendingRank>& slot = p->second.rank(rank);
@@ -178,7 +179,7 @@ bool JobManager::WithdrawPendingRank(const std::string& job_id, int rank,
   if (unclaim) {
     Unbind(session_id);
   } else {
-    bound_.erase(session_id);
+    bindings_.Unbind(session_id);
   }
   std::move(attach->done)(std::move(answer));
   if (p->second.forming()) {

@@ -397,11 +397,9 @@ void JobManager::Activate(
   pending_.erase(job_id);
   active.rebuild =
       MakeRebuildCoordinator(active.job.get(), config_, coordinators_);
-  active.sessions.resize(world);
-  active.restart_deadline.assign(world, absl::InfiniteFuture());
-  for (int r = 0; r < world; ++r) {
-    active.sessions[r] = ready[r].request.session_id();
-  }
+  // Each rank's session was bound by its Attach (bindings_).
+  active.restarts = RankRestartDeadlines(
+      job_id, world, absl::FromChrono(active.job->spec().rank_restart_grace));
   const Job& formed = *active.job;
   std::vector<v1::AttachResponse> responses;
   for (int r = 0; r < world; ++r) {

@@ -2,8 +2,9 @@
 // new Attach checked against its running job and bound, the engine's
 // RestartRank answered with the rank's fds, and the grace's expiry. Control
 // thread only (the RestartRank's answer is posted back to it).
-#include <algorithm>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/manager/attach_validation.h"
@@ -25,11 +26,11 @@ void JobManager::DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
       CompareRestartAttach(id, rank, job.local_world_size(), job.spec().params,
                            job.spec().broadcast_bytes, request, params);
   if (same.ok() && request.has_rank_restart_grace_ms() &&
-      request.rank_restart_grace_ms() != active.grace_ms()) {
+      request.rank_restart_grace_ms() != active.restarts.grace_ms()) {
     same = absl::InvalidArgumentError(
         absl::StrCat(who, " re-attached asking for rank_restart_grace_ms ",
                      request.rank_restart_grace_ms(), " but the job runs with ",
-                     active.grace_ms()));
+                     active.restarts.grace_ms()));
   }
   if (same.ok() && rank < static_cast<int>(job.spec().rank_devices.size()) &&
       job.spec().rank_devices[rank] != device) {
@@ -44,23 +45,21 @@ void JobManager::DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
     std::move(done)(std::move(same));
     return;
   }
-  bound_[sid] = {id, rank};
-  active.sessions[rank] = sid;
+  if (absl::Status bound = bindings_.Bind(sid, id, rank); !bound.ok()) {
+    sessions_->Unclaim(sid);
+    std::move(done)(std::move(bound));
+    return;
+  }
   // The grace is over for this rank: it is back (the engine takes it at
   // its next safe point).
-  active.restart_deadline[rank] = absl::InfiniteFuture();
+  active.restarts.Clear(rank);
   job.RestartRank(rank, [this, id, rank, sid, done = std::move(done)](
                             absl::StatusOr<v1::AttachResponse> info) mutable {
     Post([this, id, rank, sid, info = std::move(info),
           done = std::move(done)]() mutable {
       auto it = jobs_.find(id);
-      if (it == jobs_.end() || it->second.sessions.size() <= size_t(rank) ||
-          it->second.sessions[rank] != sid) {
-        if (auto b = bound_.find(sid);
-            b != bound_.end() && b->second.first == id &&
-            b->second.second == rank && it == jobs_.end()) {
-          Unbind(sid);
-        }
+      if (it == jobs_.end() || bindings_.SessionOf(id, rank) != sid) {
+        if (it == jobs_.end() && bindings_.Holds(sid, id, rank)) Unbind(sid);
         std::move(done)(absl::AbortedError(absl::StrCat(
             "local rank ", rank, " of job '", id,
             "' could not rejoin: the job ended or the rank went away "
@@ -93,32 +92,20 @@ void JobManager::DoRestartAttach(ActiveJob& active, v1::AttachRequest request,
 }
 
 void JobManager::ExpireRestarts(absl::Time now) {
-  std::vector<std::pair<std::string, int>> expired;
+  std::vector<std::pair<std::string, RankRestartDeadlines::Expiry>> expired;
   for (auto& [id, active] : jobs_) {
-    for (size_t r = 0; r < active.restart_deadline.size(); ++r) {
-      if (active.restart_deadline[r] <= now) {
-        expired.emplace_back(id, static_cast<int>(r));
-      }
+    if (std::optional<RankRestartDeadlines::Expiry> e =
+            active.restarts.Expire(now)) {
+      expired.emplace_back(id, *std::move(e));
     }
   }
-  for (const auto& [id, rank] : expired) {
+  for (const auto& [id, expiry] : expired) {
     auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;  // ended by an earlier expiry
-    const std::string message =
-        absl::StrCat("local rank ", rank, " of job '", id,
-                     "' did not re-attach within rank_restart_grace_ms=",
-                     it->second.grace_ms(), " after its process went away");
-    spdlog::error("{}", message);
-    it->second.job->Fail(absl::StatusCode::kAborted, message);
-    // The job waits for nobody now: every rank still away is gone (the
-    // last one ends the job).
-    std::vector<int> away;
-    for (size_t r = 0; r < it->second.restart_deadline.size(); ++r) {
-      if (it->second.restart_deadline[r] != absl::InfiniteFuture()) {
-        away.push_back(static_cast<int>(r));
-      }
-    }
-    for (int r : away) RankGone(id, r, /*detached=*/false);
+    if (it == jobs_.end()) continue;
+    spdlog::error("{}", expiry.status.message());
+    it->second.job->Fail(expiry.status.code(), expiry.status.message());
+    // Every rank still away is gone (the last one ends the job).
+    for (int r : expiry.gone) RankGone(id, r, /*detached=*/false);
   }
 }
 

@@ -93,15 +93,13 @@ JobSnapshot JobManager::SnapshotOf(const std::string& id,
 
 JobSnapshot JobManager::SnapshotOf(const ActiveJob& active, bool detail) const {
   JobSnapshot s = active.job->Snapshot(detail);
+  const std::string& id = active.job->spec().job_id;
   for (RankSnapshot& rank : s.ranks) {
-    if (rank.local_rank < static_cast<int>(active.sessions.size())) {
-      rank.session_id = active.sessions[rank.local_rank];
-    }
+    rank.session_id = bindings_.SessionOf(id, rank.local_rank);
     if (rank.state == RankSnapshot::State::kRestarting &&
-        rank.local_rank < static_cast<int>(active.restart_deadline.size()) &&
-        active.restart_deadline[rank.local_rank] != absl::InfiniteFuture()) {
+        active.restarts.away(rank.local_rank)) {
       rank.restart_deadline_unix_ns =
-          absl::ToUnixNanos(active.restart_deadline[rank.local_rank]);
+          absl::ToUnixNanos(active.restarts.deadline(rank.local_rank));
     }
   }
   // node_ids are the live ones (Job::Snapshot), not the spec's first.
