@@ -4,8 +4,11 @@
 //
 // Files: the control loop and RPC entry points (job_manager.cc), pending
 // attaches (job_manager_attach.cc; their checks in attach_validation.h),
-// the hand-off to an active job (job_manager_formation.cc), the admin view
-// (job_manager_snapshot.cc).
+// the hand-off to an active job (job_manager_formation.cc; the formation
+// thread's body in form_nodes.h), the admin view (job_manager_snapshot.cc);
+// the state machines it keeps per job in classes of their own
+// (pending_job.h, rank_restart_deadlines.h, node_epochs.h) and the session
+// bindings (session_bindings.h).
 //
 // Threads: one control thread owns all state below (pending attaches, active
 // jobs, session bindings); HandleAttach/HandleDetach/OnSessionClosed only
@@ -90,16 +93,17 @@
 #include "server/engine/job/job.h"
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/rebuild.h"
+#include "server/engine/manager/form_nodes.h"
 #include "server/engine/manager/loop_watchdog.h"
 #include "server/engine/manager/node_epochs.h"
 #include "server/engine/manager/pending_job.h"
+#include "server/engine/manager/rank_restart_deadlines.h"
 #include "server/engine/manager/reformation_stall.h"
+#include "server/engine/manager/session_bindings.h"
 #include "server/engine/manager/session_registry.h"
 #include "server/engine/observe/job_events.h"
 #include "server/rendezvous/coordinator.h"
-#include "server/engine/manager/rank_restart_deadlines.h"
 #include "server/rendezvous/store_interface.h"
-#include "server/engine/manager/session_bindings.h"
 #include "server/rpc/node_handler.h"
 
 namespace gradd {
@@ -220,37 +224,6 @@ class JobManager final : public NodeHandlerInterface,
     // kept apart and released when the job ends on this node.
     std::vector<std::unique_ptr<RendezvousStoreInterface>> releases;
   };
-  // A node admitted into its running elastic job (the formation thread's
-  // FindRunning found it): what the agreement said besides the layout.
-  struct Admission {
-    uint64_t epoch = 0;
-    uint64_t sync_seq = 0;
-    bool behind = false;
-    std::string store_prefix;
-    std::string reformation_prefix;
-    int64_t arrivals_seen = 0;
-    int max_nodes = 1;
-    // The job's initial world size (Reformed::initial_world_size; 0: the
-    // closer did not know it).
-    int initial_world_size = 0;
-    // The job's nodes lost and not back (Reformed::departed).
-    std::vector<std::string> lost;
-    // Where its iterations start (JobSpec::first_iteration).
-    uint64_t first_iteration = 1;
-  };
-  // What a formation thread hands back: the backend and the store it uses.
-  struct FormedNodes {
-    NodeFormation formation;
-    std::unique_ptr<RendezvousStoreInterface> store;
-    std::string coordinator;
-    std::string round_prefix;
-    // CUDA jobs on real GPUs: NCCL between the nodes, or why not.
-    std::shared_ptr<NcclJobSetup> nccl;
-    // Set when this node was admitted into its running elastic job.
-    std::optional<Admission> admission;
-    // Re-formable jobs: see Reformable::releases.
-    std::vector<std::unique_ptr<RendezvousStoreInterface>> releases;
-  };
   using Task = absl::AnyInvocable<void() &&>;
 
   void Post(Task task);
@@ -329,7 +302,7 @@ class JobManager final : public NodeHandlerInterface,
       const std::string& job_id, JobSpec spec,
       absl::StatusOr<std::unique_ptr<BucketReducerInterface>> reducer,
       std::vector<JobNode> members = {},
-      std::optional<Admission> admission = std::nullopt,
+      std::optional<NodeAdmission> admission = std::nullopt,
       std::vector<std::unique_ptr<RendezvousStoreInterface>> releases = {});
 
   // Elastic multi-node jobs (job_manager_reformation.cc). The collective
