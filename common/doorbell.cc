@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -99,8 +100,22 @@ absl::StatusOr<BellPipe> CreateBell() {
   return bell;
 }
 
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
+
+std::chrono::nanoseconds EngineSpin(std::chrono::nanoseconds configured,
+                                    size_t ranks, int cpus) {
+  if (cpus <= 0 || static_cast<size_t>(cpus) > ranks) return configured;
+  return std::min<std::chrono::nanoseconds>(configured, kCrowdedSpin);
+}
+
 absl::StatusOr<std::unique_ptr<DaemonDoorbell>> DaemonDoorbell::Create(
-    const ControlLayout& layout, void* base, std::vector<int> bell_fds) {
+    const ControlLayout& layout, void* base, std::vector<int> bell_fds,
+    int cpus) {
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) {
     return absl::ResourceExhaustedError(
@@ -110,16 +125,18 @@ absl::StatusOr<std::unique_ptr<DaemonDoorbell>> DaemonDoorbell::Create(
   for (uint32_t r = 0; r < layout.local_world_size(); ++r) {
     ranks.push_back(layout.rank_header(base, r));
   }
-  return std::unique_ptr<DaemonDoorbell>(
-      new DaemonDoorbell(layout.header(base), std::move(ranks),
-                         std::move(bell_fds), std::move(wake)));
+  return std::unique_ptr<DaemonDoorbell>(new DaemonDoorbell(
+      layout.header(base), std::move(ranks), std::move(bell_fds),
+      std::move(wake), cpus > 0 ? cpus : UsableCpus()));
 }
 
 DaemonDoorbell::DaemonDoorbell(ControlHeader* header,
                                std::vector<RankHeader*> ranks,
-                               std::vector<int> bell_fds, UniqueFd wake_fd)
+                               std::vector<int> bell_fds, UniqueFd wake_fd,
+                               int cpus)
     : header_(header),
       ranks_(std::move(ranks)),
+      cpus_(cpus),
       poll_fds_(std::move(bell_fds)),
       wake_fd_(std::move(wake_fd)),
       seen_(ranks_.size(), 0) {
@@ -161,7 +178,8 @@ void DaemonDoorbell::Wait(std::chrono::nanoseconds spin,
   const Clock::time_point deadline =
       doorbell_internal::SaturatingDeadline(start, timeout);
   const Clock::time_point spin_until =
-      std::min(deadline, doorbell_internal::SaturatingDeadline(start, spin));
+      std::min(deadline, doorbell_internal::SaturatingDeadline(
+                             start, EngineSpin(spin, ranks_.size(), cpus_)));
   if (doorbell_internal::Spin(spin_until, [&] { return Moved(); })) return;
 
   while (true) {

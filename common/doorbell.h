@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -51,6 +52,26 @@ struct BellPipe {
 };
 absl::StatusOr<BellPipe> CreateBell();
 
+// The CPUs this process may run on (its affinity mask); 0 if unknown.
+int UsableCpus();
+
+// The engine's spin on a crowded node. Each local rank spins in its own
+// waits (WaitForDaemon, and whatever the trainer does between buckets), so
+// with `ranks` >= `cpus` the engine's spin runs on a core that a rank needs.
+// sched_yield() does not give it back: the scheduler (EEVDF) hands the core
+// only to a thread it finds eligible, and a rank that just ran often is not,
+// so a spinning engine can hold the core while the rank it waits for sits
+// runnable; and a core kept busy by the spin is not idle when a rank wakes.
+// (perf sched traces: bench/README.md, "The small-bucket wait path".)
+// Crowded, the engine spins at most this long, enough for the next ring of
+// a tight loop of small buckets, then sleeps in poll().
+inline constexpr std::chrono::microseconds kCrowdedSpin{10};
+
+// The spin the engine uses: `configured`, capped at kCrowdedSpin when the
+// node is crowded (`cpus` <= `ranks`); `cpus` 0 (unknown) counts as roomy.
+std::chrono::nanoseconds EngineSpin(std::chrono::nanoseconds configured,
+                                    size_t ranks, int cpus);
+
 // Daemon side: the engine's wait for any rank's (or a daemon thread's) ring.
 // Snapshot() before scanning, Wait() after a scan found nothing to do.
 // Ring() is for daemon threads (stop, a rank gone, a join round, a rebuild)
@@ -58,24 +79,27 @@ absl::StatusOr<BellPipe> CreateBell();
 class DaemonDoorbell {
  public:
   // `base` maps the job block and every rank block read-write; bell_fds are
-  // the read ends of the ranks' bells (not owned).
+  // the read ends of the ranks' bells (not owned). `cpus`: the cores the
+  // engine and the ranks share (EngineSpin); 0 asks UsableCpus().
   static absl::StatusOr<std::unique_ptr<DaemonDoorbell>> Create(
-      const ControlLayout& layout, void* base, std::vector<int> bell_fds);
+      const ControlLayout& layout, void* base, std::vector<int> bell_fds,
+      int cpus = 0);
 
   void Ring();
   void Snapshot();
   // Returns once something rang since Snapshot() or `timeout` passed; spins
-  // for `spin` first.
+  // for EngineSpin(`spin`, ...) first.
   void Wait(std::chrono::nanoseconds spin, std::chrono::nanoseconds timeout);
 
  private:
   DaemonDoorbell(ControlHeader* header, std::vector<RankHeader*> ranks,
-                 std::vector<int> bell_fds, UniqueFd wake_fd);
+                 std::vector<int> bell_fds, UniqueFd wake_fd, int cpus);
   bool Moved() const;
   void SleepInPoll(std::chrono::nanoseconds timeout);
 
   ControlHeader* const header_;
   const std::vector<RankHeader*> ranks_;
+  const int cpus_;
   // poll set: the ranks' bells, then wake_fd_; a bell whose write end was
   // closed (POLLHUP for good) is set to -1, which poll() skips.
   std::vector<int> poll_fds_;

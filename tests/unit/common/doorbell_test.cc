@@ -25,7 +25,8 @@ using std::chrono::steady_clock;
 // read-only once mapped), the rank blocks and the bells, the daemon's
 // mapping and its doorbell; rank(r) maps what a trainer of rank r gets.
 struct Block {
-  explicit Block(uint32_t world = 2, uint32_t buckets = 4)
+  // cpus: the cores the daemon's doorbell counts (0: this machine's).
+  explicit Block(uint32_t world = 2, uint32_t buckets = 4, int cpus = 0)
       : layout(world, buckets) {
     job_fd = *CreateMemfdForSealing("doorbell-test", layout.job_bytes());
     std::vector<int> blocks, reads;
@@ -41,7 +42,7 @@ struct Block {
     map = std::move(*map_or);
     EXPECT_TRUE(SealReadOnlyForOthers(job_fd.get()).ok());
     layout.Initialize(map.data());
-    doorbell = *DaemonDoorbell::Create(layout, map.data(), reads);
+    doorbell = *DaemonDoorbell::Create(layout, map.data(), reads, cpus);
   }
   ControlHeader* header() const { return layout.header(map.data()); }
   RankHeader* rank_header(uint32_t r) const {
@@ -241,6 +242,57 @@ TEST(DoorbellTest, DaemonWaitTimesOutAndSeesRings) {
   bell->Wait(nanoseconds(0), seconds(30));
   EXPECT_LT(steady_clock::now() - start, seconds(5));
   daemon_thread.join();
+}
+
+TEST(EngineSpinTest, CapsTheSpinOnlyWhenTheRanksLeaveNoCoreFree) {
+  const nanoseconds configured = std::chrono::microseconds(50);
+  // A core for every rank and one more: the configured spin.
+  EXPECT_EQ(EngineSpin(configured, 2, 3), configured);
+  EXPECT_EQ(EngineSpin(configured, 1, 16), configured);
+  // As many ranks as cores, or more: capped.
+  EXPECT_EQ(EngineSpin(configured, 2, 2), kCrowdedSpin);
+  EXPECT_EQ(EngineSpin(configured, 8, 2), kCrowdedSpin);
+  // A shorter configured spin stays; an unknown core count is not crowded.
+  EXPECT_EQ(EngineSpin(std::chrono::microseconds(3), 2, 2),
+            std::chrono::microseconds(3));
+  EXPECT_EQ(EngineSpin(nanoseconds(0), 2, 1), nanoseconds(0));
+  EXPECT_EQ(EngineSpin(configured, 2, 0), configured);
+}
+
+TEST(EngineSpinTest, UsableCpusCountsThisProcessCores) {
+  EXPECT_GE(UsableCpus(), 1);
+}
+
+// The doorbell's wait with a spin far longer than the test: on a crowded
+// node (2 ranks, 1 core) it must go to sleep in poll (daemon_sleeping
+// raised) after the short crowded spin; with cores to spare it keeps
+// spinning (never raises the flag) until the ring.
+void WaitWithLongSpin(int cpus, bool expect_sleep) {
+  Block block(2, 4, cpus);
+  ControlMapping client = block.rank(0);
+  DaemonDoorbell* bell = block.doorbell.get();
+  bell->Snapshot();
+  std::thread engine([&] { bell->Wait(seconds(60), seconds(60)); });
+  bool slept = false;
+  const auto until =
+      steady_clock::now() + (expect_sleep ? seconds(20) : milliseconds(300));
+  while (steady_clock::now() < until && !slept) {
+    slept = block.header()->daemon_sleeping.load() != 0;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(slept, expect_sleep) << "cpus " << cpus;
+  RingDaemon(block.layout.header(client.data()),
+             block.layout.rank_header(client.data(), 0), block.bell(0));
+  engine.join();
+  EXPECT_EQ(block.header()->daemon_sleeping.load(), 0u);
+}
+
+TEST(EngineSpinTest, ACrowdedEngineSleepsInsteadOfSpinning) {
+  WaitWithLongSpin(/*cpus=*/1, /*expect_sleep=*/true);
+}
+
+TEST(EngineSpinTest, AnEngineWithACoreToSpareSpins) {
+  WaitWithLongSpin(/*cpus=*/64, /*expect_sleep=*/false);
 }
 
 TEST(DoorbellTest, FutexWaitReturnsWhenValueDiffers) {
