@@ -5,9 +5,9 @@
 // aborts a rank may still be behind.
 //
 // Pure logic, owned by the engine thread (CanWait is a pure function the
-// job manager's thread calls too): no threads, no I/O. Job keeps the
-// ranks' states (atomics other threads move) and the control block; it
-// reads the done sequences and asks here.
+// job manager's thread calls too): no threads, no I/O. The ranks' states
+// and the restarted ranks waiting are rank_states.h's; Job keeps the
+// control block, reads the done sequences and asks here.
 #ifndef GRADD_SERVER_ENGINE_JOB_RANK_RESTARTS_H_
 #define GRADD_SERVER_ENGINE_JOB_RANK_RESTARTS_H_
 
@@ -43,6 +43,16 @@ class RankRestarts {
   };
   static IterationAbort PlanIterationAbort(
       size_t num_buckets, absl::FunctionRef<uint64_t(size_t)> done);
+
+  // What one abort did (control_block.h "Rank restart", steps 1-2, for a
+  // rank's return or a re-formation): the iteration and collective round
+  // aborted and where the ranks go on.
+  struct Aborted {
+    uint64_t iteration = 0;  // 0: the plan has no buckets
+    uint64_t round = 0;
+    uint64_t last = 0;            // the ranks' next iteration is last + 1
+    uint64_t collective_seq = 0;  // bcast_done_seq after the abort
+  };
 
   // Records that `iteration` (collective `round`) was aborted, the
   // previous abort being `previous` (0: none): a run of consecutive aborts
