@@ -12,7 +12,7 @@
 //
 // Pure logic, owned by the engine thread: no threads, no I/O. Time is
 // passed in (engine clock, ns). Job keeps what other threads leave word in
-// (reformation_mu_) and feeds it here.
+// (reformation_inbox.h) and feeds it here.
 #ifndef GRADD_SERVER_ENGINE_JOB_EPOCH_STATE_H_
 #define GRADD_SERVER_ENGINE_JOB_EPOCH_STATE_H_
 

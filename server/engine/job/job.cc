@@ -44,6 +44,24 @@ StallInspector::Options StallOptions(const JobSpec& spec) {
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+ReformationDriver::Options ReformationOptions(const JobSpec& spec) {
+  ReformationDriver::Options o;
+  o.job_id = spec.job_id;
+  o.enabled = spec.num_nodes > 1 &&
+              (spec.min_nodes > 0 || spec.rank_restart_grace.count() > 0);
+  o.formed_node_ids = spec.node_ids;
+  o.formed_world_size = spec.global_world_size();
+  o.divide_by_initial_world_size = spec.divide_by_initial_world_size;
+  o.initial_world_size = spec.initial_global_world_size();
+  // A node admitted into its running job: the reducer divides by the live
+  // world size it was admitted into; a job that divides by the initial one
+  // says so per bucket from the start, as its other nodes do since their
+  // re-formation.
+  o.bucket_divisor = EpochState::BucketDivisor(
+      spec.divide_by_initial_world_size, spec.initial_world_size);
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(
@@ -138,8 +156,8 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
           std::max(spec_.plan.total_bytes,
                    spec_.params.empty() ? 0 : MaxPlanBytes(spec_.params))),
       reducer_(std::move(reducer)),
-      rank_state_(new std::atomic<int>[spec_.local_world_size]),
-      restart_since_ns_(new std::atomic<int64_t>[spec_.local_world_size]),
+      ranks_(spec_.local_world_size),
+      restart_inbox_([this] { doorbell_->Ring(); }),
       plan_(spec_.plan),
       started_(spec_.plan.buckets.size(), 0),
       join_(spec_.job_id, spec_.local_world_size, spec_.global_rank_offset,
@@ -147,49 +165,37 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
       active_buffers_(spec_.plan.buckets.size()),
       active_ranks_(spec_.plan.buckets.size()),
       hooks_(spec_.job_id, spec_.local_world_size, spec_.comm_hook),
+      published_(PublishedState::Layout{spec_.node_rank,
+                                        spec_.num_nodes,
+                                        spec_.global_world_size(),
+                                        spec_.node_ids,
+                                        spec_.initial_lost,
+                                        {}}),
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
       iterations_(layout_.num_buckets()),
-      reformable_(
-          spec_.num_nodes > 1 &&
-          (spec_.min_nodes > 0 || spec_.rank_restart_grace.count() > 0)),
-      // A node admitted into its running job: the reducer divides by the
-      // live world size it was admitted into; a job that divides by the
-      // initial one says so per bucket from the start, as its other nodes
-      // do since their re-formation (job_reformation.cc).
-      epoch_(reformable_,
-             EpochState::BucketDivisor(spec_.divide_by_initial_world_size,
-                                       spec_.initial_world_size)) {
-  live_.node_rank = spec_.node_rank;
-  live_.num_nodes = spec_.num_nodes;
-  live_.world_size = spec_.global_world_size();
-  live_.node_ids = spec_.node_ids;
-  live_.lost = spec_.initial_lost;
-  for (int r = 0; r < spec_.local_world_size; ++r) {
-    rank_state_[r] = kLive;
-    restart_since_ns_[r] = 0;
-  }
+      switch_requests_(spec_.job_id, [this] { doorbell_->Ring(); }),
+      reformation_(ReformationOptions(spec_),
+                   ReformationDriver::Parts{this, &reducer_, &hand_overs_,
+                                            &switch_requests_, &restart_inbox_,
+                                            &published_, &events_, EngineNowNs},
+                   [this] { doorbell_->Ring(); }) {
   used_map_param_ = FindUsedMapParam(spec_.params);
   events_.Add(&timeline_);
 }
 
 Job::~Job() {
   Stop();
-  AbortSwitch(absl::CancelledError(absl::StrCat(
-      "job '", spec_.job_id, "' stopped during a bucket rebuild")));
-  AbortRankRestarts(absl::CancelledError(absl::StrCat(
-      "job '", spec_.job_id, "' stopped before the rank could rejoin")));
-  FailPendingRankRestarts(absl::CancelledError(absl::StrCat(
-      "job '", spec_.job_id, "' stopped before the rank could rejoin")));
-  {
-    // A re-formation that finished after the job stopped: its reducer
-    // never ran anything.
-    absl::MutexLock lock(&reformation_mu_);
-    reformed_.reset();
-  }
+  AbortSwitch(absl::OkStatus());
+  const absl::Status stopped = absl::CancelledError(absl::StrCat(
+      "job '", spec_.job_id, "' stopped before the rank could rejoin"));
+  restart_inbox_.Close(stopped);
+  // And a re-formation that finished after the job stopped: its reducer
+  // never ran anything.
+  reformation_.Close(stopped);
   // Joins the reducer's threads (if any) while the memory its completions
   // write to is still mapped.
-  reducer_.reset();
+  reducer_.Replace(nullptr);
 }
 
 void Job::Start() {
@@ -240,9 +246,9 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   // layout (a re-formation moves them).
   resp.set_world_size(spec_.initial_global_world_size());
   {
-    absl::MutexLock lock(&live_mu_);
-    resp.set_node_rank(live_.node_rank);
-    resp.set_num_nodes(live_.num_nodes);
+    const PublishedState::Layout live = published_.layout();
+    resp.set_node_rank(live.node_rank);
+    resp.set_num_nodes(live.num_nodes);
   }
   resp.set_min_nodes(static_cast<uint32_t>(spec_.min_nodes));
   resp.set_epoch(header_->epoch.load(std::memory_order_acquire));
@@ -253,12 +259,9 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
   if (!device_memory_.empty()) {
     resp.set_device_memory_bytes(device_memory_[rank]->size());
   }
-  {
-    absl::MutexLock lock(&reducer_mu_);
-    // Null while the job re-forms: the new reducer describes the devices
-    // the same way (the events are the ranks', not the group's).
-    if (reducer_ != nullptr) reducer_->DescribeDevice(rank, &resp);
-  }
+  // Nothing while the job re-forms: the new reducer describes the devices
+  // the same way (the events are the ranks', not the group's).
+  reducer_.DescribeDevice(rank, &resp);
   resp.set_rank_restart_grace_ms(
       static_cast<uint32_t>(spec_.rank_restart_grace.count()));
   // A new job; a rejoin overwrites these (Job::RestartRank).
@@ -269,26 +272,13 @@ v1::AttachResponse Job::ResponseFor(int rank) const {
 }
 
 void Job::RankGone(int rank, bool detached) {
-  const int target = detached ? kDetached : kDisconnected;
-  int s = rank_state_[rank].load();
-  while (s == kLive || s == kRestarting) {
-    if (rank_state_[rank].compare_exchange_weak(s, target)) {
-      if (s == kRestarting) {
-        header_->restarting.fetch_sub(1, std::memory_order_acq_rel);
-      }
-      break;
-    }
+  if (ranks_.Gone(rank, detached) == RankStates::kRestarting) {
+    header_->restarting.fetch_sub(1, std::memory_order_acq_rel);
   }
   doorbell_->Ring();  // the engine re-checks who is stuck
 }
 
-int Job::live_ranks() const {
-  int n = 0;
-  for (int r = 0; r < spec_.local_world_size; ++r) {
-    n += rank_state_[r].load() == kLive;
-  }
-  return n;
-}
+int Job::live_ranks() const { return ranks_.live_count(); }
 
 void Job::Heartbeat() {
   header_->heartbeat_ns.store(MonotonicNs(), std::memory_order_release);
@@ -334,10 +324,7 @@ void Job::EnterPhase(Phase next, absl::string_view why) {
   e.epoch = epoch();
   e.at_ns = EngineNowNs();
   phase_ = next;
-  {
-    absl::MutexLock lock(&live_mu_);
-    live_.phase = next;
-  }
+  published_.SetPhase(next);
   spdlog::debug("job '{}': {} -> {} ({})", spec_.job_id, e.from, e.to, e.why);
   events_.OnPhase(e);
 }
@@ -361,21 +348,22 @@ void Job::Loop() {
       // stop reducing.
       EnterPhase(Phase::kFailed, ReadError(header_).message());
     }
-    if (failed() && switch_pending_.load(std::memory_order_acquire)) {
+    if (failed() && switch_requests_.pending()) {
       AbortSwitch(ReadError(header_));
     }
-    if (rejoin_pending_.load(std::memory_order_acquire)) {
+    if (restart_inbox_.pending()) {
       if (failed()) {
-        AbortRankRestarts(ReadError(header_));
+        restart_inbox_.FailAll(ReadError(header_));
       } else if (TryRestartRanks()) {
         continue;
       }
     }
     // Elastic multi-node jobs: while the inter-node group drains or
     // re-forms, nothing new starts (job_reformation.cc).
-    const bool held = reformable_ && !failed() && StepEpoch();
-    if (failed() && !restarts_in_reformation_.empty()) {
-      FailPendingRankRestarts(ReadError(header_));
+    const bool held =
+        reformation_.enabled() && !failed() && reformation_.Step();
+    if (failed() && reformation_.has_returned_ranks()) {
+      reformation_.FailReturnedRanks(ReadError(header_));
     }
     bool progress = !failed() && !held && Scan();
     if (!failed() && !held && stalls_.enabled()) CheckStalls();
@@ -390,18 +378,17 @@ bool Job::Scan() {
   std::atomic<uint64_t>* done = layout_.done_seq(base);
   const int world = spec_.local_world_size;
   bool progress = false;
-  bool any_gone = false;
-  for (int r = 0; r < world; ++r) any_gone |= rank_state_[r].load() != kLive;
-  if (switch_pending_.load(std::memory_order_acquire)) {
+  const bool any_gone = !ranks_.all_live();
+  if (switch_requests_.pending()) {
     progress |= TrySwitchPlan();
     if (failed()) return false;
   }
-  const uint64_t rebuild_after = rebuild_after_.load(std::memory_order_acquire);
+  const uint64_t rebuild_after = switch_requests_.rebuild_after();
   const uint64_t aborted_iteration =
       header_->aborted_iteration.load(std::memory_order_acquire);
 
   if (JoinInPlay()) {
-    if (epoch_.membership_changed()) {
+    if (reformation_.epoch().membership_changed()) {
       return FailOnEngine(
           absl::StatusCode::kFailedPrecondition,
           absl::StrCat("job '", spec_.job_id,
@@ -447,7 +434,7 @@ bool Job::Scan() {
       if (s == need) {
         ++ready;
         NoteReady(b, r, need, &now);
-      } else if (s != d && rank_state_[r].load() == kLive) {
+      } else if (s != d && ranks_.live(r)) {
         // The protocol allows only "done" (waiting) or "done + 1" (ready).
         return FailOnEngine(
             absl::StatusCode::kFailedPrecondition,
@@ -464,7 +451,8 @@ bool Job::Scan() {
     if (!hook_resolved_ && !ResolveCommHook()) return false;
     started_[b] = need;
     progress = true;
-    StartBucket(b, need, &bucket_buffers_[b], epoch_.bucket_divisor());
+    StartBucket(b, need, &bucket_buffers_[b],
+                reformation_.epoch().bucket_divisor());
   }
   if (failed()) return false;
   progress |= ScanBroadcast();
@@ -499,7 +487,7 @@ void Job::StartBucket(size_t b, uint64_t iteration,
     used_map = reinterpret_cast<const float*>(
         static_cast<const char*>((*buffers)[0]) + used_map_offset_);
   }
-  in_flight_.fetch_add(1);
+  hand_overs_.Started();
   reducer_->Start(work, [this, b, iteration, used_map](absl::Status s) {
     if (s.ok() && used_map != nullptr) RecordUsedMap(iteration, used_map);
     Complete(static_cast<int>(b), iteration, std::move(s));
@@ -693,7 +681,7 @@ void Job::CheckStuck() {
   std::atomic<uint64_t>* done = layout_.done_seq(base);
   const int world = spec_.local_world_size;
   auto report = [&](int gone, absl::string_view what) {
-    const bool detached = rank_state_[gone].load() == kDetached;
+    const bool detached = ranks_.state(gone) == RankStates::kDetached;
     FailOnEngine(
         absl::StatusCode::kAborted,
         absl::StrCat(RankName(gone), detached ? " detached" : " disconnected",
@@ -708,10 +696,10 @@ void Job::CheckStuck() {
     for (int r = 0; r < world; ++r) {
       const bool ready = layout_.ready_row(base, r)[b].load(
                              std::memory_order_acquire) == d + 1;
-      const int state = rank_state_[r].load();
-      if (state == kLive) {
+      const RankStates::State state = ranks_.state(r);
+      if (state == RankStates::kLive) {
         waiting |= ready;
-      } else if (!ready && missing < 0 && state != kRestarting) {
+      } else if (!ready && missing < 0 && state != RankStates::kRestarting) {
         missing = r;  // a restarting rank is waited for (job_restart.cc)
       }
     }
@@ -727,10 +715,10 @@ void Job::CheckStuck() {
   for (int r = 0; r < world; ++r) {
     const bool ready = layout_.bcast(base, r)->ready_seq.load(
                            std::memory_order_acquire) == bd + 1;
-    const int state = rank_state_[r].load();
-    if (state == kLive) {
+    const RankStates::State state = ranks_.state(r);
+    if (state == RankStates::kLive) {
       waiting |= ready;
-    } else if (!ready && missing < 0 && state != kRestarting) {
+    } else if (!ready && missing < 0 && state != RankStates::kRestarting) {
       missing = r;
     }
   }

@@ -75,9 +75,16 @@
 //   any --> failed (FailOnEngine, or a failure published from outside,
 //                   e.g. a completion's error or the daemon's shutdown)
 //
-// The sub-machines keep their own detail: EpochState (re-formation),
-// PlanSwitch (plan switch), RankRestarts (rank restart's abort rules) and
-// JoinState (join, uneven inputs).
+// The sub-machines keep their own detail: ReformationDriver and its
+// EpochState (re-formation), PlanSwitch (plan switch), RankRestarts (rank
+// restart's abort rules) and JoinState (join, uneven inputs).
+//
+// What other threads hand the engine goes through small mailboxes that
+// own their lock and "anything there" flag (mailbox.h): RankRestartInbox,
+// PlanSwitchRequests, the re-formation's ReformationInbox; RankStates,
+// ReducerSlot, ReducerHandOvers and JoinRoundResult carry the rest, and
+// PublishedState what other threads read. The engine's scan reads their
+// flags (one atomic each) and locks nothing per bucket.
 #ifndef GRADD_SERVER_ENGINE_JOB_JOB_H_
 #define GRADD_SERVER_ENGINE_JOB_JOB_H_
 
@@ -107,7 +114,13 @@
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/join_state.h"
 #include "server/engine/job/plan_switch.h"
+#include "server/engine/job/plan_switch_requests.h"
+#include "server/engine/job/published_state.h"
 #include "server/engine/job/rank_restarts.h"
+#include "server/engine/job/rank_states.h"
+#include "server/engine/job/reducer_hand_offs.h"
+#include "server/engine/job/reformation_driver.h"
+#include "server/engine/job/reformation_inbox.h"
 #include "server/engine/observe/iteration_tracker.h"
 #include "server/engine/observe/job_events.h"
 #include "server/engine/observe/stall_inspector.h"
@@ -215,7 +228,9 @@ struct JobSpec {
   DeviceJobSpec device_spec() const;
 };
 
-class Job {
+// Implements the JobSide of its re-formation driver (privately: only the
+// driver calls it).
+class Job final : private ReformationDriver::JobSide {
  public:
   // Allocates the control block and every rank's memory (sealed memfds) and
   // initialises the block. RESOURCE_EXHAUSTED / INTERNAL when memory cannot
@@ -286,8 +301,7 @@ class Job {
   // What a re-attached rank is told: ResponseFor(rank) with rejoined,
   // next_iteration, collective_seq and sync_seq set, made on the engine
   // thread (the plan is the engine's); the caller adds the attach id.
-  using RankRestartDone =
-      absl::AnyInvocable<void(absl::StatusOr<v1::AttachResponse>) &&>;
+  using RankRestartDone = ::gradd::RankRestartDone;  // rank_states.h
   // Restarting local rank r attached again (checked by the caller): the
   // engine thread, at its next point where no bucket or round is with the
   // reducer, does what control_block.h "Rank restart" says and runs
@@ -310,7 +324,7 @@ class Job {
   }
 
   // Elastic multi-node jobs: epochs and re-formation on node loss and
-  // arrival (job_reformation.cc, epoch_state.h; control_block.h
+  // arrival (reformation_driver.h, job_reformation.cc; control_block.h
   // "Re-formation"). A job survives them when num_nodes > 1 and
   // min_nodes > 0 or it has a rank restart grace.
   //
@@ -324,15 +338,11 @@ class Job {
   //               pending rank restarts answered
   //             --Reformed(error)--> failed (the error names the lost
   //               nodes / the reason)
-  struct ReformationRequest {
-    std::string reason;
-    uint64_t completed_iteration = 0;  // every bucket done for it
-    uint64_t sync_seq = 0;
-    uint64_t epoch = 0;  // the epoch being left
-    // The local ranks whose return made this node break (rank restart).
-    std::vector<int> restarted_local_ranks;
-  };
-  using ReformationHandler = absl::AnyInvocable<void(ReformationRequest)>;
+  // The engine's word to the handler and the re-formation's answer
+  // (reformation_inbox.h).
+  using ReformationRequest = ::gradd::ReformationRequest;
+  using ReformationResult = ::gradd::ReformationResult;
+  using ReformationHandler = ReformationDriver::Handler;
   // Before Start. Called on the engine thread once per break, when the
   // reducer is drained; the receiver re-forms (off that thread) and
   // answers with Reformed.
@@ -341,25 +351,6 @@ class Job {
   // nothing is with the reducer (e.g. a node asks to be admitted). No-op
   // for a job that is not elastic across nodes.
   void RequestReformation(std::string reason);
-  struct ReformationResult {
-    std::unique_ptr<BucketReducerInterface> reducer;
-    uint64_t epoch = 0;
-    int node_rank = 0;
-    int num_nodes = 1;
-    int world_size = 1;  // live global world size
-    std::vector<std::string> node_ids;
-    std::string store_prefix;
-    uint64_t sync_seq = 0;
-    bool behind = false;
-    std::vector<std::string> lost;
-    std::vector<std::string> admitted;
-    // What the re-formation was, the same on every node (Reformed).
-    ReformCause cause = ReformCause::kUnknown;
-    std::string reason;
-    // Every node lost and not back (Reformed::departed); with kUnknown
-    // (an older closer) the lists are kept from lost and admitted.
-    std::vector<std::string> departed;
-  };
   // Any thread: the outcome of the re-formation the handler started.
   void Reformed(absl::StatusOr<ReformationResult> result);
   // Re-formations so far (any thread).
@@ -391,7 +382,7 @@ class Job {
   // runs `done(OK)` on the engine thread; `done(error)` instead if the job
   // fails or stops first, or if the engine finds the job past `iteration`.
   // One switch at a time (a second one: done(FAILED_PRECONDITION)).
-  using SwitchDone = absl::AnyInvocable<void(absl::Status) &&>;
+  using SwitchDone = PlanSwitchRequests::Done;
   void SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done);
 
   // For tests and stats: iteration last completed for bucket b.
@@ -409,19 +400,12 @@ class Job {
   // Parameters and buckets only with `detail`. Ranks' session ids and the
   // job's state beyond running / failed are the JobManager's to fill in.
   // Any thread: reads the control block's atomics and copies what the
-  // engine published under snapshot_mu_.
+  // engine published (published_state.h).
   JobSnapshot Snapshot(bool detail) const;
 
  private:
-  enum RankState : int {
-    kLive = 0,
-    kDetached = 1,
-    kDisconnected = 2,
-    kRestarting = 3
-  };
-
   // The job's phase (see the top of this file; job_snapshot.h JobPhase).
-  // Engine thread; Snapshot reads the copy in live_.
+  // Engine thread; Snapshot reads the copy in published_.
   using Phase = JobPhase;
   static absl::string_view PhaseName(Phase phase) {
     return JobPhaseName(phase);
@@ -429,7 +413,7 @@ class Job {
   // The one transition function: moves phase_ to `next` and reports the
   // change (`why`) to the events and the log. No-op when already there;
   // kFailed is final.
-  void EnterPhase(Phase next, absl::string_view why);
+  void EnterPhase(Phase next, absl::string_view why) override;
   bool failed() const { return phase_ == Phase::kFailed; }
   // The engine's one way to fail the job: publishes the failure
   // (PublishFailure) and enters kFailed. Returns false, so a check reads
@@ -451,7 +435,7 @@ class Job {
   void StartRound(const BroadcastWork& work, absl::string_view what);
   void CheckStuck();
   // Join (job_join.cc). JoinInPlay: an epoch runs or some rank opened one.
-  bool JoinInPlay();
+  bool JoinInPlay() override;
   // Advances the JoinState: polls the ranks, starts / resolves rounds,
   // publishes outcomes. True if something changed.
   bool StepJoin();
@@ -496,7 +480,8 @@ class Job {
   // engine is at its iteration boundary; true if it did. Fails the job and
   // returns false when the switch cannot happen.
   bool TrySwitchPlan();
-  // Completes a pending SwitchPlan with `status` (job failed / stopping).
+  // Completes a pending SwitchPlan with `status` (job failed / stopping;
+  // OK: stopping) and ends the engine's side of it.
   void AbortSwitch(const absl::Status& status);
   // Points bucket_buffers_ at plan_'s buckets in every rank's memory (its
   // device memory for CUDA buckets) and publishes plan_ for Snapshot
@@ -512,8 +497,8 @@ class Job {
   // or round is with the reducer; true if it did.
   bool TryRestartRanks();
   void RestartRankNow(int rank, RankRestartDone done);
-  // Fails the pending rank restarts with `status`.
-  void AbortRankRestarts(const absl::Status& status);
+  // What a rank that is not restarting is told when it attaches as if.
+  absl::Status NotRestarting(int rank) const;
   // Create: every rank's device memory on its GPU, when the job has CUDA
   // parameters (job_device.cc).
   absl::Status AllocateDeviceMemory();
@@ -523,49 +508,43 @@ class Job {
   // the iteration in progress or else the next one, and the collective
   // round in progress or else the next one; `aborted_rank` is the local
   // rank that caused it (-1: a re-formation).
-  struct Abort {
-    uint64_t iteration = 0;  // 0: the plan has no buckets
-    uint64_t round = 0;
-    uint64_t last = 0;            // the rank's next iteration is last + 1
-    uint64_t collective_seq = 0;  // bcast_done_seq after the abort
-  };
+  using Abort = RankRestarts::Aborted;
   Abort AbortInProgress(int aborted_rank);
   // Step 3 for a restarting rank: its rows, join slot and state; restarts++.
   // False (done answered) when r went away meanwhile.
   bool ResetRestartedRank(int rank, const Abort& abort, RankRestartDone* done);
 
-  // job_reformation.cc, engine thread. Advances the re-formation (epoch_,
-  // "Elastic multi-node jobs" above); true while the engine must not
-  // start anything (draining or reforming).
-  bool StepEpoch();
-  // A break seen (`reason`): draining, or the job fails when it cannot
-  // survive one now (EpochState::Unsurvivable).
-  void BeginDraining(std::string reason);
-  void ApplyReformed(absl::StatusOr<ReformationResult> result);
-  // Every reducer hand-over counts itself in in_flight_ until its
-  // completion; a completion with an error in an elastic job notes the
-  // break instead of failing the job (`what` names the work). False: not
-  // elastic, the caller fails the job.
+  // The re-formation driver's JobSide (reformation_driver.h;
+  // job_reformation.cc, job_restart.cc), engine thread.
+  void FailJob(absl::string_view message) override;
+  ReformationRequest ReadControl() override;
+  Abort StartNewGroup(const ReformationResult& result) override;
+  void RankBack(RankRestartInbox::Request request, const Abort& abort,
+                const ReformationResult& result) override;
+  // Every reducer hand-over counts itself in hand_overs_ until its
+  // completion (ReducerWorkDone); a completion with an error in an elastic
+  // job notes the break instead of failing the job (`what` names the
+  // work). False: not elastic, the caller fails the job.
   bool NoteInterNodeError(const absl::Status& status, absl::string_view what);
-  void ReducerWorkDone();
-  // The reducer other threads read through (stats, DescribeDevice); the
-  // engine thread swaps it under reducer_mu_.
-  void ReplaceReducer(std::unique_ptr<BucketReducerInterface> reducer);
+  void ReducerWorkDone() {
+    if (hand_overs_.Done()) doorbell_->Ring();
+  }
   // The live global world size (the spec's until a re-formation).
   int live_world_size() const;
-  void FailPendingRankRestarts(const absl::Status& status);
+  // The ranks' world size now: the live one less this node's ranks gone
+  // or restarting (the rank restart events).
+  int ranks_world_size() const {
+    return live_world_size() - (spec_.local_world_size - live_ranks());
+  }
 
   const JobSpec spec_;
   const ControlLayout layout_;
   // Bucket region of every rank's memory: MaxPlanBytes(params).
   const size_t bucket_region_bytes_;
   // Reset first in ~Job: its completions write into the mappings below.
-  // Replaced (engine thread, under reducer_mu_) by a re-formation; null
-  // while the job re-forms. Other threads read it under reducer_mu_.
-  std::unique_ptr<BucketReducerInterface> reducer_;
-  mutable absl::Mutex reducer_mu_;
-  // The totals of the reducers a re-formation retired.
-  ReducerStats retired_stats_ ABSL_GUARDED_BY(reducer_mu_);
+  // Replaced (engine thread) by a re-formation; null while the job
+  // re-forms (reducer_hand_offs.h).
+  ReducerSlot reducer_;
   size_t rank_bytes_ = 0;
 
   // The job block (sealed read-only for everyone but this mapping), every
@@ -588,15 +567,11 @@ class Job {
   // bcast_areas_[r]: the broadcast area inside rank r's mapping.
   std::vector<void*> bcast_areas_;
 
-  std::unique_ptr<std::atomic<int>[]> rank_state_;
-  // Rank restart: when each local rank started restarting (engine clock;
-  // 0: not restarting), for the rejoin event.
-  std::unique_ptr<std::atomic<int64_t>[]> restart_since_ns_;
+  // Each local rank's state, moved by the manager's thread and the engine
+  // (rank_states.h), and the restarted ranks waiting for the engine.
+  RankStates ranks_;
+  RankRestartInbox restart_inbox_;
   std::atomic<uint64_t> iterations_aborted_{0};
-  std::atomic<bool> rejoin_pending_{false};
-  absl::Mutex restart_mu_;
-  std::vector<std::pair<int, RankRestartDone>> pending_restarts_
-      ABSL_GUARDED_BY(restart_mu_);
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
@@ -619,10 +594,7 @@ class Job {
   std::vector<void*> phantom_areas_;
 
   // A join round's result, from the reducer's completion (any thread).
-  absl::Mutex round_mu_;
-  bool round_done_ ABSL_GUARDED_BY(round_mu_) = false;
-  absl::Status round_status_ ABSL_GUARDED_BY(round_mu_);
-  std::vector<double> round_values_ ABSL_GUARDED_BY(round_mu_);
+  JoinRoundResult round_result_;
   bool hook_resolved_ = false;
   v1::CommHookSpec hook_spec_;  // once resolved
 
@@ -634,13 +606,9 @@ class Job {
   int used_map_bucket_ = -1;
   size_t used_map_offset_ = 0;
 
-  // What Snapshot reads from other threads.
-  mutable absl::Mutex snapshot_mu_;
-  std::shared_ptr<const BucketPlan> published_plan_
-      ABSL_GUARDED_BY(snapshot_mu_);
-  uint64_t unused_iteration_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
-  std::vector<int32_t> unused_params_ ABSL_GUARDED_BY(snapshot_mu_);
-  bool ever_unused_ ABSL_GUARDED_BY(snapshot_mu_) = false;
+  // What Snapshot, ResponseFor and the events read from other threads:
+  // this node's place in the job, the phase, the plan, the used map.
+  PublishedState published_;
   // Events (job_events.h): the timeline ring, the stall inspector and the
   // fan-out to them and spec_.events.
   Timeline timeline_;
@@ -674,53 +642,15 @@ class Job {
   // (PublishError's first-failure-wins check is not atomic).
   absl::Mutex error_mu_;
 
-  // Epochs and re-formation (job_reformation.cc). reformable_: the job survives
-  // node loss and arrival; epoch_: the re-formation's stage, and what the
-  // plain buckets divide by and whether the nodes changed since the job
-  // formed (engine thread).
-  const bool reformable_;
-  EpochState epoch_;
-  // Reducer hand-overs whose completion has not run yet (any thread).
-  std::atomic<int> in_flight_{0};
-  // Set (with network_error_) by a completion that failed, by
-  // RequestReformation and by Reformed; the engine looks at reformation_mu_
-  // only when it is set.
-  std::atomic<bool> network_pending_{false};
-  std::atomic<bool> draining_{false};  // mirrors epoch_.under_way()
-  absl::Mutex reformation_mu_;
-  std::optional<std::string> network_error_ ABSL_GUARDED_BY(reformation_mu_);
-  std::optional<std::string> break_request_ ABSL_GUARDED_BY(reformation_mu_);
-  std::optional<absl::StatusOr<ReformationResult>> reformed_
-      ABSL_GUARDED_BY(reformation_mu_);
-  ReformationHandler reform_handler_;  // set before Start
-  // Engine thread: the rejoins the current re-formation answers.
-  std::vector<std::pair<int, RankRestartDone>> restarts_in_reformation_;
-  // Where this node sits now (ResponseFor, Snapshot read it; the engine
-  // thread writes it on a re-formation).
-  struct LiveLayout {
-    int node_rank = 0;
-    int num_nodes = 1;
-    int world_size = 1;
-    std::vector<std::string> node_ids;
-    std::vector<std::string> lost;        // every node lost so far
-    std::string last_reason;              // of the last re-formation
-    JobPhase phase = JobPhase::kRunning;  // phase_, for Snapshot
-  };
-  mutable absl::Mutex live_mu_;
-  LiveLayout live_ ABSL_GUARDED_BY(live_mu_);
-
-  // Bucket rebuild: 0, or the iteration after which the ranks rebuild.
-  std::atomic<uint64_t> rebuild_after_{0};
-  // Set while switch_ holds a request, so the engine's fast path reads one
-  // atomic.
-  std::atomic<bool> switch_pending_{false};
-  struct PendingSwitch {
-    uint64_t iteration = 0;
-    BucketPlan plan;
-    SwitchDone done;
-  };
-  absl::Mutex switch_mu_;
-  std::optional<PendingSwitch> switch_ ABSL_GUARDED_BY(switch_mu_);
+  // Reducer hand-overs not completed yet (reducer_hand_offs.h).
+  ReducerHandOvers hand_overs_;
+  // Bucket rebuild: the ranks' rebuild expected and the switch waiting
+  // (plan_switch_requests.h).
+  PlanSwitchRequests switch_requests_;
+  // Epochs and re-formation (reformation_driver.h): the stage, what the
+  // plain buckets divide by, whether the nodes changed since the job
+  // formed; what other threads post about the inter-node group.
+  ReformationDriver reformation_;
 };
 
 }  // namespace gradd

@@ -45,7 +45,7 @@ bool Job::ScanBroadcast() {
     }
     if (s == need) {
       ++ready;
-    } else if (s != d && rank_state_[r].load() == kLive) {
+    } else if (s != d && ranks_.live(r)) {
       return FailOnEngine(absl::StatusCode::kFailedPrecondition,
                           absl::StrCat(RankName(r), " published broadcast ", s,
                                        " while broadcast ", need, " is next"));
@@ -223,7 +223,7 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
   work.kind = static_cast<CollectiveKind>(round.kind);
   // Laid out (or divided) over the initial global ranks: wrong once a node
   // was lost or admitted (job_reformation.cc).
-  if (epoch_.membership_changed() &&
+  if (reformation_.epoch().membership_changed() &&
       (work.kind == CollectiveKind::kAllgather ||
        work.kind == CollectiveKind::kReduceScatter ||
        (work.kind == CollectiveKind::kAllreduce &&
@@ -252,7 +252,7 @@ bool Job::StartAreaCollective(uint64_t need, int first, bool join_mode) {
 
 void Job::StartRound(const BroadcastWork& work, absl::string_view what) {
   const uint64_t need = work.seq;
-  in_flight_.fetch_add(1);
+  hand_overs_.Started();
   reducer_->StartBroadcast(work, [this, need, what](absl::Status s) {
     if (!s.ok()) {
       const std::string why = absl::StrCat("job '", spec_.job_id, "' ", what,

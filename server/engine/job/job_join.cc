@@ -4,6 +4,7 @@
 // Engine thread only, except the round completion (any thread), which only
 // fills the round mailbox and rings the engine's doorbell.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -42,7 +43,7 @@ std::vector<JoinRankView> Job::ReadJoinViews(uint64_t next_iteration) {
   for (int r = 0; r < spec_.local_world_size; ++r) {
     const JoinSlot* slot = layout_.join_slot(base, r);
     JoinRankView& v = views[r];
-    v.live = rank_state_[r].load() == kLive;
+    v.live = ranks_.live(r);
     // join: it is published last (release), after begin and flags.
     v.join_seq = slot->join_seq.load(std::memory_order_acquire);
     v.begin = slot->begin.load(std::memory_order_relaxed);
@@ -65,22 +66,16 @@ bool Job::StepJoin() {
   bool progress = false;
 
   if (join_.phase() == JoinState::Phase::kRound) {
-    absl::Status status;
-    std::vector<double> values;
-    {
-      absl::MutexLock lock(&round_mu_);
-      if (!round_done_) return false;
-      round_done_ = false;
-      status = std::move(round_status_);
-      values = std::move(round_values_);
-    }
+    std::optional<JoinRoundResult::Result> round = round_result_.Take();
+    if (!round.has_value()) return false;
+    const absl::Status& status = round->status;
     if (!status.ok()) {
       return FailOnEngine(
           status.code(),
           absl::StrCat("job '", spec_.job_id, "' join round of iteration ",
                        join_.iteration(), ": ", status.message()));
     }
-    absl::StatusOr<JoinState::Outcome> outcome = join_.Resolve(values);
+    absl::StatusOr<JoinState::Outcome> outcome = join_.Resolve(round->values);
     if (!outcome.ok()) {
       return FailOnEngine(outcome.status().code(), outcome.status().message());
     }
@@ -114,18 +109,13 @@ bool Job::StepJoin() {
   JoinRoundWork work;
   work.iteration = join_.iteration();
   work.values = *std::move(round);
-  in_flight_.fetch_add(1);
-  reducer_->StartJoinRound(std::move(work),
-                           [this](absl::Status s, std::vector<double> values) {
-                             {
-                               absl::MutexLock lock(&round_mu_);
-                               round_done_ = true;
-                               round_status_ = std::move(s);
-                               round_values_ = std::move(values);
-                             }
-                             ReducerWorkDone();
-                             doorbell_->Ring();
-                           });
+  hand_overs_.Started();
+  reducer_->StartJoinRound(
+      std::move(work), [this](absl::Status s, std::vector<double> values) {
+        round_result_.Post(std::move(s), std::move(values));
+        ReducerWorkDone();
+        doorbell_->Ring();
+      });
   return true;
 }
 
@@ -159,7 +149,7 @@ void Job::PublishJoinOutcome(const JoinState::Outcome& outcome) {
       work.bytes = outcome.sync_bytes;
       work.rank_areas = &phantom_areas_;
       const uint64_t iteration = outcome.iteration;
-      in_flight_.fetch_add(1);
+      hand_overs_.Started();
       reducer_->StartBroadcast(work, [this, iteration](absl::Status s) {
         if (!s.ok()) {
           PublishFailure(s.code(), absl::StrCat("job '", spec_.job_id,
@@ -230,14 +220,14 @@ bool Job::ScanJoinBuckets() {
 
 void Job::FailGoneInJoin() {
   for (int r = 0; r < spec_.local_world_size; ++r) {
-    const int state = rank_state_[r].load();
-    if (state == kLive) continue;
-    FailOnEngine(
-        absl::StatusCode::kAborted,
-        absl::StrCat(RankName(r),
-                     state == kDetached ? " detached" : " disconnected",
-                     " during join (iteration ", join_.iteration(),
-                     "); the job cannot continue"));
+    const RankStates::State state = ranks_.state(r);
+    if (state == RankStates::kLive) continue;
+    FailOnEngine(absl::StatusCode::kAborted,
+                 absl::StrCat(RankName(r),
+                              state == RankStates::kDetached ? " detached"
+                                                             : " disconnected",
+                              " during join (iteration ", join_.iteration(),
+                              "); the job cannot continue"));
     return;
   }
 }

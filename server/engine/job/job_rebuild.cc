@@ -1,6 +1,7 @@
 // Job's side of a bucket rebuild: switching the engine to a new plan at an
 // iteration boundary (the state machine is drawn in job.h). Which plan, and
 // when every rank and node agrees on it, is engine/job/rebuild.h's business.
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,51 +27,25 @@ void Job::MapBuckets() {
 }
 
 void Job::ExpectRebuild(uint64_t iteration) {
-  rebuild_after_.store(iteration, std::memory_order_release);
-  doorbell_->Ring();  // the engine checks nobody ran ahead
+  switch_requests_.ExpectRebuild(iteration);
 }
 
 void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done) {
-  {
-    absl::MutexLock lock(&switch_mu_);
-    if (switch_.has_value()) {
-      std::move(done)(absl::FailedPreconditionError(absl::StrCat(
-          "job '", spec_.job_id, "' is already switching bucket plans")));
-      return;
-    }
-    switch_ = PendingSwitch{iteration, std::move(plan), std::move(done)};
-    switch_pending_.store(true, std::memory_order_release);
-  }
-  doorbell_->Ring();
+  switch_requests_.Post(iteration, std::move(plan), std::move(done));
 }
 
 void Job::AbortSwitch(const absl::Status& status) {
-  std::optional<PendingSwitch> pending;
-  {
-    absl::MutexLock lock(&switch_mu_);
-    pending.swap(switch_);
-    switch_pending_.store(false, std::memory_order_release);
-  }
+  switch_requests_.Abort(status);
   plan_switch_.End();
-  if (pending.has_value()) {
-    std::move(pending->done)(status.ok() ? absl::CancelledError(absl::StrCat(
-                                               "job '", spec_.job_id,
-                                               "' stopped during a bucket "
-                                               "rebuild"))
-                                         : status);
-  }
 }
 
 bool Job::TrySwitchPlan() {
   void* base = control_.data();
   std::atomic<uint64_t>* done = layout_.done_seq(base);
   const int world = spec_.local_world_size;
-  uint64_t k = 0;
-  {
-    absl::MutexLock lock(&switch_mu_);
-    if (!switch_.has_value()) return false;
-    k = switch_->iteration;
-  }
+  const std::optional<uint64_t> requested = switch_requests_.iteration();
+  if (!requested.has_value()) return false;
+  const uint64_t k = *requested;
   if (plan_switch_.Begin(k)) {
     EnterPhase(Phase::kSwitchingPlan,
                absl::StrCat("bucket rebuild after iteration ", k));
@@ -90,13 +65,7 @@ bool Job::TrySwitchPlan() {
     AbortSwitch(absl::FailedPreconditionError(message));
     return false;
   }
-  PendingSwitch next;
-  {
-    absl::MutexLock lock(&switch_mu_);
-    next = std::move(*switch_);
-    switch_.reset();
-    switch_pending_.store(false, std::memory_order_release);
-  }
+  PlanSwitchRequests::Request next = *switch_requests_.Take();
   plan_switch_.End();
   // CUDA buckets: the new plan lies in the same device memory, allocated
   // for any plan (MaxPlanBytes), so the ranks' mappings stay valid.
@@ -141,7 +110,7 @@ bool Job::TrySwitchPlan() {
       return false;
     }
   }
-  rebuild_after_.store(0, std::memory_order_release);
+  switch_requests_.ClearRebuild();
   EnterPhase(Phase::kRunning,
              absl::StrCat("switched to the rebuilt plan after iteration ", k));
   std::move(next.done)(absl::OkStatus());

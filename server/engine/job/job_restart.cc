@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/job/job.h"
@@ -16,9 +17,7 @@ namespace gradd {
 bool Job::RankRestarting(int rank, absl::string_view reason) {
   RankRestarts::Situation in;
   in.has_grace = spec_.rank_restart_grace.count() > 0;
-  in.plan_switch_in_play =
-      rebuild_after_.load(std::memory_order_acquire) != 0 ||
-      switch_pending_.load(std::memory_order_acquire);
+  in.plan_switch_in_play = switch_requests_.in_play();
   in.failed = header_->status.load(std::memory_order_acquire) != 0;
   // A join (uneven inputs) in play: some rank opened a join the
   // daemon has not finished.
@@ -31,84 +30,48 @@ bool Job::RankRestarting(int rank, absl::string_view reason) {
   }
   if (!RankRestarts::CanWait(in)) return false;
   const int64_t now = EngineNowNs();
-  restart_since_ns_[rank].store(now, std::memory_order_relaxed);
-  int expected = kLive;
-  if (!rank_state_[rank].compare_exchange_strong(expected, kRestarting)) {
-    return false;
-  }
+  if (!ranks_.BeginRestart(rank, now)) return false;
   header_->restarting.fetch_add(1, std::memory_order_acq_rel);
   RankRestartEvent e;
   e.local_rank = rank;
   e.since_ns = now;
   e.at_ns = now;
-  e.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
+  e.world_size = ranks_world_size();
   e.reason = std::string(reason);
   events_.OnRankRestarting(e);
   doorbell_->Ring();  // the engine re-checks who is stuck
   return true;
 }
 
-bool Job::restarting(int rank) const {
-  return rank_state_[rank].load() == kRestarting;
-}
+bool Job::restarting(int rank) const { return ranks_.restarting(rank); }
 
-int Job::restarting_ranks() const {
-  int n = 0;
-  for (int r = 0; r < spec_.local_world_size; ++r) {
-    n += rank_state_[r].load() == kRestarting;
-  }
-  return n;
-}
+int Job::restarting_ranks() const { return ranks_.restarting_count(); }
 
 uint64_t Job::restarts() const {
   return header_->restarts.load(std::memory_order_acquire);
 }
 
 void Job::RestartRank(int rank, RankRestartDone done) {
-  {
-    absl::MutexLock lock(&restart_mu_);
-    pending_restarts_.emplace_back(rank, std::move(done));
-    rejoin_pending_.store(true, std::memory_order_release);
-  }
-  doorbell_->Ring();
-}
-
-void Job::AbortRankRestarts(const absl::Status& status) {
-  std::vector<std::pair<int, RankRestartDone>> batch;
-  {
-    absl::MutexLock lock(&restart_mu_);
-    batch.swap(pending_restarts_);
-    rejoin_pending_.store(false, std::memory_order_release);
-  }
-  for (auto& [rank, done] : batch) std::move(done)(status);
+  restart_inbox_.Post(rank, std::move(done));
 }
 
 bool Job::TryRestartRanks() {
-  if (reformable_) {
+  if (reformation_.enabled()) {
     // Multi-node (job.h "Elastic multi-node jobs"): the rank's return is
     // one re-formation of the job's inter-node group. The draining waits
     // for the quiet point; the rejoin is answered after Reformed.
-    std::vector<std::pair<int, RankRestartDone>> batch;
-    {
-      absl::MutexLock lock(&restart_mu_);
-      batch.swap(pending_restarts_);
-      rejoin_pending_.store(false, std::memory_order_release);
-    }
-    std::string reason;
-    for (auto& [rank, d] : batch) {
-      if (rank_state_[rank].load() != kRestarting) {
-        std::move(d)(absl::FailedPreconditionError(absl::StrCat(
-            RankName(rank), " is not restarting; it cannot rejoin")));
+    std::vector<RankRestartInbox::Request> batch = restart_inbox_.TakeAll();
+    const bool any = !batch.empty();
+    std::vector<RankRestartInbox::Request> returned;
+    for (RankRestartInbox::Request& request : batch) {
+      if (!ranks_.restarting(request.rank)) {
+        std::move(request.done)(NotRestarting(request.rank));
         continue;
       }
-      if (reason.empty())
-        reason = absl::StrCat("local rank ", rank, " restarted");
-      restarts_in_reformation_.emplace_back(rank, std::move(d));
+      returned.push_back(std::move(request));
     }
-    if (!reason.empty() && epoch_.running()) {
-      BeginDraining(std::move(reason));
-    }
-    return !batch.empty();
+    reformation_.RanksReturned(std::move(returned));
+    return any;
   }
   void* base = control_.data();
   std::atomic<uint64_t>* done = layout_.done_seq(base);
@@ -122,13 +85,10 @@ bool Job::TryRestartRanks() {
       header_->bcast_done_seq.load(std::memory_order_acquire)) {
     return false;
   }
-  std::vector<std::pair<int, RankRestartDone>> batch;
-  {
-    absl::MutexLock lock(&restart_mu_);
-    batch.swap(pending_restarts_);
-    rejoin_pending_.store(false, std::memory_order_release);
+  std::vector<RankRestartInbox::Request> batch = restart_inbox_.TakeAll();
+  for (RankRestartInbox::Request& request : batch) {
+    RestartRankNow(request.rank, std::move(request.done));
   }
-  for (auto& [rank, d] : batch) RestartRankNow(rank, std::move(d));
   return !batch.empty();
 }
 
@@ -198,8 +158,7 @@ bool Job::ResetRestartedRank(int rank, const Abort& abort,
   // The dead process may have gone while asleep.
   layout_.rank_header(base, rank)->sleeping.store(0, std::memory_order_relaxed);
 
-  int expected = kRestarting;
-  if (!rank_state_[rank].compare_exchange_strong(expected, kLive)) {
+  if (!ranks_.EndRestart(rank)) {
     // Gone meanwhile (grace over): what was aborted stays aborted.
     WakeClients(layout_, base);
     std::move (*done)(absl::AbortedError(absl::StrCat(
@@ -212,9 +171,8 @@ bool Job::ResetRestartedRank(int rank, const Abort& abort,
 }
 
 void Job::RestartRankNow(int rank, RankRestartDone done) {
-  if (rank_state_[rank].load() != kRestarting) {
-    std::move(done)(absl::FailedPreconditionError(
-        absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin")));
+  if (!ranks_.restarting(rank)) {
+    std::move(done)(NotRestarting(rank));
     return;
   }
   const Abort abort = AbortInProgress(rank);
@@ -226,11 +184,11 @@ void Job::RestartRankNow(int rank, RankRestartDone done) {
   const int64_t now = EngineNowNs();
   RankRestartEvent e;
   e.local_rank = rank;
-  e.since_ns = restart_since_ns_[rank].exchange(0, std::memory_order_relaxed);
+  e.since_ns = ranks_.TakeRestartSince(rank);
   e.at_ns = now;
   e.aborted_iteration = abort.iteration;
   e.aborted_round = abort.round;
-  e.world_size = live_world_size() - (spec_.local_world_size - live_ranks());
+  e.world_size = ranks_world_size();
   events_.OnRankRestarted(e);
   spdlog::info(
       "{}",
@@ -252,6 +210,41 @@ void Job::RestartRankNow(int rank, RankRestartDone done) {
   response.set_collective_seq(abort.collective_seq);
   response.set_sync_seq(sync);
   std::move(done)(std::move(response));
+}
+
+void Job::RankBack(RankRestartInbox::Request request, const Abort& abort,
+                   const ReformationResult& r) {
+  const int rank = request.rank;
+  if (!ranks_.restarting(rank)) {
+    std::move(request.done)(NotRestarting(rank));
+    return;
+  }
+  if (!ResetRestartedRank(rank, abort, &request.done)) return;
+  WakeClients(layout_, control_.data());
+  RankRestartEvent e;
+  e.local_rank = rank;
+  e.since_ns = ranks_.TakeRestartSince(rank);
+  e.at_ns = EngineNowNs();
+  e.aborted_iteration = abort.iteration;
+  e.aborted_round = abort.round;
+  e.world_size = ranks_world_size();
+  e.with_reformation = true;
+  events_.OnRankRestarted(e);
+  spdlog::info(
+      "{} restarted: back with the re-formation; it goes on at iteration "
+      "{} after state sync {}",
+      RankName(rank), abort.last + 1, r.sync_seq);
+  v1::AttachResponse response = ResponseFor(rank);
+  response.set_restarted(true);
+  response.set_next_iteration(abort.last + 1);
+  response.set_collective_seq(abort.collective_seq);
+  response.set_sync_seq(header_->sync_seq.load(std::memory_order_acquire));
+  std::move(request.done)(std::move(response));
+}
+
+absl::Status Job::NotRestarting(int rank) const {
+  return absl::FailedPreconditionError(
+      absl::StrCat(RankName(rank), " is not restarting; it cannot rejoin"));
 }
 
 }  // namespace gradd

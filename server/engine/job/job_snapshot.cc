@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "server/engine/job/job.h"
 
@@ -14,12 +15,14 @@ namespace {
 // is reported by count only beyond it).
 constexpr size_t kMaxUnusedListed = 100000;
 
-bool PlanDiffers(const BucketPlan& a, const BucketPlan& b) {
-  if (a.buckets.size() != b.buckets.size()) return true;
-  for (size_t i = 0; i < a.buckets.size(); ++i) {
-    if (a.buckets[i].params != b.buckets[i].params) return true;
-  }
-  return false;
+BucketSnapshot Describe(const Bucket& bucket) {
+  BucketSnapshot out;
+  out.dtype = bucket.dtype;
+  out.size_bytes = bucket.size_bytes;
+  out.offset = bucket.offset;
+  out.params = bucket.params;
+  out.internal = bucket.internal;
+  return out;
 }
 
 }  // namespace
@@ -62,9 +65,7 @@ void Job::PublishPlan() {
       }
     }
   }
-  auto plan = std::make_shared<const BucketPlan>(plan_);
-  absl::MutexLock lock(&snapshot_mu_);
-  published_plan_ = std::move(plan);
+  published_.PublishPlan(std::make_shared<const BucketPlan>(plan_));
 }
 
 void Job::RecordUsedMap(uint64_t iteration, const float* map) {
@@ -75,27 +76,21 @@ void Job::RecordUsedMap(uint64_t iteration, const float* map) {
       unused.push_back(static_cast<int32_t>(i + 1));
     }
   }
-  absl::MutexLock lock(&snapshot_mu_);
-  if (iteration < unused_iteration_) return;  // completions out of order
-  unused_iteration_ = iteration;
-  ever_unused_ |= !unused.empty();
-  unused_params_ = std::move(unused);
+  published_.RecordUnused(iteration, std::move(unused));
 }
 
 JobSnapshot Job::Snapshot(bool detail) const {
   JobSnapshot s;
   s.job_id = spec_.job_id;
   s.local_world_size = spec_.local_world_size;
-  {
-    absl::MutexLock lock(&live_mu_);
-    s.node_rank = live_.node_rank;
-    s.num_nodes = live_.num_nodes;
-    s.world_size = live_.world_size;
-    s.node_ids = live_.node_ids;
-    s.lost_node_ids = live_.lost;
-    s.last_reformation_reason = live_.last_reason;
-    s.phase = live_.phase;
-  }
+  PublishedState::Layout live = published_.layout();
+  s.node_rank = live.node_rank;
+  s.num_nodes = live.num_nodes;
+  s.world_size = live.world_size;
+  s.node_ids = std::move(live.node_ids);
+  s.lost_node_ids = std::move(live.lost);
+  s.last_reformation_reason = std::move(live.last_reason);
+  s.phase = published_.phase();
   s.initial_num_nodes = spec_.num_nodes;
   s.initial_world_size = spec_.initial_global_world_size();
   s.min_nodes = spec_.min_nodes;
@@ -108,14 +103,14 @@ JobSnapshot Job::Snapshot(bool detail) const {
     RankSnapshot rank;
     rank.local_rank = r;
     rank.global_rank = spec_.global_rank_offset + r;
-    switch (rank_state_[r].load()) {
-      case kLive:
+    switch (ranks_.state(r)) {
+      case RankStates::kLive:
         rank.state = RankSnapshot::State::kLive;
         break;
-      case kDetached:
+      case RankStates::kDetached:
         rank.state = RankSnapshot::State::kDetached;
         break;
-      case kRestarting:
+      case RankStates::kRestarting:
         rank.state = RankSnapshot::State::kRestarting;
         break;
       default:
@@ -123,15 +118,12 @@ JobSnapshot Job::Snapshot(bool detail) const {
     }
     s.ranks.push_back(rank);
   }
-  std::shared_ptr<const BucketPlan> plan;
-  {
-    absl::MutexLock lock(&snapshot_mu_);
-    plan = published_plan_ != nullptr ? published_plan_
-                                      : std::make_shared<const BucketPlan>();
-    s.unused_iteration = unused_iteration_;
-    s.ever_unused = ever_unused_;
-    if (detail) s.unused_params = unused_params_;
-  }
+  std::shared_ptr<const BucketPlan> plan = published_.plan();
+  if (plan == nullptr) plan = std::make_shared<const BucketPlan>();
+  PublishedState::UsedMap used = published_.used_map(detail);
+  s.unused_iteration = used.iteration;
+  s.ever_unused = used.ever_unused;
+  if (detail) s.unused_params = std::move(used.unused);
   const std::atomic<uint64_t>* done = layout_.done_seq(control_.data());
   s.num_buckets = plan->buckets.size();
   s.iteration =
@@ -142,28 +134,16 @@ JobSnapshot Job::Snapshot(bool detail) const {
     s.iteration = std::min(s.iteration, d);
     s.bucket_bytes += bucket.size_bytes;
     if (!detail) continue;
-    BucketSnapshot out;
-    out.dtype = bucket.dtype;
-    out.size_bytes = bucket.size_bytes;
-    out.offset = bucket.offset;
-    out.params = bucket.params;
-    out.internal = bucket.internal;
-    out.done_iteration = d;
-    s.buckets.push_back(std::move(out));
+    s.buckets.push_back(Describe(bucket));
+    s.buckets.back().done_iteration = d;
   }
   if (detail) {
     s.params = spec_.params;
     // spec_.plan is the plan the job formed with; plan_ replaces it in a
     // rebuild.
-    if (!plan->buckets.empty() && PlanDiffers(spec_.plan, *plan)) {
+    if (!plan->buckets.empty() && !PlanSwitch::SameBuckets(spec_.plan, *plan)) {
       for (const Bucket& bucket : spec_.plan.buckets) {
-        BucketSnapshot out;
-        out.dtype = bucket.dtype;
-        out.size_bytes = bucket.size_bytes;
-        out.offset = bucket.offset;
-        out.params = bucket.params;
-        out.internal = bucket.internal;
-        s.initial_buckets.push_back(std::move(out));
+        s.initial_buckets.push_back(Describe(bucket));
       }
     }
   }

@@ -40,4 +40,12 @@ bool PlanSwitch::Fits(const BucketPlan& plan, const Capacity& capacity) {
          plan.device_bytes <= capacity.device_region_bytes;
 }
 
+bool PlanSwitch::SameBuckets(const BucketPlan& a, const BucketPlan& b) {
+  if (a.buckets.size() != b.buckets.size()) return false;
+  for (size_t i = 0; i < a.buckets.size(); ++i) {
+    if (a.buckets[i].params != b.buckets[i].params) return false;
+  }
+  return true;
+}
+
 }  // namespace gradd

@@ -9,7 +9,8 @@
 //                               job fails)
 //
 // Pure logic, owned by the engine thread: no threads, no I/O. The request
-// itself (plan and answer) stays in Job, which other threads leave it in.
+// itself (plan and answer) is what other threads leave in
+// PlanSwitchRequests (plan_switch_requests.h).
 #ifndef GRADD_SERVER_ENGINE_JOB_PLAN_SWITCH_H_
 #define GRADD_SERVER_ENGINE_JOB_PLAN_SWITCH_H_
 
@@ -65,6 +66,8 @@ class PlanSwitch {
     size_t device_region_bytes = 0;
   };
   static bool Fits(const BucketPlan& plan, const Capacity& capacity);
+  // Two plans put the same parameters in the same buckets.
+  static bool SameBuckets(const BucketPlan& a, const BucketPlan& b);
 
  private:
   bool switching_ = false;

@@ -87,5 +87,20 @@ TEST(PlanSwitchTest, Fits) {
   EXPECT_TRUE(PlanSwitch::Fits(plan, {3, 4096, 512}));
 }
 
+TEST(PlanSwitchTest, SameBuckets) {
+  BucketPlan a;
+  a.buckets.resize(2);
+  a.buckets[0].params = {0, 1};
+  a.buckets[1].params = {2};
+  BucketPlan b = a;
+  b.buckets[1].size_bytes = 64;  // only the parameters count
+  EXPECT_TRUE(PlanSwitch::SameBuckets(a, b));
+  b.buckets[1].params = {3};
+  EXPECT_FALSE(PlanSwitch::SameBuckets(a, b));
+  b = a;
+  b.buckets.pop_back();
+  EXPECT_FALSE(PlanSwitch::SameBuckets(a, b));
+}
+
 }  // namespace
 }  // namespace gradd
