@@ -15,14 +15,11 @@
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "server/engine/manager/attach_validation.h"
-#include "server/metrics/daemon_metrics.h"
 #include "tests/unit/engine/manager/job_manager_fixture.h"
 #include "tests/unit/engine/manager/test_rank.h"
 
 namespace gradd {
 namespace {
-
-using ::testing::HasSubstr;
 
 // Two buckets of 1000 floats each.
 const std::vector<TestParam> kModel = {{"a", {1000}, v1::FLOAT32},
@@ -520,35 +517,6 @@ TEST(RankRestartValidation, ConfigBoundsTheGrace) {
       ParseConfigYaml("rank_restart_grace_ms: 5000\n", "<string>");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->rank_restart_grace_ms(), 5000u);
-}
-
-TEST(RankRestartMetrics, RestartsAbortsAndWorldSizeAreExported) {
-  DaemonMetrics metrics;
-  JobInfo info;
-  info.job_id = "r";
-  info.local_world_size = 2;
-  info.world_size = 2;
-  std::unique_ptr<JobEventSinkInterface> sink = metrics.OnJobStarted(info);
-  EXPECT_THAT(metrics.Serialize(),
-              HasSubstr("gradd_job_world_size{job_id=\"r\"} 2"));
-  RankRestartEvent e;
-  e.local_rank = 1;
-  e.world_size = 1;
-  sink->OnRankRestarting(e);
-  EXPECT_THAT(metrics.Serialize(),
-              HasSubstr("gradd_job_world_size{job_id=\"r\"} 1"));
-  e.world_size = 2;
-  e.aborted_iteration = 7;
-  sink->OnRankRestarted(e);
-  e.aborted_iteration = 0;
-  sink->OnRankRestarted(e);
-  const std::string text = metrics.Serialize();
-  EXPECT_THAT(text, HasSubstr("gradd_rank_restarts_total 2"));
-  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
-  EXPECT_THAT(text, HasSubstr("gradd_job_world_size{job_id=\"r\"} 2"));
-  sink.reset();
-  EXPECT_THAT(metrics.Serialize(),
-              ::testing::Not(HasSubstr("gradd_job_world_size{job_id=\"r\"}")));
 }
 
 TEST(RankRestartTimeline, RestartEventsReachTheTimeline) {

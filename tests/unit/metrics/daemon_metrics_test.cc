@@ -445,5 +445,35 @@ TEST(DaemonMetricsTest, EtcdLeaseFollowsItsEvents) {
   EXPECT_THAT(text, Not(HasSubstr("gradd_etcd_lease_info{")));
 }
 
+// Rank restarts (the engine's restart events, engine/observe/job_events.h)
+// counted, and the job's world size following them; the restarts
+// themselves are tests/unit/engine/manager/rank_restart_test.cc.
+TEST(DaemonMetricsTest, RankRestartsAbortsAndWorldSizeAreExported) {
+  DaemonMetrics metrics;
+  JobInfo info = Info("r");
+  info.world_size = 2;
+  std::unique_ptr<JobEventSinkInterface> sink = metrics.OnJobStarted(info);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_world_size{job_id=\"r\"} 2"));
+  RankRestartEvent e;
+  e.local_rank = 1;
+  e.world_size = 1;
+  sink->OnRankRestarting(e);
+  EXPECT_THAT(metrics.Serialize(),
+              HasSubstr("gradd_job_world_size{job_id=\"r\"} 1"));
+  e.world_size = 2;
+  e.aborted_iteration = 7;
+  sink->OnRankRestarted(e);
+  e.aborted_iteration = 0;
+  sink->OnRankRestarted(e);
+  const std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_rank_restarts_total 2"));
+  EXPECT_THAT(text, HasSubstr("gradd_iterations_aborted_total 1"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_world_size{job_id=\"r\"} 2"));
+  sink.reset();
+  EXPECT_THAT(metrics.Serialize(),
+              Not(HasSubstr("gradd_job_world_size{job_id=\"r\"}")));
+}
+
 }  // namespace
 }  // namespace gradd
