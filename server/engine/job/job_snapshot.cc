@@ -15,14 +15,10 @@ namespace {
 // is reported by count only beyond it).
 constexpr size_t kMaxUnusedListed = 100000;
 
-BucketSnapshot Describe(const Bucket& bucket) {
-  BucketSnapshot out;
-  out.dtype = bucket.dtype;
-  out.size_bytes = bucket.size_bytes;
-  out.offset = bucket.offset;
-  out.params = bucket.params;
-  out.internal = bucket.internal;
-  return out;
+// The admin view of `bucket`, done for `done_iteration` (0: not shown).
+BucketSnapshot Describe(const Bucket& bucket, uint64_t done_iteration = 0) {
+  return BucketSnapshot{bucket.dtype,  bucket.size_bytes, bucket.offset,
+                        bucket.params, bucket.internal,   done_iteration};
 }
 
 }  // namespace
@@ -134,8 +130,7 @@ JobSnapshot Job::Snapshot(bool detail) const {
     s.iteration = std::min(s.iteration, d);
     s.bucket_bytes += bucket.size_bytes;
     if (!detail) continue;
-    s.buckets.push_back(Describe(bucket));
-    s.buckets.back().done_iteration = d;
+    s.buckets.push_back(Describe(bucket, d));
   }
   if (detail) {
     s.params = spec_.params;
