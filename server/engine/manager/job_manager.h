@@ -5,7 +5,9 @@
 // Files: the control loop and RPC entry points (job_manager.cc), pending
 // attaches (job_manager_attach.cc; their checks in attach_validation.h),
 // the hand-off to an active job (job_manager_formation.cc; the formation
-// thread's body in form_nodes.h), the admin view (job_manager_snapshot.cc);
+// thread's body in form_nodes.h), node loss and arrival
+// (job_manager_reformation.cc; the watcher thread's body in
+// arrival_watcher.h), the admin view (job_manager_snapshot.cc);
 // the state machines it keeps per job in classes of their own
 // (pending_job.h, rank_restart_deadlines.h, node_epochs.h) and the session
 // bindings (session_bindings.h).

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/engine/manager/arrival_watcher.h"
 #include "server/engine/manager/attach_validation.h"
 #include "server/engine/manager/job_manager.h"
 #include "server/engine/reduce/device_reducer.h"
@@ -22,19 +23,6 @@
 
 namespace gradd {
 namespace {
-
-// How long one WaitForArrival of the watcher blocks (its stop flag is read
-// and this node's beat is sent between calls: reformation.h, Beat), and
-// how long it waits after the store failed.
-constexpr absl::Duration kArrivalPoll = kBeatPeriod;
-constexpr absl::Duration kWatcherRetry = kBeatPeriod;
-// How long one call of the watcher keeps trying an unreachable store (it
-// reconnects after a failure; the stop flag waits at most this long).
-constexpr absl::Duration kWatcherCallTimeout = absl::Seconds(2);
-// On etcd (a store with leases): how often the liveness key is written again
-// (see the watcher) and how long one watch for an arrival lasts.
-constexpr absl::Duration kLeasedRefresh = absl::Seconds(5);
-constexpr absl::Duration kLeasedArrivalPoll = absl::Seconds(1);
 
 std::string NodeList(const std::vector<std::string>& ids) {
   return absl::StrCat("(", absl::StrJoin(ids, ", "), ")");
@@ -90,85 +78,26 @@ void JobManager::MakeReformable(
         });
       });
 
-  // The watcher: nodes asking to be admitted; and this node's liveness in
-  // the job, by which a re-formation tells this node from a dead one
-  // (reformation.h): on the built-in store a beat every kBeatPeriod; on
-  // etcd a key under the daemon's lease, written again every
-  // kLeasedRefresh only so that a lease etcd replaced carries it too
-  // (nobody reads its rate), and deleted when the job ends here (the last
-  // node to leave deletes the job's keys, LeaveJob). It owns its own
-  // connection to the store and stops once the job's ActiveJob is gone.
+  // The watcher (arrival_watcher.h): nodes asking to be admitted, and this
+  // node's liveness in the job. It stops once the job's ActiveJob is gone.
   const JobSpec& spec = active.job->spec();
-  std::thread([mailbox = mailbox_, selector = coordinators_, job_id, generation,
-               coordinator = spec.coordinator,
-               reformation_prefix = spec.reformation_prefix,
-               node_id = members.at(node_rank).node_id,
-               stopped = state->watcher.stopped, next = watch.next_arrival,
-               reformations = watch.reformations]() {
-    std::unique_ptr<RendezvousStoreInterface> client;
-    int64_t broke_for = 0;           // the arrival last broken for
-    uint64_t broke_at = UINT64_MAX;  // ...at this many re-formations
-    absl::Time beat_due = absl::InfinitePast();
-    while (!stopped->load()) {
-      if (client == nullptr) {
-        absl::StatusOr<std::unique_ptr<RendezvousStoreInterface>> c =
-            selector->Connect(coordinator, kWatcherCallTimeout);
-        if (!c.ok()) {
-          absl::SleepFor(kWatcherRetry);
-          continue;
-        }
-        client = *std::move(c);
-        beat_due = absl::InfinitePast();
-      }
-      const bool leased = client->HasLeases();
-      if (absl::Now() >= beat_due) {
-        const absl::Status beat =
-            leased ? MarkAlive(*client, job_id, reformation_prefix, node_id)
-                   : gradd::Beat(*client, job_id, reformation_prefix, node_id);
-        if (!beat.ok()) {
-          client.reset();  // the store is gone: connect again
-          absl::SleepFor(kWatcherRetry);
-          continue;
-        }
-        beat_due = absl::Now() + (leased ? kLeasedRefresh : kBeatPeriod);
-      }
-      const int64_t n = next->load();
-      const uint64_t seen = reformations->load();
-      if (n == broke_for && seen == broke_at) {
-        // Broken for it already; wait for the re-formation to settle it.
-        absl::SleepFor(absl::Milliseconds(100));
-        continue;
-      }
-      // On etcd the wait is a watch: it returns as soon as the arrival is
-      // announced, so a longer one only costs the stop's latency.
-      absl::Status arrived =
-          WaitForArrival(*client, job_id, reformation_prefix, n,
-                         leased ? kLeasedArrivalPoll : kArrivalPoll);
-      if (arrived.ok()) {
-        // The re-formations count now, not before the wait: one that ended
-        // while this thread waited did not see this arrival either, and
-        // counting it would break a second time for the same node.
-        broke_for = n;
-        broke_at = reformations->load();
-        absl::MutexLock lock(&mailbox->mu);
-        if (mailbox->owner == nullptr) return;
-        mailbox->owner->Post([owner = mailbox->owner, job_id, generation, n] {
-          owner->ArrivalSeen(job_id, generation, n);
-        });
-      } else if (!absl::IsDeadlineExceeded(arrived)) {
-        client.reset();  // the store is gone: connect again
-        absl::SleepFor(kWatcherRetry);
-      }
-    }
-    // The job ended here (or the daemon stops).
-    if (client != nullptr) {
-      if (absl::Status left =
-              LeaveJob(*client, job_id, reformation_prefix, node_id);
-          !left.ok()) {
-        spdlog::debug("job '{}': leaving it in {}: {}", job_id,
-                      client->Describe(), left.message());
-      }
-    }
+  ArrivalWatch w;
+  w.selector = coordinators_;
+  w.job_id = job_id;
+  w.coordinator = spec.coordinator;
+  w.reformation_prefix = spec.reformation_prefix;
+  w.node_id = members.at(node_rank).node_id;
+  w.stopped = state->watcher.stopped;
+  w.watch = watch;
+  std::thread([mailbox = mailbox_, w = std::move(w), generation]() {
+    WatchArrivals(w, [&](int64_t n) {
+      absl::MutexLock lock(&mailbox->mu);
+      if (mailbox->owner == nullptr) return false;
+      mailbox->owner->Post([owner = mailbox->owner, job_id = w.job_id,
+                            generation,
+                            n] { owner->ArrivalSeen(job_id, generation, n); });
+      return true;
+    });
   }).detach();
   active.reformable = std::move(state);
 }
