@@ -21,9 +21,6 @@ constexpr size_t kPage = 4096;
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 // How often the engine looks for stalled buckets (when stalls are on).
 constexpr int64_t kStallCheckNs = 50'000'000;
-// Per-rank hand-over times are tracked up to this many bucket x rank
-// entries (8 bytes each).
-constexpr size_t kMaxTrackedReadies = size_t{1} << 20;
 
 StallInspector::Options StallOptions(const JobSpec& spec) {
   StallInspector::Options o;
@@ -173,7 +170,7 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
                                         {}}),
       timeline_(spec_.timeline_events),
       stalls_(StallOptions(spec_)),
-      iterations_(layout_.num_buckets()),
+      traces_(spec_.local_world_size, layout_.num_buckets()),
       switch_requests_(spec_.job_id, [this] { doorbell_->Ring(); }),
       reformation_(ReformationOptions(spec_),
                    ReformationDriver::Parts{this, &reducer_, &hand_overs_,
@@ -433,7 +430,7 @@ bool Job::Scan() {
       }
       if (s == need) {
         ++ready;
-        NoteReady(b, r, need, &now);
+        traces_.NoteReady(b, r, need, &now, EngineNowNs);
       } else if (s != d && ranks_.live(r)) {
         // The protocol allows only "done" (waiting) or "done + 1" (ready).
         return FailOnEngine(
@@ -474,13 +471,7 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.rank_buffers = buffers;
   work.ranks = ranks;
   work.divisor = divisor;
-  BucketTrace& trace = traces_[b];
-  trace.iteration = iteration;
-  trace.first_ready_ns =
-      first_ready_iter_[b] == iteration ? first_ready_ns_[b] : 0;
-  trace.start_ns = EngineNowNs();
-  trace.timing = BucketTiming();
-  work.timing = &trace.timing;
+  work.timing = traces_.Started(b, iteration, EngineNowNs());
   // The reduced used map is read before done_seq hands the bucket back.
   const float* used_map = nullptr;
   if (static_cast<int>(b) == used_map_bucket_ && !buffers->empty()) {
@@ -504,61 +495,10 @@ void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {
     if (!NoteInterNodeError(status, what)) PublishFailure(status.code(), what);
     return;
   }
-  EmitBucket(bucket, iteration);
+  traces_.Emit(bucket, iteration, EngineNowNs(), &events_);
   layout_.done_seq(control_.data())[bucket].store(iteration,
                                                   std::memory_order_release);
   WakeClients(layout_, control_.data());
-}
-
-void Job::NoteReady(size_t b, int r, uint64_t iteration, int64_t* now) {
-  if (first_ready_iter_[b] != iteration) {
-    if (*now == 0) *now = EngineNowNs();
-    first_ready_iter_[b] = iteration;
-    first_ready_ns_[b] = *now;
-  }
-  if (rank_ready_ns_.empty()) return;
-  int64_t& ready = rank_ready_ns_[b * spec_.local_world_size + r];
-  if (ready != 0) return;
-  if (*now == 0) *now = EngineNowNs();
-  ready = *now;
-}
-
-void Job::EmitBucket(int b, uint64_t iteration) {
-  BucketTrace& trace = traces_[b];
-  if (trace.iteration != iteration) return;  // not started by StartBucket
-  BucketEvent e;
-  e.iteration = iteration;
-  e.bucket = b;
-  e.num_buckets = num_buckets_.load(std::memory_order_relaxed);
-  e.bytes = reducer_bytes_[b];
-  e.first_ready_ns = trace.first_ready_ns;
-  e.start_ns = trace.start_ns;
-  e.done_ns = EngineNowNs();
-  e.phases = trace.timing;
-  const size_t world = spec_.local_world_size;
-  int64_t* ready = nullptr;
-  if (!rank_ready_ns_.empty()) {
-    ready = &rank_ready_ns_[b * world];
-    e.rank_ready_ns = absl::MakeConstSpan(ready, world);
-  }
-  events_.OnBucket(e);
-  if (std::optional<IterationEvent> it = iterations_.Add(e)) {
-    events_.OnIteration(*it);
-  }
-  if (ready != nullptr) std::fill(ready, ready + world, 0);
-}
-
-void Job::ResetBucketTracking() {
-  const size_t n = plan_.buckets.size();
-  const size_t world = spec_.local_world_size;
-  traces_.assign(n, BucketTrace());
-  rank_ready_ns_.assign(n * world <= kMaxTrackedReadies ? n * world : 0, 0);
-  first_ready_iter_.assign(n, 0);
-  first_ready_ns_.assign(n, 0);
-  reducer_bytes_.resize(n);
-  for (size_t b = 0; b < n; ++b)
-    reducer_bytes_[b] = plan_.buckets[b].size_bytes;
-  num_buckets_.store(static_cast<int>(n), std::memory_order_relaxed);
 }
 
 void Job::CheckStalls() {
@@ -576,7 +516,7 @@ void Job::CheckStalls() {
       // With the reducer: only the multi-node one can wait (the fused one
       // completes inside Start), on the other nodes.
       if (spec_.num_nodes <= 1) continue;
-      const int64_t since = traces_[b].start_ns;
+      const int64_t since = traces_.started_ns(b);
       if (since == 0 || now - since < threshold) continue;
       BucketWait w;
       w.iteration = started_[b];
@@ -588,14 +528,14 @@ void Job::CheckStalls() {
     }
     // In a join epoch the ranks that joined hand nothing over by design
     // (and the join scan does not note hand-overs).
-    if (join_.active() || first_ready_iter_[b] != d + 1 ||
-        now - first_ready_ns_[b] < threshold) {
+    if (join_.active() || traces_.first_ready_iteration(b) != d + 1 ||
+        now - traces_.first_ready_ns(b) < threshold) {
       continue;
     }
     BucketWait w;
     w.iteration = d + 1;
     w.bucket = static_cast<int>(b);
-    w.since_ns = first_ready_ns_[b];
+    w.since_ns = traces_.first_ready_ns(b);
     for (int r = 0; r < world; ++r) {
       if (layout_.ready_row(base, r)[b].load(std::memory_order_acquire) !=
           d + 1) {

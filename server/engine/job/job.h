@@ -40,9 +40,9 @@
 // records the bucket's phases (BucketWork::timing); the completion emits
 // the bucket's event (to timeline_ and the sinks, e.g. metrics) just
 // before publishing done_seq, so the engine may reuse the bucket's
-// bookkeeping once it sees done. Every few tens of ms the engine thread
-// hands the buckets that wait to stalls_ (stall_inspector.h), which may fail
-// the job past stall_shutdown.
+// bookkeeping (traces_, bucket_traces.h) once it sees done. Every few tens of
+// ms the engine thread hands the buckets that wait to stalls_
+// (stall_inspector.h), which may fail the job past stall_shutdown.
 //
 // Join (uneven inputs): the engine side of join_state.h lives in
 // job_join.cc. While a join epoch runs, buckets start only for the
@@ -110,6 +110,7 @@
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
+#include "server/engine/job/bucket_traces.h"
 #include "server/engine/job/epoch_state.h"
 #include "server/engine/job/job_snapshot.h"
 #include "server/engine/job/join_state.h"
@@ -461,16 +462,9 @@ class Job final : private ReformationDriver::JobSide {
                    const std::vector<void*>* buffers, double divisor,
                    const std::vector<int>* ranks = nullptr);
   void Complete(int bucket, uint64_t iteration, absl::Status status);
-  // Engine thread, in the scan: local rank r has made bucket b ready for
-  // `iteration`; `now` is the scan's clock reading (0: not read yet).
-  void NoteReady(size_t b, int r, uint64_t iteration, int64_t* now);
-  // Completion thread, before done_seq[b] is published: bucket b's events.
-  void EmitBucket(int b, uint64_t iteration);
   // Engine thread, at most every few tens of ms: hands the waiting buckets
   // to the stall inspector; fails the job past stall_shutdown.
   void CheckStalls();
-  // Sizes the per-bucket bookkeeping of the events to plan_.
-  void ResetBucketTracking();
   // Publishes the job's failure in the control block (the first one wins)
   // and reports it. Any thread; the engine thread fails through
   // FailOnEngine, and notices a failure published elsewhere.
@@ -614,29 +608,10 @@ class Job final : private ReformationDriver::JobSide {
   Timeline timeline_;
   StallInspector stalls_;
   JobEventFanOut events_;
-  // Per bucket of plan_, handed between the engine thread (writes until
-  // the bucket starts) and the completion (reads, then clears, before done
-  // is published): when it started, the reducer's phase timing, and when
-  // each local rank was seen handing it over (rank_ready_ns_[b * world +
-  // r]; 0: not yet; empty when plan and world are too large to track).
-  struct BucketTrace {
-    uint64_t iteration = 0;
-    int64_t first_ready_ns = 0;
-    int64_t start_ns = 0;
-    BucketTiming timing;
-  };
-  std::vector<BucketTrace> traces_;
-  std::vector<uint64_t> reducer_bytes_;  // bucket sizes, likewise handed over
-  std::vector<int64_t> rank_ready_ns_;
-  // Engine thread only: the iteration bucket b was first seen ready for by
-  // some rank (first_ready_iter_), and when.
-  std::vector<uint64_t> first_ready_iter_;
-  std::vector<int64_t> first_ready_ns_;
-  // Buckets in plan_, for the completion thread.
-  std::atomic<int> num_buckets_{0};
+  // Per bucket of plan_, what the events say of it (bucket_traces.h),
+  // handed from the engine thread to the bucket's completion.
+  BucketTraces traces_;
   int64_t next_stall_check_ns_ = 0;
-  // Completion thread only.
-  IterationTracker iterations_;
 
   // Serialises failure publication between the engine and manager threads
   // (PublishError's first-failure-wins check is not atomic).

@@ -23,7 +23,7 @@ void Job::MapBuckets() {
     }
   }
   PublishPlan();
-  ResetBucketTracking();
+  traces_.Reset(plan_);
 }
 
 void Job::ExpectRebuild(uint64_t iteration) {

@@ -116,10 +116,9 @@ Job::Abort Job::AbortInProgress(int aborted_rank) {
       if (done_seq[b].load(std::memory_order_acquire) < a.iteration) {
         done_seq[b].store(a.iteration, std::memory_order_release);
       }
-      // The aborted buckets' waits are over (stall inspector, events).
-      first_ready_iter_[b] = 0;
     }
-    std::fill(rank_ready_ns_.begin(), rank_ready_ns_.end(), 0);
+    // The aborted buckets' waits are over (stall inspector, events).
+    traces_.ForgetWaits();
     iterations_aborted_.fetch_add(1, std::memory_order_relaxed);
   }
   a.last = planned.last;
