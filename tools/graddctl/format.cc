@@ -200,6 +200,8 @@ std::string StateName(v1::JobState state) {
   }
 }
 
+namespace {
+
 // The engine's phase as job_snapshot.h's JobPhaseName writes it; empty
 // before the job formed (or from a daemon older than the field).
 std::string PhaseName(v1::JobPhase phase) {
@@ -218,6 +220,15 @@ std::string PhaseName(v1::JobPhase phase) {
       return "";
   }
 }
+
+// The header line names the phase only when it says more than the state:
+// a running job that is draining, re-forming or switching its plan.
+bool PhaseShown(v1::JobPhase phase) {
+  return phase == v1::JOB_PHASE_SWITCHING_PLAN ||
+         phase == v1::JOB_PHASE_DRAINING || phase == v1::JOB_PHASE_REFORMING;
+}
+
+}  // namespace
 
 std::string FormatStatus(const v1::GetStatusResponse& s) {
   const int64_t uptime = s.uptime_ns();
@@ -261,9 +272,9 @@ std::string FormatJob(const v1::JobDetail& d) {
   const v1::JobSummary& s = d.summary();
   std::string out = absl::StrCat(
       "job ", s.job_id(), ": ", StateName(s.state()),
-      PhaseName(s.phase()).empty()
-          ? std::string()
-          : absl::StrCat(" (phase ", PhaseName(s.phase()), ")"),
+      PhaseShown(s.phase())
+          ? absl::StrCat(" (phase ", PhaseName(s.phase()), ")")
+          : std::string(),
       ", iteration ", s.iteration(), ", ", s.live_local_ranks(), "/",
       s.local_world_size(), " local ranks live, node ", s.node_rank(), " of ",
       s.num_nodes(), ", world size ", s.world_size(), "\n");

@@ -338,13 +338,17 @@ TEST(GraddctlFormatTest, JobDetailShowsTheLiveNodes) {
 }
 
 // The engine's phase (admin.proto JobPhase) follows the state in the
-// header line; a daemon older than the field (or a job not formed) sends
-// none and the line says nothing of it.
+// header line when it says more than the state (draining, re-forming,
+// switching plan); running, failed, or none (a daemon older than the field,
+// a job not formed) leave the line as it was.
 TEST(GraddctlFormatTest, JobShowsTheEnginesPhase) {
   v1::JobDetail d;
   v1::JobSummary* s = d.mutable_summary();
   s->set_job_id("p");
   s->set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(FormatJob(d), AllOf(HasSubstr("job p: running, iteration"),
+                                  Not(HasSubstr("phase"))));
+  s->set_phase(v1::JOB_PHASE_RUNNING);
   EXPECT_THAT(FormatJob(d), AllOf(HasSubstr("job p: running, iteration"),
                                   Not(HasSubstr("phase"))));
   s->set_phase(v1::JOB_PHASE_REFORMING);
