@@ -22,30 +22,43 @@
 
 namespace gradd::bench {
 
-void ReadPhaseSplit(const std::vector<std::string>& logs,
-                    const std::string& job_id, SizeResult* r) {
-  const std::string key = absl::StrCat("job '", job_id, "' ended: ");
-  double local = 0, network = 0, write_back = 0;
-  int nodes = 0;
+namespace {
+
+// Calls fn(line, at) for each line of the daemons' logs that contains `key`
+// (at: where it starts).
+template <typename Fn>
+void ForEachLineWith(const std::vector<std::string>& logs,
+                     const std::string& key, Fn fn) {
   for (const std::string& log : logs) {
     std::ifstream in(log);
     std::string line;
     while (std::getline(in, line)) {
       const size_t at = line.find(key);
-      if (at == std::string::npos) continue;
-      double buckets = 0, l = 0, n = 0, w = 0;
-      if (std::sscanf(line.c_str() + at + key.size(),
-                      "%lf buckets reduced; phase split ms: local_reduce=%lf "
-                      "network=%lf write_back=%lf",
-                      &buckets, &l, &n, &w) == 4 &&
-          buckets > 0) {
-        local += l * 1e3 / buckets;
-        network += n * 1e3 / buckets;
-        write_back += w * 1e3 / buckets;
-        ++nodes;
-      }
+      if (at != std::string::npos) fn(line, at);
     }
   }
+}
+
+}  // namespace
+
+void ReadPhaseSplit(const std::vector<std::string>& logs,
+                    const std::string& job_id, SizeResult* r) {
+  const std::string key = absl::StrCat("job '", job_id, "' ended: ");
+  double local = 0, network = 0, write_back = 0;
+  int nodes = 0;
+  ForEachLineWith(logs, key, [&](const std::string& line, size_t at) {
+    double buckets = 0, l = 0, n = 0, w = 0;
+    if (std::sscanf(line.c_str() + at + key.size(),
+                    "%lf buckets reduced; phase split ms: local_reduce=%lf "
+                    "network=%lf write_back=%lf",
+                    &buckets, &l, &n, &w) == 4 &&
+        buckets > 0) {
+      local += l * 1e3 / buckets;
+      network += n * 1e3 / buckets;
+      write_back += w * 1e3 / buckets;
+      ++nodes;
+    }
+  });
   if (nodes == 0) return;
   r->local_reduce_us = local / nodes;
   r->network_us = network / nodes;
@@ -58,40 +71,35 @@ void ReadHookPhases(const std::vector<std::string>& logs, SizeResult* r) {
   const std::string per_run = "ms per run: ";
   std::vector<std::pair<std::string, double>> sum, min;
   int nodes = 0;
-  for (const std::string& log : logs) {
-    std::ifstream in(log);
-    std::string line;
-    while (std::getline(in, line)) {
-      const size_t at = line.find(key);
-      const size_t from = line.find(per_run, at == std::string::npos ? 0 : at);
-      if (at == std::string::npos || from == std::string::npos) continue;
-      // "k=v k=v ... (" up to the parenthesis.
-      const std::string fields = line.substr(
-          from + per_run.size(), line.find(" (", from) - from - per_run.size());
-      std::vector<std::pair<std::string, double>> node;
-      for (absl::string_view f : absl::StrSplit(fields, ' ')) {
-        const size_t eq = f.find('=');
-        double v = 0;
-        if (eq == absl::string_view::npos ||
-            !absl::SimpleAtod(f.substr(eq + 1), &v)) {
-          continue;
-        }
-        node.emplace_back(std::string(f.substr(0, eq)), v);
-      }
-      if (sum.empty()) {
-        sum = node;
-        min = node;
-      } else if (sum.size() == node.size()) {
-        for (size_t k = 0; k < node.size(); ++k) {
-          sum[k].second += node[k].second;
-          min[k].second = std::min(min[k].second, node[k].second);
-        }
-      } else {
+  ForEachLineWith(logs, key, [&](const std::string& line, size_t at) {
+    const size_t from = line.find(per_run, at);
+    if (from == std::string::npos) return;
+    // "k=v k=v ... (" up to the parenthesis.
+    const std::string fields = line.substr(
+        from + per_run.size(), line.find(" (", from) - from - per_run.size());
+    std::vector<std::pair<std::string, double>> node;
+    for (absl::string_view f : absl::StrSplit(fields, ' ')) {
+      const size_t eq = f.find('=');
+      double v = 0;
+      if (eq == absl::string_view::npos ||
+          !absl::SimpleAtod(f.substr(eq + 1), &v)) {
         continue;
       }
-      ++nodes;
+      node.emplace_back(std::string(f.substr(0, eq)), v);
     }
-  }
+    if (sum.empty()) {
+      sum = node;
+      min = node;
+    } else if (sum.size() == node.size()) {
+      for (size_t k = 0; k < node.size(); ++k) {
+        sum[k].second += node[k].second;
+        min[k].second = std::min(min[k].second, node[k].second);
+      }
+    } else {
+      return;
+    }
+    ++nodes;
+  });
   if (nodes == 0) return;
   for (auto& [name, v] : sum) v /= nodes;
   r->hook_ms = std::move(sum);
