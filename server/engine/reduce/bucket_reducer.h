@@ -57,6 +57,10 @@ struct BucketWork {
   size_t count = 0;  // elements
   // Only gradd's own parameters (Bucket::internal): never through a hook.
   bool internal = false;
+  // Scheduling priority, lower first: the smallest parameter index the
+  // bucket holds (parameters are registered in module order, roughly the
+  // order the next forward uses them). The same on every node.
+  int64_t priority = 0;
   // kCuda: rank_buffers are device addresses in the daemon's mapping of
   // each rank's device memory; only a device-capable reducer
   // (device_reducer.h) touches them.
@@ -139,6 +143,14 @@ class BucketReducerInterface {
   // `first_iteration` on the job has `num_buckets` buckets (a bucket
   // rebuild, job.h); per-bucket state of the old plan is dropped.
   virtual void Replan(uint64_t first_iteration, int num_buckets) {}
+  // Engine thread only, before any bucket of `first_iteration` is started
+  // (buckets of earlier iterations may still be with the reducer): from
+  // that iteration on, buckets go to the network in partitions of `bytes`
+  // (0: whole buckets), the unit priority scheduling picks
+  // (hierarchical_reducer.h). Every node of the job must make the same call
+  // for the same iteration (the partition is part of the sequence of
+  // collectives). Reducers that do not partition ignore it.
+  virtual void SetPartitionBytes(uint64_t first_iteration, size_t bytes) {}
   // Engine thread only, before the reducer's first Start: the first
   // iteration it will be given (1 for a new job; the reducer of a re-formed
   // multi-node job starts after the aborted iteration, job.h). Reducers

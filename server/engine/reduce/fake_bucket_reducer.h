@@ -107,6 +107,11 @@ class FakeReductions {
     absl::MutexLock lock(&mu_);
     return replans_;
   }
+  // SetPartitionBytes(first_iteration, bytes) calls, in order.
+  std::vector<std::pair<uint64_t, size_t>> partitions() {
+    absl::MutexLock lock(&mu_);
+    return partitions_;
+  }
   // AgreeCommHook's descriptions, in order.
   std::vector<std::string> agreed_hooks() {
     absl::MutexLock lock(&mu_);
@@ -130,6 +135,7 @@ class FakeReductions {
   std::vector<Work> started_ ABSL_GUARDED_BY(mu_);
   size_t taken_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<uint64_t, int>> replans_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, size_t>> partitions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> agreed_ ABSL_GUARDED_BY(mu_);
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -183,6 +189,10 @@ class FakeBucketReducer final : public BucketReducerInterface {
   void Replan(uint64_t first_iteration, int num_buckets) override {
     absl::MutexLock lock(&log_->mu_);
     log_->replans_.push_back({first_iteration, num_buckets});
+  }
+  void SetPartitionBytes(uint64_t first_iteration, size_t bytes) override {
+    absl::MutexLock lock(&log_->mu_);
+    log_->partitions_.push_back({first_iteration, bytes});
   }
   absl::Status AgreeCommHook(const std::string& description) override {
     absl::MutexLock lock(&log_->mu_);

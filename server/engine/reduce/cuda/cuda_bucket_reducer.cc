@@ -452,6 +452,12 @@ void CudaBucketReducer::StartAt(uint64_t first_iteration) {
   host_->StartAt(first_iteration);
 }
 
+void CudaBucketReducer::SetPartitionBytes(uint64_t first_iteration,
+                                          size_t bytes) {
+  absl::MutexLock lock(&host_mu_);
+  host_->SetPartitionBytes(first_iteration, bytes);
+}
+
 void CudaBucketReducer::Replan(uint64_t first_iteration, int num_buckets) {
   // A failed drain breaks the staging: every later staged bucket fails
   // with this error (and with it the job), named.

@@ -130,6 +130,8 @@ class CudaBucketReducer final : public BucketReducerInterface,
   // The host reducer's order starts there too. (Re-formation of a job
   // with CUDA buckets has not run on a GPU.)
   void StartAt(uint64_t first_iteration) override;
+  // Passed to the host reducer (the staged buckets' network partitions).
+  void SetPartitionBytes(uint64_t first_iteration, size_t bytes) override;
   [[nodiscard]] absl::Status SetCommHook(
       std::unique_ptr<CommHookInterface> hook) override;
   [[nodiscard]] absl::Status AgreeCommHook(
