@@ -354,6 +354,18 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "bucket_done",
           [](PyClient& c, int b) {
+      .def(
+          "wait_bucket",
+          [](PyClient& c, int b, uintptr_t stream) {
+            c.CheckBucket(b);
+            c.WaitBucket(b, stream);
+          },
+          py::arg("bucket"), py::arg("stream") = 0,
+          "Blocks (GIL released) until bucket `bucket` of the iteration "
+          "holds the average over all ranks, without ending the iteration "
+          "(wait_all does, at once when every bucket was waited for). Every "
+          "parameter of the bucket must have been marked. CUDA buckets: "
+          "`stream` then waits (on the GPU) for the daemon's reduction.")
             c.CheckBucket(b);
             return c.client().BucketDone(b);
           },

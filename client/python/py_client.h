@@ -109,6 +109,18 @@ class PyClient {
     Check(s);
   }
 
+  // Client::WaitBucketOn (GIL released); the bucket index checked by the
+  // caller (CheckBucket).
+  void WaitBucket(int bucket, uintptr_t stream) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(call_mu_);
+      s = client_->WaitBucketOn(bucket, reinterpret_cast<void*>(stream));
+    }
+    Check(s);
+  }
+
   // collective_bindings.cc. Arrays are taken as they are (no conversion: an
   // in-place result must land in the caller's array): C-contiguous, native
   // byte order, float32/float64/float16, int32/int64/uint8/int8, or

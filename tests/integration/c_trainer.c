@@ -156,6 +156,11 @@ static int Train(const char* socket, const char* job, int rank, int world,
         return 1;
       }
     }
+    if (it == 0 && gradd_wait_bucket(c, 0) != GRADD_FAILED_PRECONDITION) {
+      /* Nothing of bucket 0 is marked yet. */
+      printf("FAIL: wait_bucket before any mark did not fail\n");
+      return 1;
+    }
     for (int p = 2; p >= 0; --p) {
       void* g = gradd_gradient(c, p);
       int is_double = params[p].dtype == GRADD_FLOAT64;
@@ -169,6 +174,27 @@ static int Train(const char* socket, const char* job, int rank, int world,
       }
       if (gradd_mark_ready(c, p) != GRADD_OK) {
         printf("FAIL mark_ready: %s\n", gradd_last_error());
+        return 1;
+      }
+    }
+    if (it % 2 == 1) {
+      /* Every other iteration: bucket by bucket (last first, then again),
+       * then the iteration's end. */
+      const int buckets = gradd_num_buckets(c);
+      if (gradd_wait_bucket(c, buckets) != GRADD_OUT_OF_RANGE ||
+          gradd_wait_bucket(c, -1) != GRADD_OUT_OF_RANGE) {
+        printf("FAIL: wait_bucket out of range did not say so\n");
+        return 1;
+      }
+      for (int b = buckets - 1; b >= 0; --b) {
+        if (gradd_wait_bucket(c, b) != GRADD_OK ||
+            gradd_wait_bucket(c, b) != GRADD_OK) {
+          printf("FAIL wait_bucket(%d): %s\n", b, gradd_last_error());
+          return 1;
+        }
+      }
+      if (gradd_iteration(c) != t) {
+        printf("FAIL: wait_bucket ended iteration %llu\n", t);
         return 1;
       }
     }
@@ -196,6 +222,10 @@ static int Train(const char* socket, const char* job, int rank, int world,
   }
   if (gradd_wait_all(c) != GRADD_FAILED_PRECONDITION) {
     printf("FAIL: wait_all after detach did not fail\n");
+    return 1;
+  }
+  if (gradd_wait_bucket(c, 0) != GRADD_FAILED_PRECONDITION) {
+    printf("FAIL: wait_bucket after detach did not fail\n");
     return 1;
   }
   printf("PASS iterations=%d rank=%d world=%d\n", iterations, gradd_rank(c),

@@ -135,3 +135,63 @@ def test_peer_leaving_is_an_error_not_a_hang(daemon, job_id):
     waited, err = run_ranks(2, rank_fn)[0]
     assert waited < 10
     assert "rank 1" in str(err) and job_id in str(err)
+
+
+def test_wait_bucket(daemon, job_id):
+    """wait_bucket returns with one bucket's average, the iteration still
+    open; wait_all then ends it at once. Errors as wait_all's."""
+
+    def rank_fn(rank):
+        c = gradd.attach(PARAMS, socket=daemon.socket, job_id=job_id, local_rank=rank,
+                         local_world_size=2, bucket_cap_mb=0.005, first_bucket_cap_mb=0.005)
+        nb = c.num_buckets
+        assert nb > 1
+        with pytest.raises(IndexError):
+            c.wait_bucket(nb)
+        with pytest.raises(gradd.GraddError) as e:
+            c.wait_bucket(0)  # nothing marked yet
+        assert e.value.code == "FAILED_PRECONDITION" and "bucket" in str(e.value)
+        seen = []
+        for it in range(3):
+            for i in reversed(range(c.num_params)):
+                c.gradient(i)[...] = (rank + 1) * (i + 1) + it
+                c.mark_ready(i)
+            got = {}
+            for b in reversed(range(nb)):  # the first layers' bucket first
+                c.wait_bucket(b)
+                assert c.bucket_done(b) and c.iteration == it + 1
+                got.update({i: c.gradient(i).astype(np.float64).copy()
+                            for i in c.bucket(b)["params"]})
+                c.wait_bucket(b)  # again: at once
+            c.wait_all()
+            assert c.iteration == it + 2
+            seen.append(got)
+        c.detach()
+        with pytest.raises(gradd.GraddError):
+            c.wait_bucket(0)
+        return seen
+
+    for seen in run_ranks(2, rank_fn):
+        for it, got in enumerate(seen):
+            assert sorted(got) == [0, 1, 2, 3]
+            for i, g in got.items():
+                np.testing.assert_allclose(g, (1 + 2) * (i + 1) / 2 + it, rtol=1e-3)
+
+
+def test_wait_bucket_peer_leaving_is_an_error_not_a_hang(daemon, job_id):
+    def rank_fn(rank):
+        c = gradd.attach([("w", (100,), "float32")], socket=daemon.socket, job_id=job_id,
+                         local_rank=rank, local_world_size=2)
+        if rank == 1:
+            time.sleep(0.3)
+            c.detach()
+            return None
+        c.mark_ready(0)
+        start = time.monotonic()
+        with pytest.raises(gradd.GraddError) as e:
+            c.wait_bucket(0)
+        return time.monotonic() - start, e.value
+
+    waited, err = run_ranks(2, rank_fn)[0]
+    assert waited < 10
+    assert "rank 1" in str(err) and job_id in str(err)

@@ -284,6 +284,24 @@ class Client {
   // with the same size. Data larger than the area (the larger of
   // broadcast_bytes and collective_bytes) goes in several rounds.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  // Blocks until bucket `bucket` of the current iteration is averaged (its
+  // parameters' gradients may be read), without ending the iteration: the
+  // iteration ends with WaitAll, which is cheap once every bucket has been
+  // waited for. Lets a trainer use the first buckets' results (e.g. step
+  // their parameters and start the next forward on them) while later ones
+  // are still on the wire. Every parameter of the bucket must have been
+  // marked this iteration (else FAILED_PRECONDITION naming the bucket);
+  // OUT_OF_RANGE for an unknown bucket. Otherwise the same errors as
+  // WaitAll: the job's failure, a daemon gone or stopped, wait_timeout, and
+  // an iteration aborted by a rank restart (IsIterationAborted; the
+  // iteration is then over, as after WaitAll). Waiting again for a bucket
+  // already done returns at once.
+  virtual absl::Status WaitBucket(int bucket) {
+    return WaitBucketOn(bucket, nullptr);
+  }
+  // WaitBucket, and then makes `cuda_stream` wait (on the GPU) for the
+  // daemon's reduction of the bucket when it is a CUDA bucket.
+  virtual absl::Status WaitBucketOn(int bucket, void* cuda_stream);
 
   // Uneven inputs, as DDP's join(): every rank calls JoinEnter before the
   // same iteration with the same options; then each iteration a rank either

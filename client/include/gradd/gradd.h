@@ -195,6 +195,18 @@ int gradd_wait_all(gradd_client* client);
 int gradd_mark_ready_on_stream(gradd_client* client, int param,
                                void* cuda_stream);
 int gradd_wait_all_on_stream(gradd_client* client, void* cuda_stream);
+/* Blocks until bucket `bucket` (0 .. gradd_num_buckets - 1) of the
+ * current iteration is averaged, without ending the iteration (that is
+ * gradd_wait_all, cheap once every bucket was waited for): a trainer may
+ * use the first buckets' gradients while later ones are still reduced.
+ * Every parameter of the bucket must have been marked this iteration
+ * (else GRADD_FAILED_PRECONDITION); GRADD_OUT_OF_RANGE for an unknown
+ * bucket; otherwise gradd_wait_all's errors (gradd::Client::WaitBucket).
+ * The _on_stream form also makes `cuda_stream` wait for a CUDA bucket's
+ * reduction. */
+int gradd_wait_bucket(gradd_client* client, int bucket);
+int gradd_wait_bucket_on_stream(gradd_client* client, int bucket,
+                                void* cuda_stream);
 /* GRADD_DEVICE_CUDA when gradd_gradient(param) is device memory. */
 int gradd_gradient_device(const gradd_client* client, int param);
 

@@ -216,6 +216,17 @@ int gradd_wait_all_on_stream(gradd_client* client, void* cuda_stream) {
   return Report(client->impl->WaitAllOn(cuda_stream));
 }
 
+int gradd_wait_bucket(gradd_client* client, int bucket) {
+  if (client == nullptr) return NullClient("gradd_wait_bucket");
+  return Report(client->impl->WaitBucket(bucket));
+}
+
+int gradd_wait_bucket_on_stream(gradd_client* client, int bucket,
+                                void* cuda_stream) {
+  if (client == nullptr) return NullClient("gradd_wait_bucket_on_stream");
+  return Report(client->impl->WaitBucketOn(bucket, cuda_stream));
+}
+
 int gradd_gradient_device(const gradd_client* client, int param) {
   return client == nullptr ? GRADD_DEVICE_CPU
                            : client->impl->gradient_device(param);

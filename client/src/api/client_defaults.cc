@@ -8,6 +8,11 @@ absl::Status Client::MarkReadyOn(int param, void*) { return MarkReady(param); }
 
 absl::Status Client::WaitAllOn(void*) { return WaitAll(); }
 
+// Clients without per-bucket waits (test fakes).
+absl::Status Client::WaitBucketOn(int, void*) {
+  return absl::UnimplementedError("WaitBucket is not supported by this client");
+}
+
 }  // namespace gradd
 
 namespace gradd {

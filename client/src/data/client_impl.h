@@ -26,6 +26,7 @@
 //                          area (area_collectives.h splits calls into rounds)
 //   client_rebuild.cc      RebuildBuckets: plan/'s rebuild applied to this
 //                          client's views and gradients
+//   client_wait_bucket.cc  WaitBucketOn: one bucket of the iteration
 //   here                   Wait, a template over the caller's predicate
 // Join (join/), the plan's checks, the rebuild RPC and the moves (plan/)
 // and the CUDA memory (device/) are components of their own that ClientImpl
@@ -144,6 +145,8 @@ class ClientImpl final : public Client {
     device_ = std::move(device);
   }
   bool BucketDone(int bucket) const override;
+  // client_wait_bucket.cc.
+  absl::Status WaitBucketOn(int bucket, void* cuda_stream) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   // Collectives (collectives.h): area_collectives.h splits them into
   // rounds on the collective area.

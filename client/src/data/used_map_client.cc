@@ -130,6 +130,9 @@ class UsedMapClient final : public Client {
   bool BucketDone(int bucket) const override {
     return inner_->BucketDone(bucket);
   }
+  absl::Status WaitBucketOn(int bucket, void* cuda_stream) override {
+    return inner_->WaitBucketOn(bucket, cuda_stream);
+  }
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
     return inner_->Broadcast(data, bytes, root);
   }
