@@ -147,6 +147,9 @@ class Reducer:
         # restart ends backward() normally (the wrapper's step() skips it)
         # instead of raising IterationAbortedError out of it.
         self.abort_quietly = False
+        # Forward overlap (gradd/_overlap.py): set, the end of backward hands
+        # the waits to it (the next forward waits bucket by bucket).
+        self.overlap = None
         # Sparse parameters (gradd/_sparse.py): reduced after the dense
         # buckets of every synced backward, outside the bucket machinery.
         self.sparse = sparse
@@ -256,6 +259,9 @@ class Reducer:
                 self.queue_finish()
                 self._sparse_fired = True
             return
+        overlap = self.overlap
+        if overlap is not None and overlap.pending:
+            overlap.finish()  # any backward needs the finished iteration
         if not self.expect_hooks or self.client is None:
             # No DDP forward with sync before this backward: purely local.
             if self.find_unused_parameters and self.params[i].grad is not None:
@@ -401,6 +407,9 @@ class Reducer:
                     self._hand_over(i)  # used locally: counts, contributes
                 else:
                     self._mark_unused(i)
+        if self.overlap is not None:
+            self._hand_waits_to_overlap(t_compute_end)
+            return
         try:
             self._call(self.comm.wait_all, _cuda.stream_handle(self.device))
         except IterationAbortedError:
@@ -435,6 +444,27 @@ class Reducer:
         self._used_since_sync = [False] * n
         self.expect_hooks = False
         self.iterations_done += 1
+        if self._done is not None:
+            self._done()
+
+    def _hand_waits_to_overlap(self, t_compute_end: int) -> None:
+        """Forward overlap: every bucket is handed over; the iteration ends
+        in the next forward (gradd/_overlap.py), which then calls
+        complete_overlapped. Without find_unused_parameters / static_graph
+        (refused with overlap) every parameter ends with the average."""
+        for i in self._unused:
+            self.params[i].grad = self.views[i]
+        self.unused_parameter_size = 0
+        self.last["ready_order"] = tuple(self._ready_order)
+        self._reset()
+        self._used_since_sync = [False] * len(self.params)
+        self.expect_hooks = False
+        self.iterations_done += 1
+        self.overlap.begin(t_compute_end)
+
+    def complete_overlapped(self, t_compute_end: int, t_done: int) -> None:
+        """The overlapped iteration's buckets are all averaged."""
+        self._record_times(t_compute_end, t_done)
         if self._done is not None:
             self._done()
 

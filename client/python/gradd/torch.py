@@ -37,7 +37,6 @@ them reads the DDP's attributes.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
@@ -54,7 +53,7 @@ from torch.distributed.algorithms.join import _JoinConfig
 
 import gradd._C as _C
 from gradd import _attach, _comm_hooks, _cuda, _ddp_logging, _deprecation, _params, _rebuild
-from gradd import _restart
+from gradd import _overlap, _restart
 from gradd import _state_sync, _world
 from gradd import _join  # join() for uneven inputs
 from gradd import distributed as _distributed  # noqa: F401  (registers torch.distributed's backend "gradd"; off without gradd._c10d)
@@ -88,7 +87,8 @@ def _restart_property(name: str, default, doc: str) -> property:
     return property(get, doc=doc)
 
 
-class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassAPI):
+class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joinable,
+                              _torch_compat.DDPClassAPI):
     """Data parallelism through the node's gradd daemon.
 
     Takes torch DDP's constructor arguments (torch 1.13's and 2.6's, see
@@ -256,6 +256,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
         self._sparse_params: List[torch.nn.Parameter] = [p for _, p in sparse_named]
         # What torch's Logger keeps (_get_ddp_logging_data()).
         self._logging = _ddp_logging.RuntimeLog(self._params)
+        self._overlap = None  # _register_fused_optim(overlap_forward=True)
         # Rank restart (a grace > 0) and node loss (min_nodes > 0) need an
         # explicit job id (_restart.py).
         _restart.check_settings(rank_restart_grace_ms, min_nodes, job_id, process_group)
@@ -362,7 +363,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
     # process) are not kept, as torch keeps no comm hook.
     _NOT_PICKLED = (
         "_client", "_reducer", "process_group", "_failure", "_restart", "_comm_hooks",
-        "_in_backward_params", "_world", "_rebuild", "_hooks", "_uneven_inputs",
+        "_in_backward_params", "_world", "_rebuild", "_hooks", "_uneven_inputs", "_overlap",
     )
 
     def __getstate__(self):
@@ -387,7 +388,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
         self.__dict__.update(_comm_hooks=[], _lazy_init_ran=False, _in_backward_params=[])
         _deprecation.migrate_pickled(self.__dict__)
         self._client = None
-        self._reducer = None
+        self._reducer = self._overlap = None
+        self._finish_overlap()
         self._hooks = _comm_hooks.CommHooks(None, None)  # says "detached"
         self._failure = None
         self._logging.error = None
@@ -572,6 +574,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
         if torch.is_grad_enabled() and not self._reducer.backward_in_progress:
             if self._rebuild.maybe_rebuild(find_unused_parameters=self.find_unused_parameters,
                                            static_graph=self.static_graph):
+        overlap = self._overlap  # forward overlap (gradd/_overlap.py)
+        if overlap is not None:
+            overlap.before_forward(join=self._join_config.enable, rebuild=self._rebuild)
                 self._has_rebuilt_buckets = True
         sync_buffers = (self.require_forward_param_sync and self.broadcast_buffers
                         and self.world_size > 1)
@@ -603,18 +608,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
             self.require_forward_param_sync = False
         return output
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Inside, forward+backward accumulate gradients locally without
-        talking to the daemon; the first synced backward after it averages
-        the accumulated gradients."""
-        old = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = old
-
     # ------------------------------------------------------- comm hooks
     def register_comm_hook(self, state, hook):
         """Any hook torch accepts: torch's allreduce, fp16/bf16 and PowerSGD
@@ -626,14 +619,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
 
     def _register_builtin_comm_hook(self, comm_hook_type):
         self._hooks.register_builtin(comm_hook_type)
-
-    def _register_fused_optim(self, optim, *args, optim_params=None, **kwargs):
-        """torch's optimizer overlap: the optimizer steps each bucket's
-        parameters as soon as its allreduce is done (a hook that runs in the
-        trainer; built by gradd because torch 1.13's own path imports FSDP,
-        which fails on Python 3.11)."""
-        hook = _comm_hooks.fused_optim_hook(optim, *args, optim_params=optim_params, **kwargs)
-        self.register_comm_hook(None, hook)
 
     # ------------------------------------------------------------- join
     # Uneven inputs: the daemon fills in for ranks that ran out of inputs
@@ -659,6 +644,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
     @property
     def join_process_group(self):
         return _join.non_member_group()
+        self._finish_overlap()
 
     def _finish_join(self) -> None:
         """This rank ran out of inputs (the join hook's post hook): wait for
@@ -680,6 +666,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
         reducer = self._reducer  # None in an unpickled copy before its first forward
         if reducer is not None and (reducer.iterations_done > 0 or reducer.backward_in_progress):
             self._log_and_throw(RuntimeError, f"{_reducer.STATIC_GRAPH_TOO_LATE} ({reducer.who})")
+        self._finish_overlap()
         self.static_graph = True
         if reducer is not None:
             reducer.static_graph = True
@@ -696,6 +683,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
 
     def _set_ddp_sink_clone(self, val: bool) -> None:
         """torch 2.x's switch; gradd's sink always clones the outputs
+        _overlap.refuse_static_graph(self.__dict__.get("_overlap"))
         (in-place changes of the loss stay allowed), so only recorded."""
         self._ddp_sink_clone = bool(val)
 
@@ -727,6 +715,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable, _torch_compat.DDPClassA
         try:
             self.shutdown()
         except Exception:  # never raise from a finaliser
+        self._finish_overlap(quietly=True)
             pass
 
     # ------------------------------------------------------------ internals
