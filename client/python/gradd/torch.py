@@ -247,6 +247,7 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         self._failure: Optional[BaseException] = None
         self._client = None
         self._reducer: Optional[Reducer] = None
+        self._overlap = None  # _register_fused_optim(overlap_forward=True)
         # Bucket rebuild after the first iteration (gradd/_rebuild.py).
         self._rebuild_buckets_enabled = bool(rebuild_buckets)
         self._has_rebuilt_buckets = False
@@ -256,7 +257,6 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         self._sparse_params: List[torch.nn.Parameter] = [p for _, p in sparse_named]
         # What torch's Logger keeps (_get_ddp_logging_data()).
         self._logging = _ddp_logging.RuntimeLog(self._params)
-        self._overlap = None  # _register_fused_optim(overlap_forward=True)
         # Rank restart (a grace > 0) and node loss (min_nodes > 0) need an
         # explicit job id (_restart.py).
         _restart.check_settings(rank_restart_grace_ms, min_nodes, job_id, process_group)
@@ -375,6 +375,7 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
                 "not passed process_group argument to DDP constructor "
                 f"(gradd job '{self.job_id}' runs on a subgroup)",
             )
+        self._finish_overlap()
         attrs = dict(self.__dict__)
         for key in self._NOT_PICKLED:
             attrs.pop(key, None)
@@ -389,7 +390,6 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         _deprecation.migrate_pickled(self.__dict__)
         self._client = None
         self._reducer = self._overlap = None
-        self._finish_overlap()
         self._hooks = _comm_hooks.CommHooks(None, None)  # says "detached"
         self._failure = None
         self._logging.error = None
@@ -560,6 +560,9 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
             )
         # Rank restart: the state sync, before anything else collective.
         self._restart.sync_state(self._client)
+        overlap = self._overlap  # forward overlap (gradd/_overlap.py)
+        if overlap is not None:
+            overlap.before_forward(join=self._join_config.enable, rebuild=self._rebuild)
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if grad_sync:
             if self._reducer.backward_in_progress:
@@ -574,9 +577,6 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         if torch.is_grad_enabled() and not self._reducer.backward_in_progress:
             if self._rebuild.maybe_rebuild(find_unused_parameters=self.find_unused_parameters,
                                            static_graph=self.static_graph):
-        overlap = self._overlap  # forward overlap (gradd/_overlap.py)
-        if overlap is not None:
-            overlap.before_forward(join=self._join_config.enable, rebuild=self._rebuild)
                 self._has_rebuilt_buckets = True
         sync_buffers = (self.require_forward_param_sync and self.broadcast_buffers
                         and self.world_size > 1)
@@ -600,6 +600,8 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         t0 = time.monotonic_ns()
         with _torch_compat.inside_ddp_forward(self):  # torch.compile's DDPOptimizer
             output = self.module(*inputs, **kwargs)
+        if overlap is not None:
+            overlap.finish()  # the buckets no submodule waited for
         if grad_sync:
             self.require_forward_param_sync = True
             self._reducer.prepare_for_backward(t0)
@@ -628,6 +630,7 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
              throw_on_early_termination: bool = False):
         # CUDA modules too: the daemon stages join iterations' buckets
         # through host memory (server/engine/reduce/host_staging.h).
+        self._finish_overlap()
         return _join.GraddJoin([self], enable, throw_on_early_termination,
                                divide_by_initial_world_size=divide_by_initial_world_size)
 
@@ -644,12 +647,12 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
     @property
     def join_process_group(self):
         return _join.non_member_group()
-        self._finish_overlap()
 
     def _finish_join(self) -> None:
         """This rank ran out of inputs (the join hook's post hook): wait for
         every rank, then copy the authoritative rank's model (torch's
         ``_authoritative_rank``, which torch's tests read)."""
+        self._finish_overlap()
         uneven = self._uneven_inputs
         self._authoritative_rank = uneven.finish(
             self._join_config, divide_by_initial_world_size=self._divide_by_initial_world_size)
@@ -666,7 +669,7 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         reducer = self._reducer  # None in an unpickled copy before its first forward
         if reducer is not None and (reducer.iterations_done > 0 or reducer.backward_in_progress):
             self._log_and_throw(RuntimeError, f"{_reducer.STATIC_GRAPH_TOO_LATE} ({reducer.who})")
-        self._finish_overlap()
+        _overlap.refuse_static_graph(self.__dict__.get("_overlap"))
         self.static_graph = True
         if reducer is not None:
             reducer.static_graph = True
@@ -683,7 +686,6 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
 
     def _set_ddp_sink_clone(self, val: bool) -> None:
         """torch 2.x's switch; gradd's sink always clones the outputs
-        _overlap.refuse_static_graph(self.__dict__.get("_overlap"))
         (in-place changes of the loss stay allowed), so only recorded."""
         self._ddp_sink_clone = bool(val)
 
@@ -699,6 +701,7 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
     def shutdown(self) -> None:
         """Detaches from the daemon. Gradients stay readable (the memory stays
         mapped while views exist) but are no longer averaged."""
+        self._finish_overlap(quietly=True)
         client, self._client = self.__dict__.get("_client"), None
         hooks = self.__dict__.get("_hooks")
         if hooks is not None:
@@ -715,7 +718,6 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         try:
             self.shutdown()
         except Exception:  # never raise from a finaliser
-        self._finish_overlap(quietly=True)
             pass
 
     # ------------------------------------------------------------ internals
