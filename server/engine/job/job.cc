@@ -484,6 +484,12 @@ void Job::StartBucket(size_t b, uint64_t iteration,
     Complete(static_cast<int>(b), iteration, std::move(s));
     ReducerWorkDone();
   });
+  // What the next forward needs first goes first (priority scheduling):
+  // the bucket's smallest parameter index (registration order).
+  work.priority = bucket.params.empty()
+                      ? 0
+                      : *std::min_element(bucket.params.begin(),
+                                          bucket.params.end());
 }
 
 void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {

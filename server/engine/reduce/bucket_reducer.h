@@ -48,6 +48,11 @@ struct ReducerStats {
   uint64_t local_reduce_ns = 0;
   uint64_t network_ns = 0;
   uint64_t write_back_ns = 0;
+  // Priority scheduling (hierarchical_reducer.h): the small allreduces
+  // through which the nodes agreed on which buckets were ready, and the
+  // buckets that went to the network before a bucket earlier in plan order.
+  uint64_t negotiations = 0;
+  uint64_t out_of_order_buckets = 0;
 };
 
 struct BucketWork {

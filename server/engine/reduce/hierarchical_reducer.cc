@@ -135,7 +135,11 @@ void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
   const std::vector<void*>& buffers = *work.rank_buffers;
   const int n = static_cast<int>(buffers.size());
   void* acc_data = nullptr;
-  if (acc_type == work.dtype && n > 0 && options_.chunk_bytes == 0) {
+  // Partitions depend only on the plan and the partition size agreed for
+  // the iteration, so every node splits a bucket the same way.
+  const size_t partition = PartitionFor(work.iteration);
+  if (acc_type == work.dtype && n > 0 &&
+      (partition == 0 || work.count * acc_elem <= partition)) {
     // The backend averages the whole bucket, folding the local sum and the
     // write-back into its network schedule. If the network thread is busy
     // with earlier buckets, sum this one now instead (into local rank 0's
@@ -184,12 +188,10 @@ void HierarchicalReducer::Start(const BucketWork& given, Completion done) {
     }
     acc_data = acc.get();
   }
-  // Chunk boundaries depend only on the plan and chunk_bytes, so every node
-  // splits a bucket the same way. Whole multiples of 64 elements keep
-  // chunks on cache lines.
+  // Whole multiples of 64 elements keep chunks on cache lines.
   size_t per_chunk = work.count;
-  if (options_.chunk_bytes > 0) {
-    per_chunk = std::max<size_t>(64, options_.chunk_bytes / acc_elem / 64 * 64);
+  if (partition > 0) {
+    per_chunk = std::max<size_t>(64, partition / acc_elem / 64 * 64);
   }
   const int num_chunks =
       work.count == 0
@@ -234,6 +236,30 @@ void HierarchicalReducer::Enqueue(Item item) {
                      item.chunk);
   absl::MutexLock lock(&mu_);
   ready_.emplace(key, std::move(item));
+  ++enqueued_;
+}
+
+absl::Status HierarchicalReducer::SetCommHook(
+    std::unique_ptr<CommHookInterface> hook) {
+  hook_ = std::move(hook);
+  absl::MutexLock lock(&mu_);
+  hooked_ = hook_ != nullptr;
+  return absl::OkStatus();
+}
+
+void HierarchicalReducer::SetPartitionBytes(uint64_t first_iteration,
+                                            size_t bytes) {
+  while (!partitions_.empty() && partitions_.back().first >= first_iteration) {
+    partitions_.pop_back();
+  }
+  partitions_.emplace_back(first_iteration, bytes);
+}
+
+size_t HierarchicalReducer::PartitionFor(uint64_t iteration) const {
+  for (auto it = partitions_.rbegin(); it != partitions_.rend(); ++it) {
+    if (it->first <= iteration) return it->second;
+  }
+  return options_.chunk_bytes;
 }
 
 void HierarchicalReducer::StartBroadcast(const BroadcastWork& work,
@@ -254,6 +280,8 @@ ReducerStats HierarchicalReducer::stats() const {
   s.local_reduce_ns = local_reduce_ns_.load(std::memory_order_relaxed);
   s.network_ns = network_ns_.load(std::memory_order_relaxed);
   s.write_back_ns = write_back_ns_.load(std::memory_order_relaxed);
+  s.negotiations = negotiations_.load(std::memory_order_relaxed);
+  s.out_of_order_buckets = out_of_order_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -273,8 +301,151 @@ void HierarchicalReducer::Replan(uint64_t first_iteration, int num_buckets) {
 void HierarchicalReducer::StartAt(uint64_t first_iteration) {
   absl::MutexLock lock(&mu_);
   next_iteration_ = first_iteration;
+  schedule_ = Schedule();
   next_bucket_ = 0;
   next_chunk_ = 0;
+}
+
+int HierarchicalReducer::BucketsIn(uint64_t iteration) const {
+  return replan_iteration_ != 0 && iteration >= replan_iteration_
+             ? replan_num_buckets_
+             : options_.num_buckets;
+}
+
+bool HierarchicalReducer::AtIterationStart() const {
+  if (Prioritized()) {
+    return schedule_.iteration != next_iteration_ || schedule_.chunks_sent == 0;
+  }
+  return next_bucket_ == 0 && next_chunk_ == 0;
+}
+
+void HierarchicalReducer::SyncSchedule() {
+  Schedule& s = schedule_;
+  const int buckets = BucketsIn(next_iteration_);
+  // A new iteration, or a Replan before anything of this one was sent.
+  if (s.iteration == next_iteration_ &&
+      (s.chunks_sent > 0 || static_cast<int>(s.sent.size()) == buckets)) {
+    return;
+  }
+  s = Schedule();
+  s.iteration = next_iteration_;
+  s.sent.assign(buckets, 0);
+  s.total.assign(buckets, 0);
+  s.priority.assign(buckets, 0);
+  s.buckets_left = buckets;
+}
+
+absl::flat_hash_map<HierarchicalReducer::ChunkKey,
+                    HierarchicalReducer::Item>::iterator
+HierarchicalReducer::NextChunkOf(int b) {
+  const Schedule& s = schedule_;
+  if (s.total[b] != 0 && s.sent[b] >= s.total[b]) return ready_.end();
+  return ready_.find(ChunkKey(s.iteration, b, s.sent[b]));
+}
+
+absl::flat_hash_map<HierarchicalReducer::ChunkKey,
+                    HierarchicalReducer::Item>::iterator
+HierarchicalReducer::ScheduledChunk() {
+  SyncSchedule();
+  Schedule& s = schedule_;
+  if (!s.settled && s.batch.empty() && s.buckets_left == 1) {
+    // One bucket left: nothing to choose.
+    for (int b = 0; b < static_cast<int>(s.sent.size()); ++b) {
+      if (s.total[b] == 0 || s.sent[b] < s.total[b]) {
+        s.settled = true;
+        s.settled_order = {b};
+        break;
+      }
+    }
+  }
+  if (s.settled) {
+    while (!s.settled_order.empty() && s.total[s.settled_order.front()] != 0 &&
+           s.sent[s.settled_order.front()] >=
+               s.total[s.settled_order.front()]) {
+      s.settled_order.pop_front();
+    }
+    if (s.settled_order.empty()) return ready_.end();
+    return NextChunkOf(s.settled_order.front());
+  }
+  if (!s.batch.empty()) return NextChunkOf(s.batch.front());
+  return ready_.end();
+}
+
+bool HierarchicalReducer::ShouldNegotiate() {
+  SyncSchedule();
+  const Schedule& s = schedule_;
+  if (s.settled || !s.batch.empty() || s.buckets_left <= 1) return false;
+  bool any = false;
+  bool all = true;
+  for (int b = 0; b < static_cast<int>(s.sent.size()); ++b) {
+    if (s.total[b] != 0 && s.sent[b] >= s.total[b]) continue;
+    const bool ready = NextChunkOf(b) != ready_.end();
+    any = any || ready;
+    all = all && ready;
+  }
+  if (!any) return false;
+  // After an empty agreement: only once something new is ready here, or
+  // this node holds everything (then the others must catch up, and they
+  // will join once their own sets grew).
+  return !s.waiting || all || enqueued_ != s.waited_generation;
+}
+
+absl::Status HierarchicalReducer::Negotiate(std::vector<int32_t> bitmap,
+                                            uint64_t generation) {
+  negotiations_.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point start = Clock::now();
+  absl::Status st = backend_->AllreduceWith(
+      bitmap.data(), bitmap.size(), sizeof(int32_t),
+      CombineFunction(CollectiveDType::kInt32, CollectiveOp::kMin));
+  network_ns_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+  if (!st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  Schedule& s = schedule_;
+  std::vector<int> agreed;
+  int unsent = 0;
+  for (int b = 0; b < static_cast<int>(bitmap.size()); ++b) {
+    if (s.total[b] == 0 || s.sent[b] < s.total[b]) ++unsent;
+    if (bitmap[b] != 0) agreed.push_back(b);
+  }
+  if (agreed.empty()) {
+    s.waiting = true;
+    s.waited_generation = generation;
+    return absl::OkStatus();
+  }
+  s.waiting = false;
+  std::sort(agreed.begin(), agreed.end(), [&s](int a, int b) {
+    return std::make_pair(s.priority[a], a) < std::make_pair(s.priority[b], b);
+  });
+  if (static_cast<int>(agreed.size()) == unsent) {
+    s.settled = true;
+    s.settled_order.assign(agreed.begin(), agreed.end());
+  } else {
+    s.batch.assign(agreed.begin(), agreed.end());
+  }
+  return absl::OkStatus();
+}
+
+void HierarchicalReducer::CountSent(const Item& item) {
+  Schedule& s = schedule_;
+  const int b = item.bucket->work.bucket;
+  if (s.sent[b] == 0 && b > s.plan_next) {
+    out_of_order_.fetch_add(1, std::memory_order_relaxed);
+  }
+  s.total[b] = item.num_chunks;
+  s.priority[b] = item.bucket->work.priority;
+  ++s.sent[b];
+  ++s.chunks_sent;
+  if (!s.batch.empty() && s.batch.front() == b) s.batch.pop_front();
+  if (s.sent[b] == s.total[b]) --s.buckets_left;
+  while (s.plan_next < static_cast<int>(s.sent.size()) &&
+         s.sent[s.plan_next] > 0) {
+    ++s.plan_next;
+  }
+  if (s.buckets_left == 0) {
+    ++next_iteration_;
+    next_bucket_ = 0;
+    next_chunk_ = 0;
+  }
 }
 
 void HierarchicalReducer::NetworkLoop() {
@@ -283,27 +454,33 @@ void HierarchicalReducer::NetworkLoop() {
     std::optional<BroadcastItem> bcast;
     std::optional<RoundItem> round;
     bool stopping = false;
+    // kPriority: the item was picked by the schedule (its bookkeeping is
+    // done); or this node negotiates over `bitmap`.
+    bool scheduled = false;
+    bool negotiate = false;
+    std::vector<int32_t> bitmap;
+    uint64_t generation = 0;
     {
       absl::MutexLock lock(&mu_);
       // Once broken, order no longer matters: every bucket fails at once.
       auto next = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return failed_ && !ready_.empty()
-                   ? ready_.begin()
-                   : ready_.find(
-                         ChunkKey(next_iteration_, next_bucket_, next_chunk_));
+        if (failed_ && !ready_.empty()) return ready_.begin();
+        if (Prioritized()) return ScheduledChunk();
+        return ready_.find(
+            ChunkKey(next_iteration_, next_bucket_, next_chunk_));
       };
-      // A round goes before bucket 0 of its iteration (or at once when
-      // broken: it fails like everything else).
+      // A round goes before the first bucket of its iteration (or at once
+      // when broken: it fails like everything else).
       auto round_due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !rounds_.empty() &&
                (failed_ || (rounds_.front().work.iteration == next_iteration_ &&
-                            next_bucket_ == 0 && next_chunk_ == 0));
+                            AtIterationStart()));
       };
-      auto has_work = [this, &next, &round_due]()
-                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                            return stop_ || !broadcasts_.empty() ||
-                                   round_due() || next() != ready_.end();
-                          };
+      auto has_work = [this, &next,
+                       &round_due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !broadcasts_.empty() || round_due() ||
+               next() != ready_.end() || (Prioritized() && ShouldNegotiate());
+      };
       mu_.AwaitWithTimeout(absl::Condition(&has_work), kIdleWait);
       stopping = stop_;
       if (!broadcasts_.empty()) {
@@ -313,8 +490,24 @@ void HierarchicalReducer::NetworkLoop() {
         round.emplace(std::move(rounds_.front()));
         rounds_.pop_front();
       } else if (auto it = next(); it != ready_.end()) {
+        if (Prioritized()) {
+          CountSent(it->second);
+          scheduled = true;
+        }
         item.emplace(std::move(it->second));
         ready_.erase(it);
+      } else if (!stopping && Prioritized() && ShouldNegotiate()) {
+        negotiate = true;
+        generation = enqueued_;
+        const Schedule& s = schedule_;
+        bitmap.assign(s.sent.size(), 0);
+        for (int b = 0; b < static_cast<int>(bitmap.size()); ++b) {
+          auto chunk = NextChunkOf(b);
+          if (chunk == ready_.end()) continue;
+          bitmap[b] = 1;
+          schedule_.priority[b] = chunk->second.bucket->work.priority;
+          schedule_.total[b] = chunk->second.num_chunks;
+        }
       }
       network_busy_ =
           bcast.has_value() || item.has_value() || round.has_value();
@@ -342,6 +535,10 @@ void HierarchicalReducer::NetworkLoop() {
       rounds_.clear();
       break;
     }
+    if (negotiate && broken_.ok()) {
+      absl::Status s = Negotiate(std::move(bitmap), generation);
+      if (!s.ok()) broken_ = std::move(s);
+    }
     if (bcast) RunBroadcast(*bcast);
     if (round) {
       if (broken_.ok()) {
@@ -358,13 +555,9 @@ void HierarchicalReducer::NetworkLoop() {
     if (item) RunChunk(*item);
     {
       absl::MutexLock lock(&mu_);
-      if (item && ++next_chunk_ == num_chunks) {
+      if (item && !scheduled && ++next_chunk_ == num_chunks) {
         next_chunk_ = 0;
-        const int buckets =
-            replan_iteration_ != 0 && next_iteration_ >= replan_iteration_
-                ? replan_num_buckets_
-                : options_.num_buckets;
-        if (++next_bucket_ >= buckets) {
+        if (++next_bucket_ >= BucketsIn(next_iteration_)) {
           next_bucket_ = 0;
           ++next_iteration_;
         }

@@ -1,20 +1,46 @@
-// HierarchicalReducer: the multi-node BucketReducerInterface. Buckets go to
-// the network strictly in plan order (iteration i bucket b only after
-// bucket b - 1 of iteration i and the last bucket of iteration i - 1), so
-// every node issues the same collectives in the same order whatever order
-// its buckets became ready in. Two paths:
+// HierarchicalReducer: the multi-node BucketReducerInterface. Every node
+// must issue the same collectives in the same order whatever order its
+// buckets became ready in; Options::scheduling says how that order is made:
 //
-// float32/float64 buckets (the default, chunk_bytes 0): the network thread
-//   hands the whole bucket to the backend's AllreduceAverage, which leaves
-//   the global average in every local rank's bucket. GlooBackend folds the
-//   local sum and the write-back into its ring, segment by segment, so they
-//   overlap the transfer (see gloo_backend.h). When the network thread is
-//   still busy with earlier buckets, the engine thread sums the new bucket
-//   into local rank 0's bucket first (split across the pool), overlapping
-//   the transfer in flight, and the backend only writes back
+// kPlanOrder (`scheduling: none`): buckets go to the network strictly in
+//   plan order (iteration i bucket b only after bucket b - 1 of iteration i
+//   and the last bucket of iteration i - 1). Plan order is gradient-ready
+//   order: the last layers first, the first layers' bucket, ready last,
+//   waits behind everything.
+// kPriority (`scheduling: priority`): within an iteration, the chunk that
+//   goes next is agreed among those ready on every node, the lowest
+//   BucketWork::priority (the bucket's smallest parameter index: what the
+//   next forward needs first) first. The agreement is a negotiation: a
+//   tiny AllreduceWith (int32 min) of each node's bitmap "the next unsent
+//   chunk of bucket b is summed locally"; the buckets ready on every node
+//   are sent, one chunk each, best priority first, and then the nodes
+//   negotiate again, so a large bucket's later chunks yield to an earlier
+//   layer's bucket that became ready meanwhile. A node joins a negotiation
+//   only with at least one chunk ready; after an empty agreement it joins
+//   the next only once its ready set grew or holds every remaining bucket
+//   (no busy loop, no deadlock: every bucket of an iteration is eventually
+//   ready on every node). No negotiation where the order is already
+//   determined: once one agreed set held every remaining bucket of the
+//   iteration (or one bucket is left), the rest go in priority order
+//   without asking. Iteration i + 1 still starts only after all of i. Hooked
+//   buckets (comm hooks) keep plan order: a reducer with a hook schedules
+//   like kPlanOrder. Counted in ReducerStats (negotiations,
+//   out_of_order_buckets).
+//
+// Two paths per bucket:
+//
+// float32/float64 buckets no larger than the partition (chunk_bytes; every
+//   such bucket when it is 0): the network thread hands the whole bucket
+//   to the backend's AllreduceAverage, which leaves the global average in
+//   every local rank's bucket. GlooBackend folds the local sum and the
+//   write-back into its ring, segment by segment, so they overlap the
+//   transfer (see gloo_backend.h). When the network thread is still busy
+//   with earlier buckets, the engine thread sums the new bucket into local
+//   rank 0's bucket first (split across the pool), overlapping the
+//   transfer in flight, and the backend only writes back
 //   (Options::local_sum).
 //
-// float16/bfloat16 buckets, and every bucket when chunk_bytes > 0:
+// float16/bfloat16 buckets, and larger buckets when chunk_bytes > 0:
 //   engine thread   SumToAccumulator(local ranks) -> the bucket's accumulator
 //                   (local rank 0's bucket itself for float32/float64,
 //                   summed in place; a private float32 accumulator for the
@@ -26,27 +52,34 @@
 //                   completion
 //   The network transfer of one bucket thus overlaps the local reduction of
 //   the next. With chunk_bytes > 0 large buckets are also pipelined within
-//   themselves: they go to the network in chunks of chunk_bytes of
-//   accumulator (the same split on every node), the engine thread reducing
-//   chunk c + 1 while chunk c is on the network.
+//   themselves: they go to the network in chunks (partitions) of
+//   chunk_bytes of accumulator (the same split on every node), the engine
+//   thread reducing chunk c + 1 while chunk c is on the network.
+//   SetPartitionBytes changes chunk_bytes from a given iteration on.
+//   Bitwise: with two nodes a chunk's sum is a + b whatever the chunk
+//   boundaries; with more, GlooBackend's ring splits each call into
+//   per-node segments, so which node's partial sum an element's addition
+//   starts from depends on the element's offset within the call: changing
+//   the partition can change the last bits of a float sum (each run is
+//   still the same on every node and reproducible).
 //
 // Broadcasts go through the same network thread (the backend is
 // single-threaded), in the order they are started. Join rounds
-// (join_state.h) too, each right before bucket 0 of its iteration; in join
-// mode a node none of whose ranks contributes to an iteration still runs
-// every bucket's collective, with zeros (zero_buckets_).
+// (join_state.h) too, each before the first bucket of its iteration; in
+// join mode a node none of whose ranks contributes to an iteration still
+// runs every bucket's collective, with zeros (zero_buckets_).
 //
 // Owns: the backend, the store the backend reports failures through (kept
 // alive for it), one accumulator per bucket, the network thread.
-// Threads: Start/StartBroadcast on the job's engine thread; completions run
-// on the network thread; stats() from any thread. After the first backend
-// error every queued and later bucket completes with that error (the
-// backend names the peer node). Destruction completes what is still queued
-// with CANCELLED and joins the network thread; a collective
-// in flight at that moment is waited for, bounded by the backend's
-// collective timeout. The backend is destroyed (GlooBackend: closed) right
-// after the network thread ends, so peers blocked on this node fail at
-// once instead of at their timeout.
+// Threads: Start/StartBroadcast/SetPartitionBytes on the job's engine
+// thread; completions run on the network thread; stats() from any thread.
+// After the first backend error every queued and later bucket completes
+// with that error (the backend names the peer node). Destruction completes
+// what is still queued with CANCELLED and joins the network thread; a
+// collective in flight at that moment is waited for, bounded by the
+// backend's collective timeout. The backend is destroyed (GlooBackend:
+// closed) right after the network thread ends, so peers blocked on this
+// node fail at once instead of at their timeout.
 #ifndef GRADD_SERVER_ENGINE_REDUCE_HIERARCHICAL_REDUCER_H_
 #define GRADD_SERVER_ENGINE_REDUCE_HIERARCHICAL_REDUCER_H_
 
@@ -83,9 +116,13 @@ class HierarchicalReducer final : public BucketReducerInterface {
     // Global rank offset of each node, by node rank; the job's world size.
     std::vector<int> node_offsets;
     int world_size = 1;
-    // Accumulator bytes per network chunk of a large bucket; 0: whole
-    // buckets. Must be the same on every node of a job.
+    // Accumulator bytes per network chunk (partition) of a large bucket;
+    // 0: whole buckets. Must be the same on every node of a job.
     size_t chunk_bytes = kDefaultChunkBytes;
+    // The order buckets go to the network in (see above). Must be the same
+    // on every node of a job.
+    enum class Scheduling { kPlanOrder, kPriority };
+    Scheduling scheduling = Scheduling::kPlanOrder;
     // Whole float32/float64 buckets (chunk_bytes 0) are averaged by the
     // backend's AllreduceAverage. Where their local sum happens:
     //   kAuto         on the engine thread (across the pool) while the
@@ -125,13 +162,11 @@ class HierarchicalReducer final : public BucketReducerInterface {
   ReducerStats stats() const override;
   void Replan(uint64_t first_iteration, int num_buckets) override;
   void StartAt(uint64_t first_iteration) override;
+  void SetPartitionBytes(uint64_t first_iteration, size_t bytes) override;
   // A hooked bucket goes to the network thread whole, in plan order, and
   // the hook does its local reduce, collectives and write-back there.
   [[nodiscard]] absl::Status SetCommHook(
-      std::unique_ptr<CommHookInterface> hook) override {
-    hook_ = std::move(hook);
-    return absl::OkStatus();
-  }
+      std::unique_ptr<CommHookInterface> hook) override;
   // Through the rendezvous store (no store: OK): each node publishes its
   // description under "<store_prefix>/comm_hook/<node rank>" and reads the
   // others', within agree_timeout.
@@ -185,6 +220,34 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // Queues a chunk (or whole fused bucket) for the network thread.
   void Enqueue(Item item);
   void NetworkLoop();
+  // kPriority: buckets per iteration, and the current iteration's
+  // bookkeeping reset when the iteration (or its plan) changed.
+  int BucketsIn(uint64_t iteration) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kPriority: the current iteration's next unsent chunk of bucket b, if
+  // summed locally; ready_.end() otherwise.
+  absl::flat_hash_map<ChunkKey, Item>::iterator NextChunkOf(int b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kPriority: the agreed chunk to send now (ready_.end(): none yet), and
+  // whether this node should negotiate now.
+  absl::flat_hash_map<ChunkKey, Item>::iterator ScheduledChunk()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShouldNegotiate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kPriority, network thread, mu_ not held: one negotiation over
+  // `bitmap`; on success the agreed buckets (schedule_.batch, or the whole
+  // rest of the iteration in schedule_.settled).
+  absl::Status Negotiate(std::vector<int32_t> bitmap, uint64_t generation);
+  // kPriority: `item` (of the current iteration) went to the network.
+  void CountSent(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kPriority and no hook (and not broken: then order no longer matters).
+  bool Prioritized() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return options_.scheduling == Options::Scheduling::kPriority && !hooked_ &&
+           !failed_;
+  }
+  // No chunk of next_iteration_ went to the network yet.
+  bool AtIterationStart() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Engine thread: the partition (chunk bytes) of `iteration`.
+  size_t PartitionFor(uint64_t iteration) const;
   void RunChunk(Item& item);
   // Counts a chunk done with `status`; completes the bucket after its last.
   void FinishChunk(Item& item, absl::Status status);
@@ -221,6 +284,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // Join rounds, each run before bucket 0 of its iteration.
   std::deque<RoundItem> rounds_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // hook_ != nullptr, for the network thread's wait condition.
+  bool hooked_ ABSL_GUARDED_BY(mu_) = false;
   // Mirrors !broken_.ok() for the wait condition (evaluated on any thread).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   // The network thread is running a collective.
@@ -229,6 +294,34 @@ class HierarchicalReducer final : public BucketReducerInterface {
   // from iteration replan_iteration_ on (0: no replan; bucket rebuild).
   uint64_t replan_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   int replan_num_buckets_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // kPriority bookkeeping of iteration `iteration` (guarded: StartAt and
+  // Replan run on the engine thread).
+  struct Schedule {
+    uint64_t iteration = 0;
+    // Per bucket: chunks sent, chunks in all (0: not seen yet), priority.
+    std::vector<int> sent;
+    std::vector<int> total;
+    std::vector<int64_t> priority;
+    int buckets_left = 0;
+    int chunks_sent = 0;
+    // The lowest bucket none of whose chunks was sent (out-of-order count).
+    int plan_next = 0;
+    // Agreed buckets still to send one chunk each, best priority first.
+    std::deque<int> batch;
+    // Every remaining bucket agreed: the rest go in this order, whole.
+    bool settled = false;
+    std::deque<int> settled_order;
+    // The last negotiation agreed on nothing: wait for enqueued_ to move
+    // past this (or for this node to hold every remaining bucket).
+    bool waiting = false;
+    uint64_t waited_generation = 0;
+  };
+  Schedule schedule_ ABSL_GUARDED_BY(mu_);
+  // Enqueue calls so far (wakes a node waiting after an empty agreement).
+  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Engine thread only: (first iteration, chunk bytes), ascending.
+  std::vector<std::pair<uint64_t, size_t>> partitions_;
 
   // Network thread only (StartAt sets them under mu_ before anything is
   // queued): the next (iteration, bucket, chunk) to go to the network.
@@ -244,6 +337,8 @@ class HierarchicalReducer final : public BucketReducerInterface {
   std::atomic<uint64_t> local_reduce_ns_{0};
   std::atomic<uint64_t> network_ns_{0};
   std::atomic<uint64_t> write_back_ns_{0};
+  std::atomic<uint64_t> negotiations_{0};
+  std::atomic<uint64_t> out_of_order_{0};
 
   std::thread thread_;
 };

@@ -178,6 +178,7 @@ class HierarchicalReducerTest : public ::testing::Test {
       options.world_size = world;
       options.chunk_bytes = chunk_bytes;
       options.local_sum = local_sum;
+      options.scheduling = scheduling_;
       n.backend = backends[k].get();
       n.reducer = std::make_unique<HierarchicalReducer>(options,
                                                         std::move(backends[k]));
@@ -261,6 +262,8 @@ class HierarchicalReducerTest : public ::testing::Test {
   // rank of every node got the root's bytes.
   void CheckBroadcasts(const std::vector<int>& roots);
   ThreadPool pool_{2};
+  HierarchicalReducer::Options::Scheduling scheduling_ =
+      HierarchicalReducer::Options::Scheduling::kPlanOrder;
   int world_ = 0;
   std::vector<Node> nodes_;
 };
@@ -277,6 +280,20 @@ TEST_F(HierarchicalReducerTest, AveragesAcrossNodesInPlanOrder) {
     EXPECT_GT(s.local_reduce_ns, 0u);
     EXPECT_GT(s.network_ns, 0u);
     EXPECT_GT(s.write_back_ns, 0u);
+  }
+}
+
+TEST_F(HierarchicalReducerTest, AveragesAcrossNodesInAgreedPriorityOrder) {
+  // Every bucket's priority is 0 (ties: bucket index); whole, and in
+  // 64 KiB partitions, with float16 and float64 buckets among them.
+  scheduling_ = HierarchicalReducer::Options::Scheduling::kPriority;
+  for (size_t chunk_bytes : {size_t{0}, size_t{64} << 10}) {
+    MakeNodes({2, 1, 3}, absl::Seconds(10), chunk_bytes);
+    std::vector<std::vector<std::string>> errors = RunAllNodes(12);
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+      EXPECT_TRUE(errors[k].empty()) << "node " << k << ": " << errors[k][0];
+      EXPECT_EQ(nodes_[k].reducer->stats().buckets, 12 * std::size(kCounts));
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // FakeCollectiveBackend (which fails any call whose kind or size differs
 // between nodes) switch from a 2-bucket plan to a 3-bucket plan with other
 // sizes and dtypes at an iteration boundary; buckets are started in reverse
-// order, so only the reducer's plan-order rule lines the collectives up.
+// order, so only the reducer's ordering rule (plan order or the nodes'
+// priority agreement) lines the collectives up.
 #include <memory>
 #include <string>
 #include <thread>
@@ -96,7 +97,10 @@ std::string RunNode(HierarchicalReducer& reducer, int node, const Plan& a,
   return "";
 }
 
-TEST(HierarchicalReplanTest, SwitchesPlansAtTheIterationBoundary) {
+class HierarchicalReplanTest : public ::testing::TestWithParam<
+                                   HierarchicalReducer::Options::Scheduling> {};
+
+TEST_P(HierarchicalReplanTest, SwitchesPlansAtTheIterationBoundary) {
   const Plan a{{DType::kFloat16, DType::kFloat32}, {100, 50}};
   const Plan b{{DType::kFloat32, DType::kFloat16, DType::kFloat16},
                {30, 80, 40}};
@@ -108,6 +112,7 @@ TEST(HierarchicalReplanTest, SwitchesPlansAtTheIterationBoundary) {
     options.num_buckets = 2;
     options.node_offsets = {0, 1};
     options.world_size = 2;
+    options.scheduling = GetParam();
     reducers.push_back(
         std::make_unique<HierarchicalReducer>(options, std::move(backends[k])));
   }
@@ -121,6 +126,11 @@ TEST(HierarchicalReplanTest, SwitchesPlansAtTheIterationBoundary) {
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    PlanAndPriorityOrder, HierarchicalReplanTest,
+    ::testing::Values(HierarchicalReducer::Options::Scheduling::kPlanOrder,
+                      HierarchicalReducer::Options::Scheduling::kPriority));
 
 }  // namespace
 }  // namespace gradd

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,8 +50,9 @@ struct Done {
 
 std::unique_ptr<HierarchicalReducer> MakeReducer(
     std::unique_ptr<FakeCollectiveBackend> backend, int num_buckets,
-    size_t chunk_bytes) {
+    size_t chunk_bytes, HierarchicalReducer::Options::Scheduling scheduling) {
   HierarchicalReducer::Options options;
+  options.scheduling = scheduling;
   options.num_buckets = num_buckets;
   options.node_offsets = {0, 2};
   options.world_size = 4;
@@ -58,17 +60,23 @@ std::unique_ptr<HierarchicalReducer> MakeReducer(
   return std::make_unique<HierarchicalReducer>(options, std::move(backend));
 }
 
-class JoinReducerTest : public ::testing::TestWithParam<size_t> {};
+// (chunk bytes, scheduling).
+class JoinReducerTest
+    : public ::testing::TestWithParam<
+          std::tuple<size_t, HierarchicalReducer::Options::Scheduling>> {
+ protected:
+  size_t chunk_bytes() const { return std::get<0>(GetParam()); }
+};
 
 // Node 0's two ranks have joined; node 1's ranks 2 and 3 are active and
 // write 2 and 6: with divisor 2 (active ranks) each gets (2 + 6) / 2.
 TEST_P(JoinReducerTest, IdleNodeMatchesCollectivesWithZeros) {
   auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10));
   FakeCollectiveBackend* fake0 = backends[0].get();
-  std::unique_ptr<HierarchicalReducer> r0 =
-      MakeReducer(std::move(backends[0]), 2, GetParam());
-  std::unique_ptr<HierarchicalReducer> r1 =
-      MakeReducer(std::move(backends[1]), 2, GetParam());
+  std::unique_ptr<HierarchicalReducer> r0 = MakeReducer(
+      std::move(backends[0]), 2, chunk_bytes(), std::get<1>(GetParam()));
+  std::unique_ptr<HierarchicalReducer> r1 = MakeReducer(
+      std::move(backends[1]), 2, chunk_bytes(), std::get<1>(GetParam()));
 
   // active[b][r]: bucket b of node 1's local rank r.
   std::vector<std::vector<std::vector<float>>> active(
@@ -111,7 +119,7 @@ TEST_P(JoinReducerTest, IdleNodeMatchesCollectivesWithZeros) {
   t0.join();
   t1.join();
   // The round, then each bucket whole or in 4 chunks of 256 elements.
-  EXPECT_EQ(fake0->allreduce_calls(), GetParam() == 0 ? 3 : 9);
+  EXPECT_EQ(fake0->allreduce_calls(), chunk_bytes() == 0 ? 3 : 9);
   for (int b = 0; b < 2; ++b) {
     for (int r = 0; r < 2; ++r) {
       for (float v : active[b][r]) ASSERT_EQ(v, 4.0f) << "bucket " << b;
@@ -119,8 +127,13 @@ TEST_P(JoinReducerTest, IdleNodeMatchesCollectivesWithZeros) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WholeAndChunked, JoinReducerTest,
-                         ::testing::Values(0, 1024));
+INSTANTIATE_TEST_SUITE_P(
+    WholeAndChunked, JoinReducerTest,
+    ::testing::Combine(
+        ::testing::Values(0, 1024),
+        ::testing::Values(
+            HierarchicalReducer::Options::Scheduling::kPlanOrder,
+            HierarchicalReducer::Options::Scheduling::kPriority)));
 
 TEST(FusedReducerJoinTest, DividesByTheWorksDivisorOverItsBuffersOnly) {
   FusedReducer reducer(nullptr, 3);
