@@ -5,10 +5,22 @@ Also torch's own DDP over the torch.distributed backend "gradd"
 (gradd/distributed.py: init_process_group("gradd"), mode torch_ddp_gradd),
 when gradd._c10d is built.
 
-Trains the same MLP (1024 -> 4096 -> 4096 -> 1024, ~25.2 M float32 parameters)
+Trains the same MLP (1024 -> 4096 -> 4096 -> 1024, ~25.2 M float32 parameters;
+--model deep: 25 Linear 1024 -> 1024 layers with ReLUs between, ~26.2 M)
 with batch 16 and one thread per process, 2 processes each, in one invocation,
 and also without any communication (2 independent processes at the same time,
 the ceiling). Starts its own gradd on a socket in a temporary directory.
+
+Mode gradd_overlap (--modes): gradd.torch with
+_register_fused_optim(SGD, ..., overlap_forward=True) (gradd/_overlap.py:
+no optimizer.step(); the next forward waits for, and steps, each layer's
+buckets as it reaches them). --scheduling none,priority runs every mode
+that uses gradd once per daemon `scheduling:` value (daemons started with
+it, plus --partition-mb / --daemon-config-extra), as <mode>@<value>. Each
+mode reports its iteration time (p50 and min-max over every timed step of
+the slowest rank), the gradd variants' p50 ratio against the first one,
+and rank 0's final parameters against the first gradd run's (max abs
+difference; 0 = bitwise equal, what scheduling and overlap must give).
 
     PYTHONPATH=build/client/python /usr/bin/python3 bench/compare_ddp.py \\
         [--gradd build/server/gradd] [--steps 20] [--warmup 3] [--json]
@@ -65,13 +77,37 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MODES = ("torch_ddp", "torch_ddp_gradd", "gradd", "no_comm")
+# gradd_overlap: gradd.torch with the optimizer fused into DDP and the next
+# forward overlapped with the last buckets' reduction
+# (_register_fused_optim(SGD, ..., overlap_forward=True), gradd/_overlap.py).
+GRADD_MODES = ("gradd", "gradd_overlap")
+ALL_MODES = MODES + ("gradd_overlap",)
+MODELS = {
+    "mlp": "MLP 1024-4096-4096-1024",
+    "deep": "deep MLP, 24 x (Linear 1024-1024 + ReLU) + Linear 1024-1024",
+}
 
 
-def build_model(torch):
+def build_model(torch, name="mlp"):
     nn = torch.nn
+    if name == "deep":  # 25 Linear layers of the same width (~26.2 M params)
+        layers = []
+        for _ in range(24):
+            layers += [nn.Linear(1024, 1024), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(1024, 1024))
     return nn.Sequential(
         nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024)
     )
+
+
+def cap_mb(text):
+    """--bucket-cap-mb: MiB, or "auto" (gradd picks it; bench/autotune_sweep.py)."""
+    return "auto" if text == "auto" else float(text)
+
+
+def torch_cap(cap):
+    """torch's DDP has no autotune: "auto" runs it with its default 25 MiB."""
+    return 25 if cap == "auto" else cap
 
 
 def worker(args):
@@ -86,13 +122,14 @@ def worker(args):
         inductor_config.compile_threads = 1
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.manual_seed(0)
-    model = build_model(torch)
+    model = build_model(torch, args.model)
     if args.mode == "torch_ddp":
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
                                 rank=rank, world_size=world)
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=torch_cap(args.bucket_cap_mb))
     elif args.mode == "torch_ddp_gradd":  # torch's DDP, collectives by the gradd daemons
         import torch.distributed as dist
 
@@ -100,38 +137,80 @@ def worker(args):
 
         dist.init_process_group("gradd", init_method=f"tcp://{args.master_addr}:{args.port}",
                                 rank=rank, world_size=world)
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    elif args.mode == "gradd":
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=torch_cap(args.bucket_cap_mb))
+    elif args.mode in GRADD_MODES:
         import gradd.torch
 
         model = gradd.torch.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     ddp = model
     if args.compiled:  # torch's recipe: compile the DDP-wrapped model
         model = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=args.momentum)
+    sgd = dict(lr=1e-3, momentum=args.momentum)
+    overlap = args.mode == "gradd_overlap"
+    if overlap:  # the step moves into DDP (per bucket, in the next forward)
+        ddp._register_fused_optim(torch.optim.SGD, **sgd, overlap_forward=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), **sgd)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 1024, generator=g)
     y = torch.randn(args.batch, 1024, generator=g)
     loss_fn = torch.nn.MSELoss()
 
     def step():
+        if overlap:
+            ddp.zero_grad()  # deferred until the pending step is done
+            loss_fn(model(x), y).backward()
+            return
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
 
     for _ in range(args.warmup):
         step()
+    times = []
     t0 = time.perf_counter()
     for _ in range(args.steps):
+        t = time.perf_counter()
         step()
+        times.append(time.perf_counter() - t)
+    if overlap:
+        ddp.wait_gradients()  # the last step (timed: the loop's work)
+        times[-1] += time.perf_counter() - t0 - sum(times)
     elapsed = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"rank": rank, "steps_per_s": args.steps / elapsed, "params": params,
-                      "torch": torch.__version__}))
+    out = {"rank": rank, "steps_per_s": args.steps / elapsed, "params": params,
+           "torch": torch.__version__, "step_s": times}
+    if overlap:
+        out["overlap"] = dict(ddp._overlap.stats)
+    if args.param_dump and rank == 0:  # the final parameters, for the comparison
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+        torch.save(flat, args.param_dump)
+    print(json.dumps(out))
     if args.mode in ("torch_ddp", "torch_ddp_gradd"):
         torch.distributed.destroy_process_group()
-    elif args.mode == "gradd":
+    elif args.mode in GRADD_MODES:
         ddp.shutdown()
+
+
+def compare_params(dumps):
+    """Rank 0's final parameters of every run that dumped them (the last
+    round), against the first gradd run's: {"<key> vs <base>": max abs
+    difference} (0.0: bitwise equal, as scheduling and forward overlap must
+    leave them); torch's runs are compared too (rounding differs)."""
+    import torch
+
+    loaded = {k: torch.load(p) for k, p in dumps.items() if os.path.exists(p)}
+    base = next((k for k in loaded if k.split("@")[0] in GRADD_MODES), None)
+    if base is None:
+        return {}
+    out = {}
+    for key, flat in loaded.items():
+        if key != base:
+            same = torch.equal(flat, loaded[base])
+            out[f"{key} vs {base}"] = 0.0 if same else (flat - loaded[base]).abs().max().item()
+    return out
 
 
 def free_port():
@@ -159,7 +238,11 @@ def thp_mode():
         return "unknown"
 
 
-def run_mode(mode, args, env_extra, sockets=None, compiled=False):
+def run_mode(mode, args, env_extra, sockets=None, compiled=False, dump=None):
+    """Runs `mode` on every rank; returns (steps/s of the slowest rank,
+    params, torch version, per-step seconds of the slowest rank, rank 0's
+    overlap statistics or None). `dump`: where rank 0 saves its final
+    parameters (one flat tensor)."""
     procs = []
     port = free_port()
     world = args.procs * args.nodes
@@ -183,7 +266,8 @@ def run_mode(mode, args, env_extra, sockets=None, compiled=False):
                "--port", str(port), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--threads", str(args.threads),
                "--bucket-cap-mb", str(args.bucket_cap_mb), "--momentum", str(args.momentum),
-               "--master-addr", args.master_addr] + (["--compiled"] if compiled else [])
+               "--master-addr", args.master_addr, "--model", args.model,
+               "--param-dump", dump or ""] + (["--compiled"] if compiled else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     results = []
     for p in procs:
@@ -199,7 +283,9 @@ def run_mode(mode, args, env_extra, sockets=None, compiled=False):
             raise SystemExit(f"{mode_key(mode, compiled)}: worker failed ({p.returncode}):\n"
                              f"{err.decode()[-3000:]}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return min(r["steps_per_s"] for r in results), results[0]["params"], results[0]["torch"]
+    slowest = min(results, key=lambda r: r["steps_per_s"])
+    return (slowest["steps_per_s"], results[0]["params"], results[0]["torch"],
+            slowest["step_s"], results[0].get("overlap"))
 
 
 def mode_key(mode, compiled):
@@ -220,17 +306,33 @@ def node_prefix(args, node):
     return args.node_exec.replace("{node}", str(node)).split() if args.node_exec else []
 
 
-def start_daemons(args, tmp):
+def daemon_config(args, scheduling=""):
+    """The daemons' gradd.yaml lines: --reduce-threads, --comm-hook, the
+    variant's `scheduling` (priority|none; "" leaves the daemon's default),
+    --partition-mb and --daemon-config-extra (YAML lines, "\\n" for new lines)."""
+    lines = []
+    if args.reduce_threads:
+        lines.append(f"reduce_threads: {args.reduce_threads}")
+    if args.comm_hook:
+        lines.append(f"default_comm_hook:\n  name: {args.comm_hook}")
+    if scheduling:
+        lines.append(f"scheduling: {scheduling}")
+    if args.partition_mb:
+        lines.append(f"partition_mb: {args.partition_mb:g}")
+    if args.daemon_config_extra:
+        lines.append(args.daemon_config_extra.replace("\\n", "\n"))
+    return "".join(line + "\n" for line in lines)
+
+
+def start_daemons(args, tmp, scheduling=""):
     """One gradd per node; returns (processes, sockets, logs)."""
     gradd = find_gradd(args.gradd)
     config = None
-    if args.comm_hook or args.reduce_threads:
-        config = os.path.join(tmp, "gradd.yaml")
+    text = daemon_config(args, scheduling)
+    if text:
+        config = os.path.join(tmp, f"gradd-{scheduling or 'default'}.yaml")
         with open(config, "w") as f:
-            if args.reduce_threads:
-                f.write(f"reduce_threads: {args.reduce_threads}\n")
-            if args.comm_hook:
-                f.write(f"default_comm_hook:\n  name: {args.comm_hook}\n")
+            f.write(text)
     rendezvous_port = free_port() if not args.node_exec else 29600
     # Multi-node daemons need credentials (rendezvous.token_file): a fresh
     # random token in the run's private directory.
@@ -241,8 +343,8 @@ def start_daemons(args, tmp):
             f.write(secrets.token_hex(24) + "\n")
     daemons, sockets, logs = [], [], []
     for node in range(args.nodes):
-        sock = os.path.join(tmp, f"node{node}", "gradd.sock")
-        log = open(os.path.join(tmp, f"gradd{node}.log"), "wb")
+        sock = os.path.join(tmp, f"node{node}-{scheduling or 'default'}", "gradd.sock")
+        log = open(os.path.join(tmp, f"gradd{node}-{scheduling or 'default'}.log"), "wb")
         cmd = node_prefix(args, node) + [gradd, "--socket", sock]
         if config:
             cmd += ["--config", config]
@@ -301,7 +403,19 @@ def find_gradd(arg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=ALL_MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--param-dump", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--model", choices=sorted(MODELS), default="mlp",
+                    help="mlp: 1024-4096-4096-1024 (25.2 M params); deep: 25 Linear "
+                         "1024-1024 layers with ReLUs (26.2 M params)")
+    ap.add_argument("--scheduling", default="",
+                    help="comma-separated daemon `scheduling:` values (e.g. none,priority); "
+                         "the modes that use gradd run once per value, on daemons started "
+                         "with it, as <mode>@<value> (default: the daemons' own setting)")
+    ap.add_argument("--partition-mb", type=float, default=0,
+                    help="the daemons' partition_mb (0: their default)")
+    ap.add_argument("--daemon-config-extra", default="",
+                    help="more gradd.yaml lines for the daemons (\\n between lines)")
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--gradd", help="gradd binary (default: $GRADD_BINARY, build/server/gradd)")
     ap.add_argument("--procs", type=int, default=2)
@@ -310,10 +424,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; best kept")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    ap.add_argument("--bucket-cap-mb", type=float, default=25)
+    ap.add_argument("--bucket-cap-mb", type=cap_mb, default=25,
+                    help="MiB, or auto: gradd's autotune (torch's modes keep 25)")
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated, of " + ",".join(ALL_MODES) + " (gradd_overlap: "
+                         "gradd.torch with _register_fused_optim(SGD, overlap_forward=True))")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     ap.add_argument("--nodes", type=int, default=1, help="gradd daemons (nodes), --procs each")
     ap.add_argument("--reduce-threads", type=int, default=0,
@@ -336,7 +453,8 @@ def main():
     if args.worker:
         return worker(args)
 
-    if args.socket and (args.nodes != 1 or args.comm_hook or args.reduce_threads):
+    if args.socket and (args.nodes != 1 or args.comm_hook or args.reduce_threads
+                        or args.scheduling or args.partition_mb or args.daemon_config_extra):
         raise SystemExit("--socket: one node, and the running daemon's own configuration")
     tmp = tempfile.mkdtemp(prefix="gradd-bench-")
     daemons, sockets, logs = ([], [], [])
@@ -348,43 +466,85 @@ def main():
             notes["compile"] = f"torch {version} has no torch.compile"
             print(f"# compiled variants not available: {notes['compile']}", file=sys.stderr)
             variants = [v for v in variants if not v]
+    schedulings = [v.strip() for v in args.scheduling.split(",") if v.strip()] or [""]
+    runs = {}  # key -> list of (steps/s, per-step seconds of the slowest rank)
+    overlap_stats, dumps = {}, {}
     try:
-        if {"gradd", "torch_ddp_gradd"} & set(args.modes.split(",")):
-            if args.socket:
-                sockets = [args.socket]
-            else:
-                daemons, sockets, logs = start_daemons(args, tmp)
         pythonpath = os.environ.get("PYTHONPATH", "")
         if not pythonpath:
             pythonpath = os.path.join(build_dir(), "client/python")
         env = {"GRADD_JOB": "compare-ddp", "PYTHONPATH": pythonpath}
         modes = args.modes.split(",")
+        for mode in modes:
+            if mode not in ALL_MODES:
+                raise SystemExit(f"--modes: unknown mode {mode!r} (of {', '.join(ALL_MODES)})")
         if "torch_ddp_gradd" in modes and not backend_built(pythonpath):
             notes["torch_ddp_gradd"] = ("gradd._c10d (the torch.distributed backend) "
                                         "is not built")
             print(f"# torch_ddp_gradd skipped: {notes['torch_ddp_gradd']}", file=sys.stderr)
             modes.remove("torch_ddp_gradd")
-        rates, params, torch_version = {}, 0, ""
+        daemon_modes = [m for m in modes if m in GRADD_MODES or m == "torch_ddp_gradd"]
+        other_modes = [m for m in modes if m not in daemon_modes]
+        params, torch_version = 0, ""
+
+        def run(mode, key, rnd, compiled, sockets):
+            nonlocal params, torch_version
+            env["GRADD_JOB"] = f"compare-ddp-{key.replace('+', '-').replace('@', '-')}-{rnd}"
+            dump = None
+            if rnd == args.rounds - 1 and not compiled:  # the last round's parameters
+                dump = dumps[key] = os.path.join(tmp, f"params-{len(dumps)}.pt")
+            rate, params, torch_version, step_s, stats = run_mode(
+                mode, args, env, sockets, compiled, dump=dump)
+            runs.setdefault(key, []).append((rate, step_s))
+            if stats:
+                overlap_stats[key] = stats
+
         # Modes alternate over rounds and each keeps its best round, so a
         # burst of load from elsewhere does not decide the ratio.
         for rnd in range(args.rounds):
             for compiled in variants:
-                for mode in modes:
-                    key = mode_key(mode, compiled)
-                    env["GRADD_JOB"] = f"compare-ddp-{key.replace('+', '-')}-{rnd}"
-                    rate, params, torch_version = run_mode(mode, args, env, sockets, compiled)
-                    rates[key] = max(rates.get(key, 0.0), rate)
+                for mode in other_modes:
+                    run(mode, mode_key(mode, compiled), rnd, compiled, None)
+                for sched in schedulings if daemon_modes else []:
+                    if args.socket:
+                        sockets = [args.socket]
+                    else:
+                        daemons, sockets, logs = start_daemons(args, tmp, sched)
+                    try:
+                        for mode in daemon_modes:
+                            key = mode_key(mode, compiled) + (f"@{sched}" if sched else "")
+                            run(mode, key, rnd, compiled, sockets)
+                    finally:
+                        stop_daemons(daemons, logs)
+                        daemons, logs = [], []
+        param_diffs = compare_params(dumps)
     finally:
         stop_daemons(daemons, logs)
         shutil.rmtree(tmp, ignore_errors=True)
 
+    rates = {k: max(r for r, _ in v) for k, v in runs.items()}
+    iter_ms = {}
+    for key, v in runs.items():
+        steps = sorted(t * 1e3 for _, ts in v for t in ts)
+        iter_ms[key] = {"p50": steps[len(steps) // 2], "min": steps[0], "max": steps[-1]}
     summary = {
         "params": params, "procs": args.procs, "nodes": args.nodes,
         "comm_hook": args.comm_hook or "allreduce", "batch": args.batch, "threads": args.threads,
         "steps": args.steps, "rounds": args.rounds, "steps_per_s": rates,
         "malloc": args.malloc, "thp": thp_mode(), "torch": torch_version,
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], "model": args.model, "iter_ms": iter_ms,
+        "scheduling": args.scheduling, "partition_mb": args.partition_mb,
+        "momentum": args.momentum,
     }
+    if overlap_stats:
+        summary["overlap_stats"] = overlap_stats
+    if param_diffs:
+        summary["param_max_abs_diff"] = param_diffs
+    gradd_keys = [k for k in iter_ms if k.split("@")[0].split("+")[0] in GRADD_MODES]
+    if len(gradd_keys) > 1:  # every gradd variant against the first one
+        base = gradd_keys[0]
+        summary["iter_speedup_over"] = {"base": base, **{
+            k: iter_ms[base]["p50"] / iter_ms[k]["p50"] for k in gradd_keys[1:]}}
     if notes:
         summary["not_available"] = notes
     ratios = (("gradd_over_torch_ddp", "gradd", "gradd / torch DDP"),
@@ -402,17 +562,28 @@ def main():
     if args.json:
         print(json.dumps(summary))
         return
-    print(f"MLP 1024-4096-4096-1024 ({params / 1e6:.1f} M params), batch {args.batch}, "
+    print(f"{MODELS[args.model]} ({params / 1e6:.1f} M params), batch {args.batch}, "
           f"{args.nodes} node(s) x {args.procs} processes x {args.threads} thread(s), "
           f"gradd hook {summary['comm_hook']}, {args.steps} steps after "
           f"{args.warmup} warm-up, best of {args.rounds} round(s)")
     print(f"allocator: {args.malloc} for every mode (transparent_hugepage: {thp_mode()}); "
           f"torch {torch_version}, Python {summary['python']}")
-    print(f"{'mode':<24}{'steps/s':>10}")
+    print(f"{'mode':<28}{'steps/s':>10}{'iter p50 ms':>13}{'min-max ms':>18}")
     for mode, r in rates.items():
-        print(f"{mode:<24}{r:>10.2f}")
+        it = iter_ms[mode]
+        print(f"{mode:<28}{r:>10.2f}{it['p50']:>13.1f}{it['min']:>9.1f}-{it['max']:<8.1f}")
     for line in lines:
         print(line)
+    for key, ratio in summary.get("iter_speedup_over", {}).items():
+        if key != "base":
+            print(f"iteration p50 {summary['iter_speedup_over']['base']} / {key}: {ratio:.3f}x")
+    for key, diff in param_diffs.items():
+        print(f"final parameters {key}: max abs diff {diff:g}"
+              + (" (bitwise equal)" if diff == 0 else ""))
+    for key, stats in overlap_stats.items():
+        print(f"{key}: buckets finished by submodule pre-hooks {stats['prehook_buckets']}, "
+              f"at the end of a forward {stats['finish_buckets']} "
+              f"({stats['iterations']} iterations)")
     for what, why in notes.items():
         print(f"not available: {what}: {why}")
 
