@@ -534,7 +534,7 @@ def main():
         "malloc": args.malloc, "thp": thp_mode(), "torch": torch_version,
         "python": sys.version.split()[0], "model": args.model, "iter_ms": iter_ms,
         "scheduling": args.scheduling, "partition_mb": args.partition_mb,
-        "momentum": args.momentum,
+        "momentum": args.momentum, "bucket_cap_mb": args.bucket_cap_mb,
     }
     if overlap_stats:
         summary["overlap_stats"] = overlap_stats

@@ -177,4 +177,3 @@ def test_wait_bucket(daemon, job_id):
             assert sorted(got) == [0, 1, 2, 3]
             for i, g in got.items():
                 np.testing.assert_allclose(g, (1 + 2) * (i + 1) / 2 + it, rtol=1e-3)
-
