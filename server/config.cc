@@ -43,6 +43,9 @@ using google::protobuf::Reflection;
 constexpr uint32_t kDefaultEtcdLeaseTtlMs = 10000;
 constexpr double kDefaultBucketCapMb = 25;
 constexpr double kDefaultFirstBucketCapMb = 1;
+// Network scheduling between nodes (config/gradd.yaml: why these).
+constexpr char kDefaultScheduling[] = "priority";
+constexpr double kDefaultPartitionMb = 0;
 constexpr uint32_t kDefaultAttachTimeoutMs = 60000;
 constexpr uint32_t kDefaultMaxJobs = 64;
 constexpr uint32_t kDefaultMaxParams = 100000;
@@ -573,6 +576,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   // 0 was replaced by the default, so only negative / absurd caps remain.
   for (auto [name, v] :
        {std::pair<const char*, double>{"bucket_cap_mb", c.bucket_cap_mb()},
+  if (c->scheduling().empty()) c->set_scheduling(kDefaultScheduling);
+  if (!c->has_partition_mb()) c->set_partition_mb(kDefaultPartitionMb);
         {"first_bucket_cap_mb", c.first_bucket_cap_mb()}}) {
     if (!(v > 0) || v > 1 << 20) {
       return absl::InvalidArgumentError(
@@ -660,6 +665,16 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                      kMaxTimelineEvents));
   }
   return absl::OkStatus();
+  if (c.scheduling() != "priority" && c.scheduling() != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduling = '", c.scheduling(),
+                     "' is not one of 'priority', 'none'"));
+  }
+  if (!(c.partition_mb() >= 0) || c.partition_mb() > 1 << 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition_mb = ", c.partition_mb(),
+                     " is out of range [0, 1048576] MiB (0: whole buckets)"));
+  }
 }
 
 absl::Status ValidateListenAddress(absl::string_view address) {

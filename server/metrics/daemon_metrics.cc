@@ -139,6 +139,10 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     buckets_->Increment();
     bytes_->Increment(static_cast<double>(e.bytes));
   }
+    if (e.phases.negotiations > 0) {
+      daemon_->schedule_negotiations_.Increment(e.phases.negotiations);
+    }
+    if (e.phases.out_of_order) daemon_->buckets_out_of_order_.Increment();
 
   void OnIteration(const IterationEvent& e) override {
     if (e.step_ns > 0) daemon_->iteration_seconds_.Observe(e.step_ns / 1e9);
@@ -270,6 +274,19 @@ DaemonMetrics::DaemonMetrics(bool new_label_values)
           "node_lost, node_admitted, rank_restarted (a rank of a node "
           "restarted; \"rank_rejoined\", deprecated, unless "
           "metrics.new_label_values), other")),
+      schedule_negotiations_(
+          Register(BuildCounter(), *registry_,
+                   "gradd_schedule_negotiations_total",
+                   "Small allreduces through which a multi-node job's nodes "
+                   "agreed which buckets were ready everywhere (scheduling: "
+                   "priority)")
+              .Add({})),
+      buckets_out_of_order_(
+          Register(BuildCounter(), *registry_,
+                   "gradd_buckets_out_of_order_total",
+                   "Buckets that went to the network before a bucket "
+                   "earlier in plan order (scheduling: priority)")
+              .Add({})),
       new_label_values_(new_label_values),
       nodes_lost_(Register(BuildCounter(), *registry_, "gradd_nodes_lost_total",
                            "Nodes a running elastic job went on without "

@@ -119,6 +119,9 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Counter>& detaches_;
   prometheus::Family<prometheus::Counter>& job_failures_;
   prometheus::Counter& stalls_;
+  // Multi-node priority scheduling (hierarchical_reducer.h).
+  prometheus::Counter& schedule_negotiations_;
+  prometheus::Counter& buckets_out_of_order_;
   // Rank restart (daemon-wide): ranks taken back, iterations aborted.
   prometheus::Counter& rank_restarts_;
   prometheus::Counter& iterations_aborted_;

@@ -49,6 +49,12 @@ std::unique_ptr<BucketReducerInterface> JobManager::MakeNodeReducer(
   // The live world size even for divide_by_initial_world_size: the Job
   // passes that divisor per bucket.
   options.world_size = layout.world_size;
+  // Checked equal on every node before the first bucket (AgreeCommHook).
+  options.scheduling =
+      config_.scheduling() == "none"
+          ? HierarchicalReducer::Options::Scheduling::kPlanOrder
+          : HierarchicalReducer::Options::Scheduling::kPriority;
+  options.chunk_bytes = static_cast<size_t>(config_.partition_mb() * (1 << 20));
   options.job_id = spec.job_id;
   options.store_prefix = store_prefix;
   options.agree_timeout = InterNodeCollectiveTimeout(

@@ -95,6 +95,11 @@ struct BucketTiming {
   PhaseSpan local_reduce;
   PhaseSpan network;
   PhaseSpan write_back;
+  // Multi-node priority scheduling (hierarchical_reducer.h): negotiations
+  // among the nodes that led to this bucket's chunks going out, and whether
+  // it went to the network before a bucket earlier in plan order.
+  int negotiations = 0;
+  bool out_of_order = false;
 };
 
 // One bucket of one iteration, reduced. Engine clock throughout.

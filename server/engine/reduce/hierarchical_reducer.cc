@@ -63,11 +63,25 @@ HierarchicalReducer::~HierarchicalReducer() {
 
 absl::Status HierarchicalReducer::AgreeCommHook(
     const std::string& description) {
+  // The network schedule is part of the sequence of collectives too.
+  const char* const scheduling =
+      options_.scheduling == Options::Scheduling::kPriority ? "priority"
+                                                            : "none";
+  RETURN_IF_ERROR(AgreeAcrossNodes(
+      "schedule", "network schedule",
+      absl::StrCat("scheduling: ", scheduling, ", partition_mb: ",
+                   static_cast<double>(options_.chunk_bytes) / (1 << 20))));
+  return AgreeAcrossNodes("comm_hook", "communication hook", description);
+}
+
+absl::Status HierarchicalReducer::AgreeAcrossNodes(
+    const std::string& name, const std::string& what,
+    const std::string& description) {
   const int nodes = static_cast<int>(options_.node_offsets.size());
   if (store_ == nullptr || nodes <= 1) return absl::OkStatus();
   const int me = backend_->node_rank();
   auto key = [&](int node) {
-    return absl::StrCat(options_.store_prefix, "/comm_hook/", node);
+    return absl::StrCat(options_.store_prefix, "/", name, "/", node);
   };
   if (absl::Status s = store_->Set(options_.job_id, key(me), description);
       !s.ok()) {
@@ -80,16 +94,16 @@ absl::Status HierarchicalReducer::AgreeCommHook(
         store_->Get(options_.job_id, key(k),
                     std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     if (!theirs.ok()) {
-      return absl::Status(theirs.status().code(),
-                          absl::StrCat("waiting for ", backend_->NodeName(k),
-                                       " to choose its communication hook: ",
-                                       theirs.status().message()));
+      return absl::Status(
+          theirs.status().code(),
+          absl::StrCat("waiting for ", backend_->NodeName(k), " to choose its ",
+                       what, ": ", theirs.status().message()));
     }
     if (*theirs != description) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "nodes disagree on the communication hook: ", backend_->NodeName(me),
-          " uses '", description, "' but ", backend_->NodeName(k), " uses '",
-          *theirs, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("nodes disagree on the ", what, ": ",
+                       backend_->NodeName(me), " uses '", description, "' but ",
+                       backend_->NodeName(k), " uses '", *theirs, "'"));
     }
   }
   return absl::OkStatus();
@@ -407,6 +421,7 @@ absl::Status HierarchicalReducer::Negotiate(std::vector<int32_t> bitmap,
     if (s.total[b] == 0 || s.sent[b] < s.total[b]) ++unsent;
     if (bitmap[b] != 0) agreed.push_back(b);
   }
+  ++s.unattributed;
   if (agreed.empty()) {
     s.waiting = true;
     s.waited_generation = generation;
@@ -428,9 +443,13 @@ absl::Status HierarchicalReducer::Negotiate(std::vector<int32_t> bitmap,
 void HierarchicalReducer::CountSent(const Item& item) {
   Schedule& s = schedule_;
   const int b = item.bucket->work.bucket;
+  BucketTiming* timing = item.bucket->work.timing;
   if (s.sent[b] == 0 && b > s.plan_next) {
     out_of_order_.fetch_add(1, std::memory_order_relaxed);
+    if (timing != nullptr) timing->out_of_order = true;
   }
+  if (timing != nullptr) timing->negotiations += s.unattributed;
+  s.unattributed = 0;
   s.total[b] = item.num_chunks;
   s.priority[b] = item.bucket->work.priority;
   ++s.sent[b];

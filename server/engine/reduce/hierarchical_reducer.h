@@ -168,12 +168,22 @@ class HierarchicalReducer final : public BucketReducerInterface {
   [[nodiscard]] absl::Status SetCommHook(
       std::unique_ptr<CommHookInterface> hook) override;
   // Through the rendezvous store (no store: OK): each node publishes its
-  // description under "<store_prefix>/comm_hook/<node rank>" and reads the
-  // others', within agree_timeout.
+  // network schedule (scheduling, partition_mb: Options::scheduling and
+  // chunk_bytes) under "<store_prefix>/schedule/<node rank>", then its hook
+  // description under "<store_prefix>/comm_hook/<node rank>", and reads the
+  // others', within agree_timeout. Nodes configured with a different
+  // schedule fail the job (INVALID_ARGUMENT naming both nodes and values)
+  // before its first bucket, as nodes with different hooks do; the Job
+  // calls this for every new reducer (formation and re-formation).
   [[nodiscard]] absl::Status AgreeCommHook(
       const std::string& description) override;
 
  private:
+  // One setting published as "<store_prefix>/<name>/<node rank>" and
+  // compared with every other node's.
+  absl::Status AgreeAcrossNodes(const std::string& name,
+                                const std::string& what,
+                                const std::string& description);
   struct FreeDeleter {
     void operator()(void* p) const { std::free(p); }
   };
@@ -316,6 +326,9 @@ class HierarchicalReducer final : public BucketReducerInterface {
     // past this (or for this node to hold every remaining bucket).
     bool waiting = false;
     uint64_t waited_generation = 0;
+    // Negotiations since a chunk last went out (credited to the next one's
+    // BucketTiming).
+    int unattributed = 0;
   };
   Schedule schedule_ ABSL_GUARDED_BY(mu_);
   // Enqueue calls so far (wakes a node waiting after an empty agreement).

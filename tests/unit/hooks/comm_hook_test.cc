@@ -272,6 +272,56 @@ TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheHook) {
   }
 }
 
+// The network schedule (scheduling, partition) is compared the same way,
+// before the hook: a node configured differently fails the job, named.
+TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheSchedule) {
+  using Scheduling = HierarchicalReducer::Options::Scheduling;
+  struct Case {
+    Scheduling scheduling_b;
+    size_t chunk_bytes_b;
+    const char* want;
+  };
+  for (const Case& c :
+       {Case{Scheduling::kPriority, 4 << 20, ""},
+        Case{Scheduling::kPlanOrder, 4 << 20, "scheduling: none"},
+        Case{Scheduling::kPriority, 1 << 20, "partition_mb: 1"}}) {
+    KvStore kv;
+    auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10),
+                                                       {"node-a", "node-b"});
+    std::vector<std::unique_ptr<HierarchicalReducer>> reducers;
+    for (int n = 0; n < 2; ++n) {
+      HierarchicalReducer::Options options;
+      options.num_buckets = 1;
+      options.node_offsets = {0, 1};
+      options.world_size = 2;
+      options.job_id = "job";
+      options.store_prefix = "round0";
+      options.scheduling = n == 0 ? Scheduling::kPriority : c.scheduling_b;
+      options.chunk_bytes = n == 0 ? 4 << 20 : c.chunk_bytes_b;
+      reducers.push_back(std::make_unique<HierarchicalReducer>(
+          options, std::move(backends[n]),
+          std::make_unique<FakeRendezvousStore>(
+              FakeRendezvousStore::Options{.inner = &kv})));
+    }
+    std::vector<absl::Status> status(2);
+    OnEachNode(2,
+               [&](int n) { status[n] = reducers[n]->AgreeCommHook("none"); });
+    for (int n = 0; n < 2; ++n) {
+      if (std::string(c.want).empty()) {
+        EXPECT_TRUE(status[n].ok()) << status[n];
+        continue;
+      }
+      EXPECT_EQ(status[n].code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(status[n].message(), HasSubstr("network schedule"));
+      EXPECT_THAT(status[n].message(), HasSubstr("node-a"));
+      EXPECT_THAT(status[n].message(), HasSubstr("node-b"));
+      EXPECT_THAT(status[n].message(),
+                  HasSubstr("scheduling: priority, partition_mb: 4"));
+      EXPECT_THAT(status[n].message(), HasSubstr(c.want));
+    }
+  }
+}
+
 // A small model: a vector (never compressed), two same-shaped matrices and
 // one of another shape, in one bucket.
 struct Model {

@@ -95,6 +95,23 @@ TEST(DaemonMetricsTest, BucketsPhasesAndIterationsPerJob) {
   EXPECT_THAT(text, HasSubstr("gradd_stalls_total 1"));
 }
 
+TEST(DaemonMetricsTest, CountsPrioritySchedulingFromTheBucketEvents) {
+  DaemonMetrics metrics;
+  std::unique_ptr<JobEventSinkInterface> job =
+      metrics.OnJobStarted(Info("train-2"));
+  BucketEvent e;
+  e.bytes = 100;
+  e.phases.negotiations = 2;
+  e.phases.out_of_order = true;
+  job->OnBucket(e);
+  e.phases.negotiations = 1;
+  e.phases.out_of_order = false;
+  job->OnBucket(e);
+  const std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_schedule_negotiations_total 3"));
+  EXPECT_THAT(text, HasSubstr("gradd_buckets_out_of_order_total 1"));
+}
+
 TEST(DaemonMetricsTest, JobSeriesGoAwayWithTheJobAndAreCapped) {
   DaemonMetrics metrics;
   {

@@ -280,6 +280,30 @@ TEST(ConfigTest, LoadConfigFileAppliesDefaultsAndNamesTheFile) {
   unlink(path);
   c = LoadConfigFile(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+TEST(ConfigTest, SchedulingAndPartitionDefaultAndAreChecked) {
+  const v1::DaemonConfig defaults = DefaultConfig();
+  EXPECT_EQ(defaults.scheduling(), "priority");
+  EXPECT_TRUE(defaults.has_partition_mb());
+  absl::StatusOr<v1::DaemonConfig> c =
+      ParseConfigYaml("scheduling: none\npartition_mb: 0\n", "sched.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduling(), "none");
+  // 0 (whole buckets) is a value, not "unset": the default does not
+  // replace it.
+  ApplyConfigDefaults(&*c);
+  EXPECT_TRUE(c->has_partition_mb());
+  EXPECT_EQ(c->partition_mb(), 0);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  v1::DaemonConfig d = DefaultConfig();
+  d.set_scheduling("fifo");
+  EXPECT_THAT(Message(ValidateConfig(d)),
+              AllOf(HasSubstr("scheduling"), HasSubstr("'fifo'"),
+                    HasSubstr("priority"), HasSubstr("none")));
+  d = DefaultConfig();
+  d.set_partition_mb(-1);
+  EXPECT_THAT(Message(ValidateConfig(d)), HasSubstr("partition_mb = -1"));
+}
+
   EXPECT_THAT(Message(c.status()), HasSubstr(path));
 }
 

@@ -117,6 +117,8 @@ struct Node {
   int rank = 0;
   std::vector<std::vector<float>> storage;
   std::vector<std::vector<void*>> buffers;
+  // Each bucket's last timing (what the engine's bucket events carry).
+  std::vector<BucketTiming> timings = std::vector<BucketTiming>(kBuckets);
   RecordingBackend* backend = nullptr;
   std::unique_ptr<HierarchicalReducer> reducer;
   absl::Mutex mu;
@@ -140,6 +142,8 @@ struct Node {
     work.count = kCounts[b];
     work.priority = kPriorities[b];
     work.rank_buffers = &buffers[b];
+    timings[b] = BucketTiming();
+    work.timing = &timings[b];
     reducer->Start(work, [this](absl::Status s) {
       absl::MutexLock lock(&mu);
       if (first.ok()) first = s;
@@ -230,6 +234,15 @@ TEST(PriorityScheduleTest, FirstLayersFirstWhileTheNetworkIsBusy) {
     EXPECT_EQ(s.negotiations, 2u);
     // Buckets 3 and 2 went before bucket 1.
     EXPECT_EQ(s.out_of_order_buckets, 2u);
+    // The same, per bucket, for the metrics.
+    const std::vector<BucketTiming>& t = nodes[k]->timings;
+    EXPECT_FALSE(t[0].out_of_order);
+    EXPECT_FALSE(t[1].out_of_order);
+    EXPECT_TRUE(t[2].out_of_order);
+    EXPECT_TRUE(t[3].out_of_order);
+    EXPECT_EQ(t[0].negotiations, 1);
+    EXPECT_EQ(t[3].negotiations, 1);
+    EXPECT_EQ(t[1].negotiations + t[2].negotiations, 0);
   }
 }
 
