@@ -117,9 +117,15 @@ int64_t NowNs() {
 // --- SharedBarrier ----------------------------------------------------------
 
 struct SharedBarrier::State {
+  static constexpr int kMaxParties = 64;  // named ones; more are anonymous
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
+  // Per named party: 1 + the generation it last arrived in, 1 + the CPU
+  // it arrived from (doorbell_internal::CpuHint).
+  alignas(64) std::atomic<uint32_t> arrived_in[kMaxParties];
+  std::atomic<uint32_t> cpu[kMaxParties];
 };
+// (CreateFile makes the backing file one 4 KiB page; State fits in it.)
 
 absl::Status SharedBarrier::CreateFile(const std::string& path) {
   const int fd =
@@ -150,8 +156,28 @@ SharedBarrier::SharedBarrier(SharedBarrier&& other) noexcept = default;
 SharedBarrier::~SharedBarrier() = default;
 
 absl::Status SharedBarrier::Arrive(std::chrono::milliseconds timeout,
-                                   const std::function<bool()>& stop) {
+                                   const std::function<bool()>& stop,
+                                   int party) {
   const uint32_t gen = state_->generation.load(std::memory_order_acquire);
+  const bool named = party >= 0 && party < State::kMaxParties &&
+                     static_cast<uint32_t>(party) < parties_;
+  const uint32_t my_cpu = doorbell_internal::CpuHint();
+  if (named) {
+    state_->cpu[party].store(my_cpu, std::memory_order_relaxed);
+    state_->arrived_in[party].store(gen + 1, std::memory_order_relaxed);
+  }
+  // Whether a named party that has not arrived yet last ran here.
+  auto late_party_here = [&] {
+    if (!named || my_cpu == 0) return false;
+    const uint32_t n = std::min<uint32_t>(parties_, State::kMaxParties);
+    for (uint32_t q = 0; q < n; ++q) {
+      if (state_->arrived_in[q].load(std::memory_order_relaxed) != gen + 1 &&
+          state_->cpu[q].load(std::memory_order_relaxed) == my_cpu) {
+        return true;
+      }
+    }
+    return false;
+  };
   if (state_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
     state_->arrived.store(0, std::memory_order_relaxed);
     state_->generation.fetch_add(1, std::memory_order_release);
@@ -160,10 +186,11 @@ absl::Status SharedBarrier::Arrive(std::chrono::milliseconds timeout,
   }
   // Spin long enough to catch a party that is a few microseconds behind,
   // short enough not to steal a core from the daemon on a small machine.
-  const int64_t spin_until = NowNs() + 20000;
+  int64_t spin_until = NowNs() + 20000;
   const int64_t deadline = NowNs() + std::chrono::nanoseconds(timeout).count();
   while (state_->generation.load(std::memory_order_acquire) == gen) {
     const int64_t now = NowNs();
+    if (now <= spin_until && late_party_here()) spin_until = now - 1;
     if (now >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("barrier: not all ", parties_,

@@ -59,9 +59,14 @@ class SharedBarrier {
 
   // `stop` (optional) is polled while sleeping (every ~10 ms); when it
   // returns true Arrive gives up with CANCELLED. After a failed Arrive the
-  // barrier is broken for every party.
+  // barrier is broken for every party. `party` (0 .. parties - 1, distinct
+  // per party; -1: anonymous) lets a waiter stop spinning when a party
+  // that has not arrived last ran on its CPU (the spin would hold the core
+  // that party needs to arrive; the daemon's waits do the same, see
+  // ControlHeader::stand_down_cpu).
   absl::Status Arrive(std::chrono::milliseconds timeout,
-                      const std::function<bool()>& stop = nullptr);
+                      const std::function<bool()>& stop = nullptr,
+                      int party = -1);
 
  private:
   struct State;

@@ -143,7 +143,7 @@ absl::Status RunWorkerSize(const Settings& s, int rank, uint64_t size,
       const float v = FillValue(rank, i);
       for (size_t k = 0; k < numel; ++k) grad[k] = v * pattern[k];
     }
-    RETURN_IF_ERROR(barrier.Arrive(kBarrierTimeout));
+    RETURN_IF_ERROR(barrier.Arrive(kBarrierTimeout, nullptr, rank));
     const int64_t mark = NowNs();
     // CUDA: the legacy default stream (the fill's); done = the stream has
     // waited for the daemon's reduction and gone idle.

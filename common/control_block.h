@@ -238,6 +238,14 @@ struct alignas(kCacheLine) ControlHeader {
   // behind the others (its last iteration failed on the network while it
   // completed elsewhere): its ranks offer no state in the next state sync.
   std::atomic<uint32_t> state_behind;
+
+  // Daemon -> clients, a scheduling hint (issue 36): 1 + the CPU of a local
+  // rank the engine waits for (it has not published a bucket that other
+  // ranks have), 0 for none. A rank spinning on that CPU stands down to
+  // its futex sleep instead of holding the core the late rank needs; the
+  // engine does the same. In the last line's padding, so the block's layout
+  // and version are unchanged (an older daemon leaves it 0).
+  std::atomic<uint32_t> stand_down_cpu;
 };
 
 // CLOCK_MONOTONIC in nanoseconds: one clock for every process on the host.
@@ -250,6 +258,11 @@ struct alignas(kCacheLine) RankHeader {
   // Non-zero while rank r sleeps on done_gen: the daemon calls futex wake
   // only when some rank's flag is up.
   std::atomic<uint32_t> sleeping;
+  // 1 + the CPU rank r last published from (0: not known), written by
+  // RingDaemon. Only a hint for the engine's stand_down_cpu: a wrong value
+  // can make waiters sleep instead of spin (a few microseconds), nothing
+  // more.
+  std::atomic<uint32_t> cpu;
 };
 
 // What a collective round does (BroadcastSlot::kind).

@@ -57,7 +57,22 @@ void FutexWakeAll(const std::atomic<uint32_t>* word) {
   Futex(word, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
+namespace doorbell_internal {
+
+uint32_t CpuHint() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<uint32_t>(cpu) + 1;
+}
+
+}  // namespace doorbell_internal
+
 void RingDaemon(const ControlHeader* header, RankHeader* me, int bell_fd) {
+  // Where this rank runs, for the engine's stand_down_cpu; written only
+  // when it changed, so the line the daemon polls moves no more often.
+  const uint32_t cpu = doorbell_internal::CpuHint();
+  if (me->cpu.load(std::memory_order_relaxed) != cpu) {
+    me->cpu.store(cpu, std::memory_order_relaxed);
+  }
   // seq_cst on both sides (here: bump, then read the flag; daemon: raise the
   // flag, then read every rank's word) is the Dekker pattern: at least one
   // side sees the other's write, so either the daemon notices the bump or we
@@ -180,7 +195,13 @@ void DaemonDoorbell::Wait(std::chrono::nanoseconds spin,
   const Clock::time_point spin_until =
       std::min(deadline, doorbell_internal::SaturatingDeadline(
                              start, EngineSpin(spin, ranks_.size(), cpus_)));
-  if (doorbell_internal::Spin(spin_until, [&] { return Moved(); })) return;
+  // Stand down like the ranks do: a rank the engine waits for sits on
+  // this CPU, and spinning would keep it from publishing.
+  if (doorbell_internal::Spin(
+          spin_until, [&] { return Moved(); },
+          [&] { return doorbell_internal::AskedToStandDown(header_); })) {
+    return;
+  }
 
   while (true) {
     Clock::time_point now = Clock::now();

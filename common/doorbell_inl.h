@@ -41,19 +41,31 @@ inline Clock::time_point SaturatingDeadline(Clock::time_point now,
 // the yield lets a trainer or the daemon run when cores are oversubscribed.
 inline constexpr int kSpinsPerCheck = 64;
 
+// 1 + the CPU the calling thread runs on (sched_getcpu, a vDSO read), 0 if
+// unknown: the form of ControlHeader::stand_down_cpu and RankHeader::cpu.
+uint32_t CpuHint();
+
 // The spin phase of every wait: calls done() (true: stop) with a pause
 // between calls, reads the clock and yields every kSpinsPerCheck calls.
-// True as soon as done() is; false once spin_until has passed.
-template <typename Done>
-bool Spin(Clock::time_point spin_until, Done done) {
+// True as soon as done() is; false once spin_until has passed or, checked
+// with the clock, once stand_down() says the thread we wait for needs this
+// core (spinning on would only delay it).
+template <typename Done, typename StandDown>
+bool Spin(Clock::time_point spin_until, Done done, StandDown stand_down) {
   while (true) {
     for (int i = 0; i < kSpinsPerCheck; ++i) {
       if (done()) return true;
       CpuRelax();
     }
-    if (Clock::now() >= spin_until) return false;
+    if (Clock::now() >= spin_until || stand_down()) return false;
     std::this_thread::yield();
   }
+}
+
+// Whether the daemon asks the waiters on this thread's CPU to stand down.
+inline bool AskedToStandDown(const ControlHeader* header) {
+  const uint32_t cpu = header->stand_down_cpu.load(std::memory_order_relaxed);
+  return cpu != 0 && cpu == CpuHint();
 }
 
 // How long a futex sleep may last from `now` to reach `deadline`
@@ -88,13 +100,16 @@ bool WaitForDaemon(const ControlHeader* header, RankHeader* me, Pred ready,
   // Phase 1: spin. Small buckets finish within microseconds; a futex sleep
   // and wake would cost more than the reduction itself.
   bool result = false;
-  if (doorbell_internal::Spin(spin_until, [&] {
-        if (ready()) {
-          result = true;
-          return true;
-        }
-        return failed();  // Stop with result false.
-      })) {
+  if (doorbell_internal::Spin(
+          spin_until,
+          [&] {
+            if (ready()) {
+              result = true;
+              return true;
+            }
+            return failed();  // Stop with result false.
+          },
+          [header] { return doorbell_internal::AskedToStandDown(header); })) {
     return result;
   }
 

@@ -424,14 +424,20 @@ bool Job::Scan() {
             absl::StatusCode::kFailedPrecondition,
             absl::StrCat(RankName(r), " started iteration ", need,
                          " without rebuilding buckets, while the job "
+  // 1 + the CPU of a rank that others wait for (ControlHeader::
+  // stand_down_cpu): the first not yet ready in a bucket some rank is.
+  uint32_t stand_down = 0;
                          "rebuilds them after iteration ",
                          rebuild_after,
                          " (every rank must call RebuildBuckets)"));
       }
       if (s == need) {
+    int late = -1;
         ++ready;
         traces_.NoteReady(b, r, need, &now, EngineNowNs);
-      } else if (s != d && ranks_.live(r)) {
+      } else if (s == d) {
+        if (late < 0 && ranks_.live(r)) late = r;
+      } else if (ranks_.live(r)) {
         // The protocol allows only "done" (waiting) or "done + 1" (ready).
         return FailOnEngine(
             absl::StatusCode::kFailedPrecondition,
@@ -441,7 +447,13 @@ bool Job::Scan() {
                          "advance by one per iteration)"));
       }
     }
-    if (ready < world) continue;
+    if (ready < world) {
+      if (ready > 0 && late >= 0 && stand_down == 0) {
+        stand_down = layout_.rank_header(base, late)
+                         ->cpu.load(std::memory_order_relaxed);
+      }
+      continue;
+    }
     // A rank may have entered join mode right after the scan above: the
     // iteration then belongs to the join epoch (StepJoin next time).
     if (JoinInPlay()) break;
@@ -468,6 +480,9 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
   work.internal = bucket.internal;
   work.device = bucket.device;
+  if (header_->stand_down_cpu.load(std::memory_order_relaxed) != stand_down) {
+    header_->stand_down_cpu.store(stand_down, std::memory_order_relaxed);
+  }
   work.rank_buffers = buffers;
   work.ranks = ranks;
   work.divisor = divisor;

@@ -1,5 +1,6 @@
 #include "common/doorbell.h"
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -293,6 +294,100 @@ TEST(EngineSpinTest, ACrowdedEngineSleepsInsteadOfSpinning) {
 
 TEST(EngineSpinTest, AnEngineWithACoreToSpareSpins) {
   WaitWithLongSpin(/*cpus=*/64, /*expect_sleep=*/false);
+}
+
+// The calling thread pinned to the CPU it runs on, for as long as this
+// lives, so that doorbell_internal::CpuHint() stays what cpu() says.
+class PinHere {
+ public:
+  PinHere() {
+    sched_getaffinity(0, sizeof(saved_), &saved_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  }
+  ~PinHere() { sched_setaffinity(0, sizeof(saved_), &saved_); }
+  bool pinned() const { return pinned_; }
+  uint32_t cpu() const { return doorbell_internal::CpuHint(); }
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
+TEST(StandDownTest, RingDaemonRecordsTheRanksCpu) {
+  Block block;
+  ControlMapping client = block.rank(0);
+  PinHere pin;
+  ASSERT_TRUE(pin.pinned());
+  ASSERT_NE(pin.cpu(), 0u);
+  RingDaemon(block.layout.header(client.data()),
+             block.layout.rank_header(client.data(), 0), block.bell(0));
+  EXPECT_EQ(block.rank_header(0)->cpu.load(), pin.cpu());
+}
+
+// A wait with a spin far longer than the test, on a thread pinned to one
+// CPU, while the job's stand_down_cpu names that CPU (`here`) or another:
+// asked, the waiter sleeps at once (its sleeping flag goes up); otherwise
+// it keeps spinning (no flag within 300 ms). `rank`: a trainer's
+// WaitForDaemon, else the engine's DaemonDoorbell::Wait (with cores to
+// spare, so that only the hint can cut its spin).
+void WaitWhileAskedToStandDown(bool rank, bool here) {
+  Block block(2, 4, /*cpus=*/64);
+  ControlMapping client = block.rank(0);
+  const ControlHeader* h = block.layout.header(client.data());
+  RankHeader* me = block.layout.rank_header(client.data(), 0);
+  std::atomic<uint32_t> waiter_cpu{0};
+  std::atomic<bool> release{false};
+  std::thread waiter([&] {
+    PinHere pin;
+    ASSERT_TRUE(pin.pinned());
+    block.header()->stand_down_cpu.store(here ? pin.cpu() : pin.cpu() + 1000);
+    waiter_cpu = pin.cpu();
+    if (rank) {
+      EXPECT_TRUE(WaitForDaemon(
+          h, me, [&] { return release.load(); }, seconds(60), seconds(60)));
+    } else {
+      block.doorbell->Snapshot();
+      block.doorbell->Wait(seconds(60), seconds(60));
+    }
+  });
+  auto sleeping = [&] {
+    return rank ? block.rank_header(0)->sleeping.load() != 0
+                : block.header()->daemon_sleeping.load() != 0;
+  };
+  bool slept = false;
+  const auto until =
+      steady_clock::now() + (here ? seconds(20) : milliseconds(300));
+  while (steady_clock::now() < until && !slept) {
+    slept = waiter_cpu.load() != 0 && sleeping();
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(slept, here) << (rank ? "rank" : "engine");
+  release = true;
+  if (rank) {
+    WakeClients(block.layout, block.map.data());
+  } else {
+    RingDaemon(h, me, block.bell(0));
+  }
+  waiter.join();
+}
+
+TEST(StandDownTest, ARankAskedToStandDownSleepsAtOnce) {
+  WaitWhileAskedToStandDown(/*rank=*/true, /*here=*/true);
+}
+
+TEST(StandDownTest, ARankSpinsWhenTheHintNamesAnotherCpu) {
+  WaitWhileAskedToStandDown(/*rank=*/true, /*here=*/false);
+}
+
+TEST(StandDownTest, AnEngineAskedToStandDownSleepsAtOnce) {
+  WaitWhileAskedToStandDown(/*rank=*/false, /*here=*/true);
+}
+
+TEST(StandDownTest, AnEngineSpinsWhenTheHintNamesAnotherCpu) {
+  WaitWhileAskedToStandDown(/*rank=*/false, /*here=*/false);
 }
 
 TEST(DoorbellTest, FutexWaitReturnsWhenValueDiffers) {
