@@ -9,9 +9,11 @@
 //   of the local
 //                ranks into the bucket's accumulator on the engine thread,
 //                then hands it to a network thread that issues
-//                CollectiveBackendInterface::AllreduceSum in plan order (a
-//                bucket that became ready early waits for its predecessors,
-//                so every node issues the same sequence of collectives), then
+//                CollectiveBackendInterface::AllreduceSum in an order
+//                every node agrees on (plan order, or with priority
+//                scheduling the first layers first among the buckets ready
+//                on every node), so every node issues the same sequence of
+//                collectives, then
 //                ScatterFromAccumulator (divisor = global world size) and
 //                completes from the network thread. The engine loop is the
 //                same for both: it never starts a bucket again before its

@@ -234,26 +234,37 @@ TEST(Compress16HookTest, HierarchicalReducerRunsTheHook) {
   }
 }
 
+// Two nodes "node-a" and "node-b" whose reducers meet in `kv`; `adjust`
+// changes node n's options.
+std::vector<std::unique_ptr<HierarchicalReducer>> AgreeingNodes(
+    KvStore* kv,
+    const std::function<void(int, HierarchicalReducer::Options&)>& adjust) {
+  auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10),
+                                                     {"node-a", "node-b"});
+  std::vector<std::unique_ptr<HierarchicalReducer>> reducers;
+  for (int n = 0; n < 2; ++n) {
+    HierarchicalReducer::Options options;
+    options.num_buckets = 1;
+    options.node_offsets = {0, 1};
+    options.world_size = 2;
+    options.job_id = "job";
+    options.store_prefix = "round0";
+    options.agree_timeout = absl::Seconds(10);
+    adjust(n, options);
+    reducers.push_back(std::make_unique<HierarchicalReducer>(
+        options, std::move(backends[n]),
+        std::make_unique<FakeRendezvousStore>(
+            FakeRendezvousStore::Options{.inner = kv})));
+  }
+  return reducers;
+}
+
 // Nodes compare their hooks through the store and name each other.
 TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheHook) {
   for (bool same : {true, false}) {
     KvStore kv;
-    auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10),
-                                                       {"node-a", "node-b"});
-    std::vector<std::unique_ptr<HierarchicalReducer>> reducers;
-    for (int n = 0; n < 2; ++n) {
-      HierarchicalReducer::Options options;
-      options.num_buckets = 1;
-      options.node_offsets = {0, 1};
-      options.world_size = 2;
-      options.job_id = "job";
-      options.store_prefix = "round0";
-      options.agree_timeout = absl::Seconds(10);
-      reducers.push_back(std::make_unique<HierarchicalReducer>(
-          options, std::move(backends[n]),
-          std::make_unique<FakeRendezvousStore>(
-              FakeRendezvousStore::Options{.inner = &kv})));
-    }
+    std::vector<std::unique_ptr<HierarchicalReducer>> reducers =
+        AgreeingNodes(&kv, [](int, HierarchicalReducer::Options&) {});
     std::vector<absl::Status> status(2);
     OnEachNode(2, [&](int n) {
       status[n] = reducers[n]->AgreeCommHook(n == 1 && !same ? "bf16_compress"
@@ -286,23 +297,11 @@ TEST(HierarchicalReducerCommHookTest, NodesMustAgreeOnTheSchedule) {
         Case{Scheduling::kPlanOrder, 4 << 20, "scheduling: none"},
         Case{Scheduling::kPriority, 1 << 20, "partition_mb: 1"}}) {
     KvStore kv;
-    auto backends = FakeCollectiveBackend::CreateGroup(2, absl::Seconds(10),
-                                                       {"node-a", "node-b"});
-    std::vector<std::unique_ptr<HierarchicalReducer>> reducers;
-    for (int n = 0; n < 2; ++n) {
-      HierarchicalReducer::Options options;
-      options.num_buckets = 1;
-      options.node_offsets = {0, 1};
-      options.world_size = 2;
-      options.job_id = "job";
-      options.store_prefix = "round0";
-      options.scheduling = n == 0 ? Scheduling::kPriority : c.scheduling_b;
-      options.chunk_bytes = n == 0 ? 4 << 20 : c.chunk_bytes_b;
-      reducers.push_back(std::make_unique<HierarchicalReducer>(
-          options, std::move(backends[n]),
-          std::make_unique<FakeRendezvousStore>(
-              FakeRendezvousStore::Options{.inner = &kv})));
-    }
+    std::vector<std::unique_ptr<HierarchicalReducer>> reducers =
+        AgreeingNodes(&kv, [&](int n, HierarchicalReducer::Options& options) {
+          options.scheduling = n == 0 ? Scheduling::kPriority : c.scheduling_b;
+          options.chunk_bytes = n == 0 ? 4 << 20 : c.chunk_bytes_b;
+        });
     std::vector<absl::Status> status(2);
     OnEachNode(2,
                [&](int n) { status[n] = reducers[n]->AgreeCommHook("none"); });
