@@ -169,9 +169,24 @@ absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
       r->SetString(msg, field, text);
       return absl::OkStatus();
     case FieldDescriptor::CPPTYPE_DOUBLE: {
+      // A number with a `<name less its unit>_auto` switch beside it
+      // (bucket_cap_mb: auto sets bucket_cap_auto) takes `auto`, which
+      // sets the switch and leaves the number to its default.
+      const FieldDescriptor* automatic =
+          msg->GetDescriptor()->FindFieldByName(absl::StrCat(
+              absl::StripSuffix(field->name(), "_mb"), "_auto"));
+      if (automatic != nullptr &&
+          automatic->cpp_type() != FieldDescriptor::CPPTYPE_BOOL) {
+        automatic = nullptr;
+      }
+      if (automatic != nullptr && text == "auto") {
+        r->SetBool(msg, automatic, true);
+        return absl::OkStatus();
+      }
       double v;
       if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
-        return bad("a finite number");
+        return bad(automatic != nullptr ? "a finite number or 'auto'"
+                                        : "a finite number");
       }
       r->SetDouble(msg, field, v);
       return absl::OkStatus();
@@ -457,6 +472,47 @@ absl::StatusOr<v1::DaemonConfig> ParseConfigYaml(
   return config;
 }
 
+namespace {
+
+// A comma-separated list of MiB for the setting `key`; each in (0, 2^20]
+// (or [0, 2^20] with `zero`), at most 16.
+absl::StatusOr<std::vector<double>> ParseMibList(absl::string_view key,
+                                                 absl::string_view list,
+                                                 bool zero) {
+  std::vector<double> out;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(entry), &v) ||
+        !(v > 0 || (zero && v == 0)) || v > 1 << 20) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " = '", list, "': '", entry, "' is not a size in ",
+                       zero ? "[0" : "(0", ", 1048576] MiB (write e.g. '",
+                       zero ? "0,1,4" : "1,4,10,25,64", "')"));
+    }
+    out.push_back(v);
+  }
+  if (out.size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " = '", list, "' lists ", out.size(),
+                     " sizes; at most 16 (each is a trial of the job's "
+                     "iterations)"));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> ParseAutotuneCaps(absl::string_view caps) {
+  return ParseMibList("autotune_caps_mb", caps.empty() ? "1,4,10,25,64" : caps,
+                      /*zero=*/false);
+}
+
+absl::StatusOr<std::vector<double>> ParseAutotunePartitions(
+    absl::string_view partitions) {
+  if (partitions.empty()) return std::vector<double>{};
+  return ParseMibList("autotune_partitions_mb", partitions, /*zero=*/true);
+}
+
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
@@ -522,6 +578,8 @@ void ApplyConfigDefaults(v1::DaemonConfig* c) {
   }
   if (c->node_id().empty()) c->set_node_id(HostName());
   if (c->log_level().empty()) c->set_log_level("info");
+  if (c->scheduling().empty()) c->set_scheduling(kDefaultScheduling);
+  if (!c->has_partition_mb()) c->set_partition_mb(kDefaultPartitionMb);
   v1::RendezvousConfig* rv = c->mutable_rendezvous();
   if (rv->formation_timeout_ms() == 0)
     rv->set_formation_timeout_ms(kDefaultFormationTimeoutMs);
@@ -576,12 +634,29 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   // 0 was replaced by the default, so only negative / absurd caps remain.
   for (auto [name, v] :
        {std::pair<const char*, double>{"bucket_cap_mb", c.bucket_cap_mb()},
-  if (c->scheduling().empty()) c->set_scheduling(kDefaultScheduling);
-  if (!c->has_partition_mb()) c->set_partition_mb(kDefaultPartitionMb);
         {"first_bucket_cap_mb", c.first_bucket_cap_mb()}}) {
     if (!(v > 0) || v > 1 << 20) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " = ", v, " is out of range (0, 1048576] MiB"));
+    }
+  }
+  if (absl::StatusOr<std::vector<double>> caps =
+          ParseAutotuneCaps(c.autotune_caps_mb());
+      !caps.ok()) {
+    return caps.status();
+  }
+  if (absl::StatusOr<std::vector<double>> partitions =
+          ParseAutotunePartitions(c.autotune_partitions_mb());
+      !partitions.ok()) {
+    return partitions.status();
+  }
+  for (auto [name, v] :
+       {std::pair<const char*, uint32_t>{"autotune_warmup_iterations",
+                                         c.autotune_warmup_iterations()},
+        {"autotune_measured_iterations", c.autotune_measured_iterations()}}) {
+    if (v > 1000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " = ", v, " is above 1000"));
     }
   }
   if (c.nice() < -20 || c.nice() > 19) {
@@ -591,6 +666,16 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (c.reduce_threads() > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "reduce_threads = ", c.reduce_threads(), " is above 1024"));
+  }
+  if (c.scheduling() != "priority" && c.scheduling() != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduling = '", c.scheduling(),
+                     "' is not one of 'priority', 'none'"));
+  }
+  if (!(c.partition_mb() >= 0) || c.partition_mb() > 1 << 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition_mb = ", c.partition_mb(),
+                     " is out of range [0, 1048576] MiB (0: whole buckets)"));
   }
   if (c.spin_us() > 1000000) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -665,16 +750,6 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                      kMaxTimelineEvents));
   }
   return absl::OkStatus();
-  if (c.scheduling() != "priority" && c.scheduling() != "none") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduling = '", c.scheduling(),
-                     "' is not one of 'priority', 'none'"));
-  }
-  if (!(c.partition_mb() >= 0) || c.partition_mb() > 1 << 20) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partition_mb = ", c.partition_mb(),
-                     " is out of range [0, 1048576] MiB (0: whole buckets)"));
-  }
 }
 
 absl::Status ValidateListenAddress(absl::string_view address) {

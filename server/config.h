@@ -53,6 +53,14 @@ void ApplyConfigDefaults(v1::DaemonConfig* config);
 
 // Range checks on a config with defaults applied.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
+// autotune_caps_mb ("1,4,10,25,64"): the caps in MiB, each in (0, 1048576],
+// at most 16; "" gives the default list. INVALID_ARGUMENT naming the bad
+// entry otherwise.
+absl::StatusOr<std::vector<double>> ParseAutotuneCaps(absl::string_view caps);
+// autotune_partitions_mb ("0,1,4"): the same, 0 allowed (whole buckets);
+// "" gives none.
+absl::StatusOr<std::vector<double>> ParseAutotunePartitions(
+    absl::string_view partitions);
 
 // The credentials rule of the daemon <-> daemon plane (issue 20), checked
 // on the final config, flags applied (a config file may leave the

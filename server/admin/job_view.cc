@@ -118,6 +118,47 @@ v1::JobPhase PhaseOf(JobPhase phase) {
 
 }  // namespace
 
+namespace {
+
+v1::BucketAutotune AutotuneOf(const AutotuneSnapshot& a) {
+  v1::BucketAutotune out;
+  switch (a.state) {
+    case BucketAutotune::State::kWaiting:
+      out.set_state(v1::BucketAutotune::STATE_WAITING);
+      break;
+    case BucketAutotune::State::kTuning:
+      out.set_state(v1::BucketAutotune::STATE_TUNING);
+      break;
+    case BucketAutotune::State::kSettled:
+      out.set_state(v1::BucketAutotune::STATE_SETTLED);
+      break;
+    case BucketAutotune::State::kOff:
+      out.set_state(v1::BucketAutotune::STATE_OFF);
+      break;
+  }
+  out.set_bucket_cap_bytes(a.setting.cap_bytes);
+  out.set_trial(static_cast<uint32_t>(a.setting.trial));
+  out.set_trials(static_cast<uint32_t>(a.setting.trials));
+  out.set_settled_after(a.settled_after);
+  out.set_decided_here(a.decided_here);
+  for (const BucketAutotune::Trial& t : a.trials_done) {
+    v1::BucketAutotune::Trial* o = out.add_trials_done();
+    o->set_bucket_cap_bytes(t.cap_bytes);
+    o->set_step_ns(t.step_ns);
+    o->set_iterations(static_cast<uint32_t>(t.iterations));
+    if (t.partition_bytes.has_value()) {
+      o->set_partition_bytes(*t.partition_bytes);
+    }
+  }
+  if (a.setting.partition_bytes.has_value()) {
+    out.set_partition_bytes(*a.setting.partition_bytes);
+  }
+  out.set_note(a.note);
+  return out;
+}
+
+}  // namespace
+
 v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   v1::JobSummary s;
   s.set_job_id(job.job_id);
@@ -158,6 +199,8 @@ v1::JobSummary JobSummaryOf(const JobSnapshot& job) {
   s.set_last_reform_reason(job.last_reformation_reason);
   s.set_initial_num_nodes(job.initial_num_nodes);
   s.set_initial_world_size(job.initial_world_size);
+  if (job.autotune.has_value())
+    *s.mutable_autotune() = AutotuneOf(*job.autotune);
   return s;
 }
 

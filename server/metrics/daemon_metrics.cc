@@ -104,6 +104,11 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     world_size_->Set(job.world_size);
     epoch_ = &daemon_->job_epoch_.Add(labels);
     epoch_->Set(static_cast<double>(job.epoch));
+    bucket_cap_ = &daemon_->job_bucket_cap_.Add(labels);
+    bucket_cap_->Set(static_cast<double>(job.bucket_cap_bytes));
+    autotune_state_ = &daemon_->job_autotune_state_.Add(labels);
+    autotune_state_->Set(job.autotune ? 1 : 0);
+    autotune_trials_ = &daemon_->job_autotune_trials_.Add(labels);
     SetNodes(job.node_ids, job.lost_node_ids);
   }
 
@@ -119,6 +124,9 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     daemon_->overlap_ratio_.Remove(overlap_ratio_);
     daemon_->job_world_size_.Remove(world_size_);
     daemon_->job_epoch_.Remove(epoch_);
+    daemon_->job_bucket_cap_.Remove(bucket_cap_);
+    daemon_->job_autotune_state_.Remove(autotune_state_);
+    daemon_->job_autotune_trials_.Remove(autotune_trials_);
     for (const auto& [id, gauge] : node_up_)
       daemon_->job_node_up_.Remove(gauge);
     daemon_->job_series_.fetch_sub(1);
@@ -131,6 +139,10 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     observe(daemon_->local_reduce_seconds_, e.phases.local_reduce);
     observe(daemon_->network_seconds_, e.phases.network);
     observe(daemon_->write_back_seconds_, e.phases.write_back);
+    if (e.phases.negotiations > 0) {
+      daemon_->schedule_negotiations_.Increment(e.phases.negotiations);
+    }
+    if (e.phases.out_of_order) daemon_->buckets_out_of_order_.Increment();
     if (e.first_ready_ns != 0 && e.start_ns >= e.first_ready_ns) {
       daemon_->handover_wait_seconds_.Observe((e.start_ns - e.first_ready_ns) /
                                               1e9);
@@ -139,10 +151,6 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
     buckets_->Increment();
     bytes_->Increment(static_cast<double>(e.bytes));
   }
-    if (e.phases.negotiations > 0) {
-      daemon_->schedule_negotiations_.Increment(e.phases.negotiations);
-    }
-    if (e.phases.out_of_order) daemon_->buckets_out_of_order_.Increment();
 
   void OnIteration(const IterationEvent& e) override {
     if (e.step_ns > 0) daemon_->iteration_seconds_.Observe(e.step_ns / 1e9);
@@ -157,6 +165,13 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   }
 
   void OnStall(const StallReport&) override { daemon_->stalls_.Increment(); }
+
+  void OnAutotune(const AutotuneEvent& e) override {
+    if (bucket_cap_ == nullptr) return;
+    bucket_cap_->Set(static_cast<double>(e.bucket_cap_bytes));
+    autotune_state_->Set(e.settled ? 2 : 1);
+    if (!e.settled) autotune_trials_->Increment();
+  }
 
   void OnFailed(absl::StatusCode code, absl::string_view) override {
     daemon_->job_failures_.Add({{"code", CodeLabel(code)}}).Increment();
@@ -217,6 +232,9 @@ class DaemonMetrics::JobMetrics final : public JobEventSinkInterface {
   Gauge* overlap_ratio_ = nullptr;
   Gauge* world_size_ = nullptr;
   Gauge* epoch_ = nullptr;
+  Gauge* bucket_cap_ = nullptr;
+  Gauge* autotune_state_ = nullptr;
+  Counter* autotune_trials_ = nullptr;
   const std::string job_id_;
   absl::flat_hash_map<std::string, Gauge*> node_up_;
 };
@@ -256,6 +274,19 @@ DaemonMetrics::DaemonMetrics(bool new_label_values)
                        "Buckets that waited longer than stall_warning_ms "
                        "(counted once per bucket and iteration)")
                   .Add({})),
+      schedule_negotiations_(
+          Register(BuildCounter(), *registry_,
+                   "gradd_schedule_negotiations_total",
+                   "Small allreduces through which a multi-node job's nodes "
+                   "agreed which buckets were ready everywhere (scheduling: "
+                   "priority)")
+              .Add({})),
+      buckets_out_of_order_(
+          Register(BuildCounter(), *registry_,
+                   "gradd_buckets_out_of_order_total",
+                   "Buckets that went to the network before a bucket "
+                   "earlier in plan order (scheduling: priority)")
+              .Add({})),
       rank_restarts_(
           Register(BuildCounter(), *registry_, "gradd_rank_restarts_total",
                    "Local ranks that went away without Detach and attached "
@@ -274,19 +305,6 @@ DaemonMetrics::DaemonMetrics(bool new_label_values)
           "node_lost, node_admitted, rank_restarted (a rank of a node "
           "restarted; \"rank_rejoined\", deprecated, unless "
           "metrics.new_label_values), other")),
-      schedule_negotiations_(
-          Register(BuildCounter(), *registry_,
-                   "gradd_schedule_negotiations_total",
-                   "Small allreduces through which a multi-node job's nodes "
-                   "agreed which buckets were ready everywhere (scheduling: "
-                   "priority)")
-              .Add({})),
-      buckets_out_of_order_(
-          Register(BuildCounter(), *registry_,
-                   "gradd_buckets_out_of_order_total",
-                   "Buckets that went to the network before a bucket "
-                   "earlier in plan order (scheduling: priority)")
-              .Add({})),
       new_label_values_(new_label_values),
       nodes_lost_(Register(BuildCounter(), *registry_, "gradd_nodes_lost_total",
                            "Nodes a running elastic job went on without "
@@ -373,6 +391,17 @@ DaemonMetrics::DaemonMetrics(bool new_label_values)
           "A multi-node job's network epoch: 0 when it formed, one more at "
           "each re-formation of its nodes' group (the same on every node), "
           "per active job")),
+      job_bucket_cap_(Register(
+          BuildGauge(), *registry_, "gradd_job_bucket_cap_bytes",
+          "The bucket cap of the plan the job runs (autotune changes it), "
+          "per active job")),
+      job_autotune_state_(Register(
+          BuildGauge(), *registry_, "gradd_job_autotune_state",
+          "The bucket cap's autotune: 0 a fixed cap, 1 waiting for the "
+          "bucket rebuild or trying caps, 2 settled, per active job")),
+      job_autotune_trials_(Register(
+          BuildCounter(), *registry_, "gradd_job_autotune_trials_total",
+          "Plan switches autotune made to try a bucket cap, per active job")),
       phase_seconds_(Register(
           BuildHistogram(), *registry_, "gradd_phase_seconds",
           "Time per bucket in each reduce phase (local_reduce: sum across "

@@ -159,6 +159,11 @@ class DaemonMetrics final : public EngineEventSinkInterface {
   prometheus::Family<prometheus::Gauge>& job_node_up_;
   // A multi-node job's network epoch (0 when formed, +1 per re-formation).
   prometheus::Family<prometheus::Gauge>& job_epoch_;
+  // The cap of the job's plan; its autotune (0 fixed, 1 tuning, 2
+  // settled) and the trials it made.
+  prometheus::Family<prometheus::Gauge>& job_bucket_cap_;
+  prometheus::Family<prometheus::Gauge>& job_autotune_state_;
+  prometheus::Family<prometheus::Counter>& job_autotune_trials_;
   // Daemon-wide histograms.
   prometheus::Family<prometheus::Histogram>& phase_seconds_;
   prometheus::Histogram& local_reduce_seconds_;

@@ -30,19 +30,34 @@ BucketAutotune::BucketAutotune(AutotuneOptions options)
 
 BucketAutotune::Setting BucketAutotune::TrialSetting(uint64_t k) const {
   Setting s;
-  s.cap_bytes = caps_[next_cap_];
+  if (next_cap_ < caps_.size()) {
+    s.cap_bytes = caps_[next_cap_];
+  } else {
+    s.cap_bytes = best_cap_;
+    s.partition_bytes = options_.partitions[next_cap_ - caps_.size()];
+  }
   s.next_switch_after = k + static_cast<uint64_t>(options_.warmup_iterations) +
                         static_cast<uint64_t>(options_.measured_iterations);
   s.trial = static_cast<int>(next_cap_) + 1;
-  s.trials = static_cast<int>(caps_.size());
+  s.trials = static_cast<int>(caps_.size() + options_.partitions.size());
   return s;
+}
+
+const BucketAutotune::Trial* BucketAutotune::Best(size_t from) const {
+  const Trial* best = nullptr;
+  for (size_t i = from; i < done_.size(); ++i) {
+    const Trial& d = done_[i];
+    if (d.iterations == 0) continue;
+    if (best == nullptr || d.step_ns < best->step_ns) best = &d;
+  }
+  return best;
 }
 
 BucketAutotune::Setting BucketAutotune::Start(uint64_t k,
                                               std::vector<size_t> caps) {
   if (state_ != State::kWaiting) return setting_;
   caps_ = std::move(caps);
-  if (caps_.size() <= 1) {
+  if (caps_.size() <= 1 && options_.partitions.empty()) {
     state_ = State::kSettled;
     setting_ = Setting{};
     setting_.cap_bytes =
@@ -50,6 +65,11 @@ BucketAutotune::Setting BucketAutotune::Start(uint64_t k,
     settled_after_ = k;
     note_ = "one distinct plan among the candidate caps: nothing to try";
     return setting_;
+  }
+  if (caps_.size() <= 1) {
+    // Only the partition to try, with the one cap.
+    best_cap_ = caps_.empty() ? options_.fallback_cap_bytes : caps_.front();
+    caps_.clear();
   }
   state_ = State::kTuning;
   next_cap_ = 0;
@@ -71,6 +91,7 @@ BucketAutotune::Setting BucketAutotune::Next(uint64_t k) {
   if (state_ != State::kTuning) return setting_;
   Trial t;
   t.cap_bytes = setting_.cap_bytes;
+  t.partition_bytes = setting_.partition_bytes;
   t.iterations = static_cast<int>(times_.size());
   if (!times_.empty()) {
     std::vector<int64_t> sorted = times_;
@@ -81,23 +102,35 @@ BucketAutotune::Setting BucketAutotune::Next(uint64_t k) {
   done_.push_back(t);
   times_.clear();
   ++next_cap_;
-  if (next_cap_ < caps_.size()) {
+  if (next_cap_ == caps_.size()) {
+    // The caps are tried: the partition trials run with the best one.
+    const Trial* best = Best(0);
+    best_cap_ = best != nullptr ? best->cap_bytes
+                : caps_.empty() ? options_.fallback_cap_bytes
+                                : caps_.front();
+  }
+  if (next_cap_ < caps_.size() + options_.partitions.size()) {
     setting_ = TrialSetting(k);
     measure_after_ = k + static_cast<uint64_t>(options_.warmup_iterations);
     return setting_;
   }
   // The best measured trial; the first of equals (the smaller cap when the
-  // caps were tried in increasing order).
-  const Trial* best = nullptr;
-  for (const Trial& d : done_) {
-    if (d.iterations == 0) continue;
-    if (best == nullptr || d.step_ns < best->step_ns) best = &d;
-  }
+  // caps were tried in increasing order). With partition trials, the best
+  // of them (they all ran the best cap); the best cap alone when none
+  // measured anything.
+  const Trial* best = Best(0);
+  if (!options_.partitions.empty()) best = Best(caps_.size());
   state_ = State::kSettled;
   setting_ = Setting{};
-  setting_.cap_bytes =
-      best != nullptr ? best->cap_bytes : options_.fallback_cap_bytes;
-  if (best == nullptr) note_ = "no trial measured an iteration";
+  if (best != nullptr) {
+    setting_.cap_bytes = best->cap_bytes;
+    setting_.partition_bytes = best->partition_bytes;
+  } else if (!options_.partitions.empty() && best_cap_ != 0) {
+    setting_.cap_bytes = best_cap_;
+  } else {
+    setting_.cap_bytes = options_.fallback_cap_bytes;
+    note_ = "no trial measured an iteration";
+  }
   settled_after_ = k;
   return setting_;
 }

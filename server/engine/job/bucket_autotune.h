@@ -18,6 +18,12 @@
 // once, within caps.size() + 1 switches and caps.size() * (warmup +
 // measured) iterations.
 //
+// Multi-node jobs may tune the network partition size too (`partitions`,
+// reduce/hierarchical_reducer.h's chunk bytes): a second stage after the
+// caps, with the best cap, one trial per partition (the same switch and
+// measure), then the best (cap, partition) pair; the bounds grow by
+// partitions.size().
+//
 // Why a grid and not Horovod's Bayesian optimisation: the space is one
 // dimension (two with the partition size) with a handful of settings
 // worth telling apart (the step time is flat within a factor of two of the
@@ -35,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +54,9 @@ namespace gradd {
 struct AutotuneOptions {
   // Candidate caps in bytes, tried in this order.
   std::vector<size_t> caps;
+  // Candidate network partitions in bytes (0: whole buckets), tried with
+  // the best cap after the caps; empty: the partition is not tuned.
+  std::vector<size_t> partitions;
   int warmup_iterations = 1;
   int measured_iterations = 3;
   // Kept when no trial measured anything (e.g. every iteration was a join
@@ -66,11 +76,14 @@ class BucketAutotune {
     uint64_t next_switch_after = 0;  // 0: settled (or off), no more switch
     int trial = 0;                   // 1-based while tuning, else 0
     int trials = 0;
+    // The reducer's partition from the switch on (unset: unchanged).
+    std::optional<size_t> partition_bytes;
   };
   struct Trial {
     size_t cap_bytes = 0;
     int64_t step_ns = 0;  // median of the measured iterations (0: none)
     int iterations = 0;
+    std::optional<size_t> partition_bytes;
   };
 
   explicit BucketAutotune(AutotuneOptions options);
@@ -100,11 +113,17 @@ class BucketAutotune {
 
  private:
   Setting TrialSetting(uint64_t k) const;
+  // The trial whose step time is the lowest (the first of equals), or
+  // null when none measured anything; among `from`.. of done_.
+  const Trial* Best(size_t from) const;
 
   const AutotuneOptions options_;
   State state_ = State::kWaiting;
   std::vector<size_t> caps_;
-  size_t next_cap_ = 0;  // index of the running trial's cap in caps_
+  // Index of the running trial: caps_ first, then options_.partitions.
+  size_t next_cap_ = 0;
+  // The cap the partition trials run with.
+  size_t best_cap_ = 0;
   Setting setting_;
   // The running trial's measured iterations: (first, last] and the times.
   uint64_t measure_after_ = 0;

@@ -179,6 +179,23 @@ Job::Job(JobSpec spec, std::unique_ptr<BucketReducerInterface> reducer)
                    [this] { doorbell_->Ring(); }) {
   used_map_param_ = FindUsedMapParam(spec_.params);
   events_.Add(&timeline_);
+  if (spec_.autotune) {
+    AutotuneOptions options = spec_.autotune_options;
+    options.fallback_cap_bytes = spec_.planner.bucket_cap_bytes;
+    autotune_ = std::make_unique<AutotuneRecord>(std::move(options));
+    // Autotune measures the iterations' step times.
+    class Steps final : public JobEventSinkInterface {
+     public:
+      explicit Steps(AutotuneRecord* tune) : tune_(tune) {}
+      void OnIteration(const IterationEvent& e) override {
+        tune_->OnStep(e.iteration, e.step_ns);
+      }
+
+     private:
+      AutotuneRecord* const tune_;
+    };
+    events_.Add(std::make_unique<Steps>(autotune_.get()));
+  }
 }
 
 Job::~Job() {
@@ -407,11 +424,15 @@ bool Job::Scan() {
   }
 
   int64_t now = 0;  // read once per scan, when a rank is first seen ready
+  // 1 + the CPU of a rank that others wait for (ControlHeader::
+  // stand_down_cpu): the first not yet ready in a bucket some rank is.
+  uint32_t stand_down = 0;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const uint64_t d = done[b].load(std::memory_order_acquire);
     if (started_[b] > d) continue;  // still with the reducer
     const uint64_t need = d + 1;
     int ready = 0;
+    int late = -1;
     for (int r = 0; r < world; ++r) {
       const std::atomic<uint64_t>& row = layout_.ready_row(base, r)[b];
       uint64_t s = row.load(std::memory_order_acquire);
@@ -424,15 +445,11 @@ bool Job::Scan() {
             absl::StatusCode::kFailedPrecondition,
             absl::StrCat(RankName(r), " started iteration ", need,
                          " without rebuilding buckets, while the job "
-  // 1 + the CPU of a rank that others wait for (ControlHeader::
-  // stand_down_cpu): the first not yet ready in a bucket some rank is.
-  uint32_t stand_down = 0;
                          "rebuilds them after iteration ",
                          rebuild_after,
                          " (every rank must call RebuildBuckets)"));
       }
       if (s == need) {
-    int late = -1;
         ++ready;
         traces_.NoteReady(b, r, need, &now, EngineNowNs);
       } else if (s == d) {
@@ -463,6 +480,9 @@ bool Job::Scan() {
     StartBucket(b, need, &bucket_buffers_[b],
                 reformation_.epoch().bucket_divisor());
   }
+  if (header_->stand_down_cpu.load(std::memory_order_relaxed) != stand_down) {
+    header_->stand_down_cpu.store(stand_down, std::memory_order_relaxed);
+  }
   if (failed()) return false;
   progress |= ScanBroadcast();
   if (any_gone && !failed()) CheckStuck();
@@ -479,10 +499,13 @@ void Job::StartBucket(size_t b, uint64_t iteration,
   work.dtype = bucket.dtype;
   work.count = bucket.size_bytes / DTypeSize(bucket.dtype);
   work.internal = bucket.internal;
+  // What the next forward needs first goes first (priority scheduling):
+  // the bucket's smallest parameter index (registration order).
+  work.priority =
+      bucket.params.empty()
+          ? 0
+          : *std::min_element(bucket.params.begin(), bucket.params.end());
   work.device = bucket.device;
-  if (header_->stand_down_cpu.load(std::memory_order_relaxed) != stand_down) {
-    header_->stand_down_cpu.store(stand_down, std::memory_order_relaxed);
-  }
   work.rank_buffers = buffers;
   work.ranks = ranks;
   work.divisor = divisor;
@@ -499,12 +522,6 @@ void Job::StartBucket(size_t b, uint64_t iteration,
     Complete(static_cast<int>(b), iteration, std::move(s));
     ReducerWorkDone();
   });
-  // What the next forward needs first goes first (priority scheduling):
-  // the bucket's smallest parameter index (registration order).
-  work.priority = bucket.params.empty()
-                      ? 0
-                      : *std::min_element(bucket.params.begin(),
-                                          bucket.params.end());
 }
 
 void Job::Complete(int bucket, uint64_t iteration, absl::Status status) {

@@ -110,6 +110,7 @@
 #include "common/doorbell.h"
 #include "common/shm.h"
 #include "gradd/v1/node.pb.h"
+#include "server/engine/job/bucket_autotune.h"
 #include "server/engine/job/bucket_traces.h"
 #include "server/engine/job/epoch_state.h"
 #include "server/engine/job/job_snapshot.h"
@@ -139,6 +140,11 @@ struct JobSpec {
   BucketPlan plan;
   // The caps the plan was made with (a bucket rebuild re-plans with them).
   PlannerOptions planner;
+  // Autotune (bucket_autotune.h): after the bucket rebuild the job tries
+  // these caps and keeps the fastest; planner.bucket_cap_bytes is the cap
+  // until then (and the fallback).
+  bool autotune = false;
+  AutotuneOptions autotune_options = DefaultAutotuneOptions();
   uint64_t broadcast_bytes = 0;
   // Engine doorbell spin before sleeping.
   std::chrono::microseconds spin{50};
@@ -378,13 +384,23 @@ class Job final : private ReformationDriver::JobSide {
   // a rank that publishes a bucket for an iteration after `iteration`
   // fails the job.
   void ExpectRebuild(uint64_t iteration);
+  // The job's autotune (JobSpec::autotune), or null. Any thread (the
+  // record locks).
+  AutotuneRecord* autotune() const { return autotune_.get(); }
+  // Reports an autotune switch to the job's event sinks (metrics). The
+  // rebuild coordinator's thread.
+  void ReportAutotune(const AutotuneEvent& event) { events_.OnAutotune(event); }
   // Any thread. Replaces the plan by `plan` (checked by the caller against
   // the job's parameters) once iteration `iteration` is complete, then
   // runs `done(OK)` on the engine thread; `done(error)` instead if the job
   // fails or stops first, or if the engine finds the job past `iteration`.
   // One switch at a time (a second one: done(FAILED_PRECONDITION)).
   using SwitchDone = PlanSwitchRequests::Done;
-  void SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done);
+  // `partition_bytes` (autotune): the reducer's network partition from the
+  // iteration after `iteration` on (BucketReducerInterface::
+  // SetPartitionBytes; unset: unchanged).
+  void SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done,
+                  std::optional<size_t> partition_bytes = std::nullopt);
 
   // For tests and stats: iteration last completed for bucket b.
   uint64_t done_seq(int bucket) const;
@@ -608,6 +624,8 @@ class Job final : private ReformationDriver::JobSide {
   Timeline timeline_;
   StallInspector stalls_;
   JobEventFanOut events_;
+  // Autotune (null: the job's cap is fixed); fed by an event sink.
+  std::unique_ptr<AutotuneRecord> autotune_;
   // Per bucket of plan_, what the events say of it (bucket_traces.h),
   // handed from the engine thread to the bucket's completion.
   BucketTraces traces_;

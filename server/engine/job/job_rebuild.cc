@@ -30,8 +30,10 @@ void Job::ExpectRebuild(uint64_t iteration) {
   switch_requests_.ExpectRebuild(iteration);
 }
 
-void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done) {
-  switch_requests_.Post(iteration, std::move(plan), std::move(done));
+void Job::SwitchPlan(uint64_t iteration, BucketPlan plan, SwitchDone done,
+                     std::optional<size_t> partition_bytes) {
+  switch_requests_.Post(iteration, std::move(plan), std::move(done),
+                        partition_bytes);
 }
 
 void Job::AbortSwitch(const absl::Status& status) {
@@ -99,6 +101,9 @@ bool Job::TrySwitchPlan() {
     done[b].store(k, std::memory_order_release);
   }
   reducer_->Replan(k + 1, static_cast<int>(plan_.buckets.size()));
+  if (next.partition_bytes.has_value()) {
+    reducer_->SetPartitionBytes(k + 1, *next.partition_bytes);
+  }
   if (hook_resolved_) {
     if (absl::Status s = InstallCommHook(); !s.ok()) {
       const std::string message = absl::StrCat(

@@ -94,6 +94,13 @@ JobSnapshot Job::Snapshot(bool detail) const {
   s.rank_memory_bytes = rank_bytes_;
   s.broadcast_bytes = spec_.broadcast_bytes;
   s.planner = spec_.planner;
+  if (autotune_ != nullptr) {
+    s.autotune = autotune_->Snapshot();
+    if (s.autotune->state != BucketAutotune::State::kWaiting &&
+        s.autotune->setting.cap_bytes != 0) {
+      s.planner.bucket_cap_bytes = s.autotune->setting.cap_bytes;
+    }
+  }
   s.has_used_map = used_map_param_ >= 0;
   for (int r = 0; r < spec_.local_world_size; ++r) {
     RankSnapshot rank;

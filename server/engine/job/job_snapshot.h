@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/bucket_planner.h"
+#include "server/engine/job/bucket_autotune.h"
 #include "server/engine/reduce/bucket_reducer.h"
 
 namespace gradd {
@@ -123,6 +125,8 @@ struct JobSnapshot {
   bool rebuilt = false;
   uint64_t rebuild_iteration = 0;
   std::vector<int32_t> rebuild_ready_order;
+  // Autotune of the bucket cap (bucket_autotune.h); unset: a fixed cap.
+  std::optional<AutotuneSnapshot> autotune;
 
   // find_unused_parameters: the job carries the client's used map; the
   // parameters (indices into params) no rank used in `unused_iteration`

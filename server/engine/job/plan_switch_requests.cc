@@ -11,13 +11,15 @@ void PlanSwitchRequests::ExpectRebuild(uint64_t iteration) {
   Wake();  // the engine checks nobody ran ahead
 }
 
-void PlanSwitchRequests::Post(uint64_t iteration, BucketPlan plan, Done done) {
+void PlanSwitchRequests::Post(uint64_t iteration, BucketPlan plan, Done done,
+                              std::optional<size_t> partition_bytes) {
   bool busy = false;
   {
     absl::MutexLock lock(&mu_);
     busy = request_.has_value();
     if (!busy) {
-      request_ = Request{iteration, std::move(plan), std::move(done)};
+      request_ =
+          Request{iteration, std::move(plan), std::move(done), partition_bytes};
       set_pending(true);
     }
   }

@@ -34,6 +34,9 @@ class PlanSwitchRequests final : public Mailbox {
     uint64_t iteration = 0;  // the plan switches after it
     BucketPlan plan;
     Done done;
+    // Autotune: the reducer's network partition from the switch on
+    // (unset: unchanged).
+    std::optional<size_t> partition_bytes;
   };
 
   // `job_id` names the job in errors; `wake` rings the engine (called
@@ -51,7 +54,8 @@ class PlanSwitchRequests final : public Mailbox {
   void ClearRebuild() { rebuild_after_.store(0, std::memory_order_release); }
 
   // Any thread: switch to `plan` after `iteration`, then answer `done`.
-  void Post(uint64_t iteration, BucketPlan plan, Done done);
+  void Post(uint64_t iteration, BucketPlan plan, Done done,
+            std::optional<size_t> partition_bytes = std::nullopt);
   // Any thread (pending(): a switch waits): a rebuild is expected or a switch
   // waits (a rank restart or a re-formation cannot run through one).
   bool in_play() const { return rebuild_after() != 0 || pending(); }

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "server/engine/formation/bucket_specs.h"
+#include "server/engine/job/bucket_autotune.h"
 #include "server/logging.h"
 #include "server/rendezvous/store_interface.h"
 
@@ -170,7 +171,22 @@ void RebuildCoordinator::Add(v1::RebuildBucketsRequest request,
                              absl::Time deadline, Callback done) {
   const int rank = request.local_rank();
   const std::string who = absl::StrCat("local rank ", rank, " of ", JobName());
+  bool next_round = false;
+  {
+    absl::MutexLock lock(&mu_);
+    next_round = finished_ && rebuilt_ && next_switch_after_ != 0;
+  }
+  // Autotune's next switch: the last round's thread has answered everyone
+  // and is ending (only this thread starts and joins it).
+  if (next_round && thread_.joinable()) thread_.join();
   absl::MutexLock lock(&mu_);
+  if (next_round && finished_) {
+    finished_ = false;
+    started_ = false;
+    count_ = 0;
+    abort_ = absl::OkStatus();
+    ++round_;
+  }
   if (finished_) {
     std::move(done)(absl::FailedPreconditionError(
         absl::StrCat(who, " asked to rebuild buckets, but the job ",
@@ -217,19 +233,131 @@ void RebuildCoordinator::Run() {
     absl::MutexLock lock(&mu_);
     iteration = iteration_;
   }
-  absl::StatusOr<BucketPlan> plan = Decide();
-  if (plan.ok()) {
-    absl::Status switched = Switch(iteration, *plan);
-    if (!switched.ok()) plan = switched;
+  absl::StatusOr<Decision> decision = Decide();
+  if (decision.ok()) {
+    absl::Status switched =
+        Switch(iteration, decision->plan, decision->partition_bytes);
+    if (!switched.ok()) decision = switched;
   }
-  Finish(plan, iteration);
+  Finish(decision, iteration);
 }
 
-absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
+absl::StatusOr<BucketPlan> RebuildCoordinator::PlanFor(
+    const v1::RebuildOrder& o) const {
+  PlannerOptions caps;
+  caps.first_bucket_cap_bytes = o.first_bucket_cap_bytes();
+  caps.bucket_cap_bytes = o.bucket_cap_bytes();
+  std::vector<int32_t> order(o.ready_order().begin(), o.ready_order().end());
+  absl::StatusOr<BucketPlan> plan =
+      PlanBucketsInOrder(job_->spec().params, order, caps);
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(JobName(),
+                     ": cannot rebuild buckets from local rank "
+                     "0's ready order: ",
+                     plan.status().message()));
+  }
+  return plan;
+}
+
+namespace {
+
+std::string Mib(size_t bytes) {
+  return absl::StrCat(static_cast<double>(bytes) / (1 << 20), " MiB");
+}
+
+std::optional<size_t> PartitionOf(const v1::RebuildOrder& o) {
+  if (!o.has_partition_bytes()) return std::nullopt;
+  return static_cast<size_t>(o.partition_bytes());
+}
+
+// ", partition 1 MiB" for a partition trial or setting.
+std::string PartitionText(const std::optional<size_t>& bytes) {
+  if (!bytes.has_value()) return "";
+  return *bytes == 0 ? ", whole buckets on the network"
+                     : absl::StrCat(", partition ", Mib(*bytes));
+}
+
+}  // namespace
+
+void RebuildCoordinator::ChooseCaps(int round, uint64_t k,
+                                    const std::vector<int32_t>& order,
+                                    v1::RebuildOrder* mine) {
+  const JobSpec& spec = job_->spec();
+  mine->set_iteration(k);
+  mine->set_first_bucket_cap_bytes(spec.planner.first_bucket_cap_bytes);
+  mine->set_bucket_cap_bytes(spec.planner.bucket_cap_bytes);
+  *mine->mutable_ready_order() = {order.begin(), order.end()};
+  AutotuneRecord* tune = job_->autotune();
+  // Other nodes take node rank 0's caps and schedule (Decide).
+  if (tune == nullptr || spec.node_rank != 0) return;
+  BucketAutotune::Setting s;
+  if (round == 0) {
+    // Caps that give the same plan as one before them are not tried.
+    std::vector<size_t> distinct;
+    std::vector<std::string> seen;
+    for (size_t cap : tune->options().caps) {
+      v1::RebuildOrder o = *mine;
+      o.set_bucket_cap_bytes(cap);
+      absl::StatusOr<BucketPlan> plan = PlanFor(o);
+      if (!plan.ok()) continue;
+      std::string print = PlanFingerprint(*plan);
+      if (std::find(seen.begin(), seen.end(), print) != seen.end()) continue;
+      seen.push_back(std::move(print));
+      distinct.push_back(cap);
+    }
+    s = tune->Start(k, distinct);
+    std::vector<std::string> names;
+    for (size_t cap : distinct) names.push_back(Mib(cap));
+    spdlog::info(
+        "{} autotune: trying bucket caps of {} ({} + {} iterations each)",
+        JobName(), absl::StrJoin(names, ", "),
+        tune->options().warmup_iterations, tune->options().measured_iterations);
+  } else {
+    s = tune->Next(k);
+    const AutotuneSnapshot now = tune->Snapshot();
+    if (!now.trials_done.empty()) {
+      const BucketAutotune::Trial& t = now.trials_done.back();
+      spdlog::info(
+          "{} autotune trial {}/{}: {} cap{}, median step {} ms over {} "
+          "iterations",
+          JobName(), now.trials_done.size(),
+          s.trials > 0 ? s.trials : static_cast<int>(now.trials_done.size()),
+          Mib(t.cap_bytes), PartitionText(t.partition_bytes),
+          static_cast<double>(t.step_ns) / 1e6, t.iterations);
+    }
+  }
+  if (s.next_switch_after == 0) {
+    const AutotuneSnapshot now = tune->Snapshot();
+    std::vector<std::string> tried;
+    for (const BucketAutotune::Trial& t : now.trials_done) {
+      tried.push_back(
+          absl::StrCat(Mib(t.cap_bytes), PartitionText(t.partition_bytes), ": ",
+                       static_cast<double>(t.step_ns) / 1e6, " ms"));
+    }
+    spdlog::info(
+        "{} autotune settled on a {} bucket cap{} after iteration {} ({}{})",
+        JobName(), Mib(s.cap_bytes), PartitionText(s.partition_bytes), k,
+        tried.empty() ? now.note : absl::StrJoin(tried, ", "),
+        now.note.empty() || tried.empty() ? "" : "; " + now.note);
+  }
+  mine->set_bucket_cap_bytes(s.cap_bytes);
+  if (s.partition_bytes.has_value()) {
+    mine->set_partition_bytes(*s.partition_bytes);
+  }
+  mine->set_next_switch_after(s.next_switch_after);
+  mine->set_trial(static_cast<uint32_t>(s.trial));
+  mine->set_trials(static_cast<uint32_t>(s.trials));
+}
+
+absl::StatusOr<RebuildCoordinator::Decision> RebuildCoordinator::Decide() {
   const JobSpec& spec = job_->spec();
   const int world = spec.local_world_size;
   v1::RebuildBucketsRequest first;
   absl::Time answer_by = absl::InfiniteFuture();
+  int round = 0;
+  uint64_t expected = 0;
+  std::vector<int32_t> rebuilt_order;
   // 1. Every local rank.
   {
     absl::MutexLock lock(&mu_);
@@ -283,38 +411,45 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
     }
     first = ranks_[0]->request;
     for (const auto& r : ranks_) answer_by = std::min(answer_by, r->deadline);
+    round = round_;
+    expected = next_switch_after_;
+    rebuilt_order = ready_order_;
   }
-  // 2. This node's choice: local rank 0's order with the job's caps.
+  if (round > 0 && first.iteration() != expected) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        JobName(), ": the ranks asked to switch plans after iteration ",
+        first.iteration(), " but autotune's next switch is after iteration ",
+        expected));
+  }
+  // 2. This node's choice: local rank 0's order (autotune's later
+  // rounds: the rebuilt one) with the job's caps or autotune's.
   v1::RebuildOrder mine;
-  mine.set_iteration(first.iteration());
-  mine.set_first_bucket_cap_bytes(spec.planner.first_bucket_cap_bytes);
-  mine.set_bucket_cap_bytes(spec.planner.bucket_cap_bytes);
-  *mine.mutable_ready_order() = first.ready_order();
-  auto plan_for =
-      [&spec, this](const v1::RebuildOrder& o) -> absl::StatusOr<BucketPlan> {
-    PlannerOptions caps;
-    caps.first_bucket_cap_bytes = o.first_bucket_cap_bytes();
-    caps.bucket_cap_bytes = o.bucket_cap_bytes();
-    std::vector<int32_t> order(o.ready_order().begin(), o.ready_order().end());
-    absl::StatusOr<BucketPlan> plan =
-        PlanBucketsInOrder(spec.params, order, caps);
-    if (!plan.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(JobName(),
-                       ": cannot rebuild buckets from local rank "
-                       "0's ready order: ",
-                       plan.status().message()));
-    }
-    return plan;
-  };
-  ASSIGN_OR_RETURN(BucketPlan plan, plan_for(mine));
+  ChooseCaps(round, first.iteration(),
+             round == 0 ? std::vector<int32_t>(first.ready_order().begin(),
+                                               first.ready_order().end())
+                        : rebuilt_order,
+             &mine);
+  ASSIGN_OR_RETURN(BucketPlan plan, PlanFor(mine));
   auto decided = [this](const v1::RebuildOrder& o) {
     absl::MutexLock lock(&mu_);
     ready_order_.assign(o.ready_order().begin(), o.ready_order().end());
   };
+  // What the job's events say of autotune's switch.
+  auto event = [this](const v1::RebuildOrder& o) {
+    std::optional<AutotuneEvent> e;
+    if (job_->autotune() == nullptr) return e;
+    e.emplace();
+    e->iteration = o.iteration();
+    e->bucket_cap_bytes = o.bucket_cap_bytes();
+    e->trial = static_cast<int>(o.trial());
+    e->trials = static_cast<int>(o.trials());
+    e->settled = o.next_switch_after() == 0;
+    return e;
+  };
   if (spec.num_nodes <= 1 || !options_.store_factory) {
     decided(mine);
-    return plan;
+    return Decision{std::move(plan), mine.next_switch_after(), event(mine),
+                    PartitionOf(mine)};
   }
 
   // 3. Multi-node: node rank 0's choice wins.
@@ -322,7 +457,9 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
                    options_.store_factory());
   RebuildAgreement agreement;
   agreement.job_id = spec.job_id;
-  agreement.prefix = options_.round_prefix;
+  agreement.prefix = round == 0
+                         ? options_.round_prefix
+                         : absl::StrCat(options_.round_prefix, "/tune", round);
   agreement.node_rank = spec.node_rank;
   agreement.num_nodes = spec.num_nodes;
   // Give up a little before the ranks' own deadlines, so they read the
@@ -338,24 +475,40 @@ absl::StatusOr<BucketPlan> RebuildCoordinator::Decide() {
       AgreeOnRebuild(
           *store, agreement, mine,
           [&](const v1::RebuildOrder& o) -> absl::StatusOr<std::string> {
-            ASSIGN_OR_RETURN(BucketPlan p, plan_for(o));
+            ASSIGN_OR_RETURN(BucketPlan p, PlanFor(o));
             return PlanFingerprint(p);
           }));
   decided(chosen);
-  return plan_for(chosen);
+  if (AutotuneRecord* tune = job_->autotune();
+      tune != nullptr && spec.node_rank != 0) {
+    BucketAutotune::Setting s;
+    s.cap_bytes = chosen.bucket_cap_bytes();
+    s.next_switch_after = chosen.next_switch_after();
+    s.trial = static_cast<int>(chosen.trial());
+    s.trials = static_cast<int>(chosen.trials());
+    s.partition_bytes = PartitionOf(chosen);
+    tune->Follow(chosen.iteration(), s);
+  }
+  ASSIGN_OR_RETURN(BucketPlan chosen_plan, PlanFor(chosen));
+  return Decision{std::move(chosen_plan), chosen.next_switch_after(),
+                  event(chosen), PartitionOf(chosen)};
 }
 
-absl::Status RebuildCoordinator::Switch(uint64_t iteration, BucketPlan plan) {
+absl::Status RebuildCoordinator::Switch(uint64_t iteration, BucketPlan plan,
+                                        std::optional<size_t> partition_bytes) {
   // The result outlives this call: the engine may answer after we gave up.
   struct Result {
     absl::Mutex mu;
     std::optional<absl::Status> status ABSL_GUARDED_BY(mu);
   };
   auto result = std::make_shared<Result>();
-  job_->SwitchPlan(iteration, std::move(plan), [result](absl::Status s) {
-    absl::MutexLock lock(&result->mu);
-    result->status = std::move(s);
-  });
+  job_->SwitchPlan(
+      iteration, std::move(plan),
+      [result](absl::Status s) {
+        absl::MutexLock lock(&result->mu);
+        result->status = std::move(s);
+      },
+      partition_bytes);
   const absl::Time deadline = absl::Now() + options_.switch_timeout;
   while (true) {
     {
@@ -385,33 +538,52 @@ absl::Status RebuildCoordinator::Switch(uint64_t iteration, BucketPlan plan) {
   }
 }
 
-void RebuildCoordinator::Finish(const absl::StatusOr<BucketPlan>& plan,
+void RebuildCoordinator::Finish(const absl::StatusOr<Decision>& decision,
                                 uint64_t iteration) {
   std::vector<Callback> callbacks;
+  int round = 0;
+  const uint64_t next = decision.ok() ? decision->next_switch_after : 0;
   {
     absl::MutexLock lock(&mu_);
     finished_ = true;
-    rebuilt_ = plan.ok();
-    rebuilt_after_ = iteration;
+    round = round_;
+    if (round == 0) {
+      rebuilt_ = decision.ok();
+      rebuilt_after_ = iteration;
+    } else if (!decision.ok()) {
+      rebuilt_ = false;
+    }
+    next_switch_after_ = next;
     for (auto& r : ranks_) {
       if (r.has_value()) callbacks.push_back(std::move(r->done));
       r.reset();
     }
   }
-  if (!plan.ok()) {
+  if (!decision.ok()) {
     // Other ranks may be blocked on the data path (or about to be): the
     // job cannot go on with ranks on different plans.
-    job_->Fail(plan.status().code(), absl::StrCat("bucket rebuild failed: ",
-                                                  plan.status().message()));
-    for (Callback& cb : callbacks) std::move(cb)(plan.status());
+    if (AutotuneRecord* tune = job_->autotune(); tune != nullptr) {
+      tune->Stop(std::string(decision.status().message()));
+    }
+    job_->Fail(decision.status().code(),
+               absl::StrCat(round == 0 ? "bucket rebuild failed: "
+                                       : "autotune's plan switch failed: ",
+                            decision.status().message()));
+    for (Callback& cb : callbacks) std::move(cb)(decision.status());
     return;
   }
   std::vector<size_t> sizes;
-  for (const Bucket& b : plan->buckets) sizes.push_back(b.size_bytes);
-  spdlog::info(
-      "{} rebuilt its buckets after iteration {}: {} buckets of {} bytes",
-      JobName(), iteration, sizes.size(), absl::StrJoin(sizes, ", "));
-  const v1::RebuildBucketsResponse resp = RebuildResponse(*plan, iteration + 1);
+  for (const Bucket& b : decision->plan.buckets) sizes.push_back(b.size_bytes);
+  spdlog::info("{} {} after iteration {}: {} buckets of {} bytes", JobName(),
+               round == 0 ? "rebuilt its buckets" : "switched plans (autotune)",
+               iteration, sizes.size(), absl::StrJoin(sizes, ", "));
+  v1::RebuildBucketsResponse resp =
+      RebuildResponse(decision->plan, iteration + 1);
+  resp.set_next_switch_after(next);
+  // From now on a rank that runs past the next switch instead of asking
+  // fails the job at once (as for the rebuild).
+  if (next != 0) job_->ExpectRebuild(next);
+  if (decision->autotune.has_value()) job_->ReportAutotune(*decision->autotune);
   for (Callback& cb : callbacks) std::move(cb)(resp);
 }
 

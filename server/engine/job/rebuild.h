@@ -18,9 +18,17 @@
 //    |         answered with it)        +-----------------+  timeout  v
 //    |                                                    +--------- switching
 //    v                                                      job.SwitchPlan(k)
-//   (a second rebuild: FAILED_PRECONDITION)   rebuilt <--- engine at the
-//                                        (every rank answered   boundary
+//   (a second rebuild: FAILED_PRECONDITION,   rebuilt <--- engine at the
+//    but for autotune's switches)        (every rank answered   boundary
 //                                         with the new plan)
+//
+// Autotune (bucket_autotune.h; the job has an AutotuneRecord): the rebuild
+// is the first trial's switch, and its answer names the iteration after
+// which every rank asks again (next_switch_after); each later round runs
+// the same way (collecting, agreeing, switching) from the rebuilt order
+// with the next trial's cap, until the answer names none (settled). Node
+// rank 0 decides the caps and the schedule and they travel in its
+// RebuildOrder, under "<round>/tune<n>/rebuild/" for round n > 0.
 //
 // Local rank 0's order is the job's (torch broadcasts rank 0's rebuilt
 // bucket indices, so every rank agrees); the others' orders are checked
@@ -124,10 +132,25 @@ class RebuildCoordinator {
     absl::Time deadline;
     Callback done;
   };
+  // The plan and what the ranks are told besides.
+  struct Decision {
+    BucketPlan plan;
+    uint64_t next_switch_after = 0;
+    // Autotune's switch, for the job's events (unset: a fixed cap).
+    std::optional<AutotuneEvent> autotune;
+    // The network partition from the switch on (unset: unchanged).
+    std::optional<size_t> partition_bytes;
+  };
   void Run();
-  absl::StatusOr<BucketPlan> Decide();
-  absl::Status Switch(uint64_t iteration, BucketPlan plan);
-  void Finish(const absl::StatusOr<BucketPlan>& plan, uint64_t iteration);
+  absl::StatusOr<Decision> Decide();
+  // This node's caps and schedule for the switch after iteration k (node
+  // rank 0's choice wins across nodes): the job's caps, or autotune's.
+  void ChooseCaps(int round, uint64_t k, const std::vector<int32_t>& order,
+                  v1::RebuildOrder* mine);
+  absl::StatusOr<BucketPlan> PlanFor(const v1::RebuildOrder& o) const;
+  absl::Status Switch(uint64_t iteration, BucketPlan plan,
+                      std::optional<size_t> partition_bytes);
+  void Finish(const absl::StatusOr<Decision>& decision, uint64_t iteration);
   std::string JobName() const;
 
   Job* const job_;
@@ -147,6 +170,10 @@ class RebuildCoordinator {
   bool rebuilt_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t rebuilt_after_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int32_t> ready_order_ ABSL_GUARDED_BY(mu_);
+  // Autotune: the round (0: the rebuild) and the switch the last answer
+  // named (0: none).
+  int round_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_switch_after_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

@@ -258,12 +258,19 @@ absl::Status CompareLocalAttach(const std::string& job_id, int r,
       (CapOr(first.bucket_cap_mb(), config.bucket_cap_mb()) !=
            CapOr(other.bucket_cap_mb(), config.bucket_cap_mb()) ||
        CapOr(first.first_bucket_cap_mb(), config.first_bucket_cap_mb()) !=
-           CapOr(other.first_bucket_cap_mb(), config.first_bucket_cap_mb()))) {
-    same = absl::InvalidArgumentError(absl::StrCat(
-        "local ranks 0 and ", r, " of job '", job_id,
-        "' asked for different bucket caps (", first.bucket_cap_mb(), "/",
-        first.first_bucket_cap_mb(), " MiB vs ", other.bucket_cap_mb(), "/",
-        other.first_bucket_cap_mb(), " MiB)"));
+           CapOr(other.first_bucket_cap_mb(), config.first_bucket_cap_mb()) ||
+       AutotunesBucketCap(first, config) !=
+           AutotunesBucketCap(other, config))) {
+    auto caps = [&config](const v1::AttachRequest& a) {
+      return absl::StrCat(AutotunesBucketCap(a, config)
+                              ? "auto"
+                              : absl::StrCat(a.bucket_cap_mb()),
+                          "/", a.first_bucket_cap_mb());
+    };
+    same = absl::InvalidArgumentError(
+        absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
+                     "' asked for different bucket caps (", caps(first),
+                     " MiB vs ", caps(other), " MiB)"));
   }
   if (same.ok() && !google::protobuf::util::MessageDifferencer::Equals(
                        NormalizeCommHookSpec(first.comm_hook()),
@@ -375,6 +382,43 @@ absl::Status CompareNodeSetup(const std::string& job_id, int r,
       absl::StrCat("local ranks 0 and ", r, " of job '", job_id,
                    "' disagree on the multi-node setup: ", NodeSetup(first),
                    " vs ", NodeSetup(other)));
+}
+
+bool AutotunesBucketCap(const v1::AttachRequest& request,
+                        const v1::DaemonConfig& config) {
+  return request.follows_plan_switches() &&
+         (request.bucket_cap_auto() ||
+          (request.bucket_cap_mb() == 0 && config.bucket_cap_auto()));
+}
+
+AutotuneOptions AutotuneOptionsOf(const v1::DaemonConfig& config,
+                                  bool multi_node) {
+  AutotuneOptions options = DefaultAutotuneOptions();
+  if (absl::StatusOr<std::vector<double>> caps =
+          ParseAutotuneCaps(config.autotune_caps_mb());
+      caps.ok()) {
+    options.caps.clear();
+    for (double mb : *caps) {
+      options.caps.push_back(
+          std::max<size_t>(1, static_cast<size_t>(mb * kMiB)));
+    }
+  }
+  if (absl::StatusOr<std::vector<double>> partitions =
+          ParseAutotunePartitions(config.autotune_partitions_mb());
+      multi_node && partitions.ok()) {
+    for (double mb : *partitions) {
+      options.partitions.push_back(static_cast<size_t>(mb * kMiB));
+    }
+  }
+  if (config.autotune_warmup_iterations() > 0) {
+    options.warmup_iterations =
+        static_cast<int>(config.autotune_warmup_iterations());
+  }
+  if (config.autotune_measured_iterations() > 0) {
+    options.measured_iterations =
+        static_cast<int>(config.autotune_measured_iterations());
+  }
+  return options;
 }
 
 PlannerOptions PlannerOptionsFor(const v1::AttachRequest& request,

@@ -20,6 +20,7 @@
 #include "common/bucket_planner.h"
 #include "gradd/v1/config.pb.h"
 #include "gradd/v1/node.pb.h"
+#include "server/engine/job/bucket_autotune.h"
 
 namespace gradd {
 
@@ -85,6 +86,16 @@ absl::Status CompareNodeSetup(const std::string& job_id, int rank,
 // for none.
 PlannerOptions PlannerOptionsFor(const v1::AttachRequest& request,
                                  const v1::DaemonConfig& config);
+// Whether the job autotunes its bucket cap (engine/job/bucket_autotune.h):
+// the trainer asked for `auto`, or left the cap to a daemon configured
+// with `bucket_cap_mb: auto`, and its client follows plan switches.
+bool AutotunesBucketCap(const v1::AttachRequest& request,
+                        const v1::DaemonConfig& config);
+// What autotune tries (config's autotune_*; the defaults where unset or,
+// in a config that was not validated, bad).
+// `multi_node`: the partitions too (autotune_partitions_mb).
+AutotuneOptions AutotuneOptionsOf(const v1::DaemonConfig& config,
+                                  bool multi_node);
 
 }  // namespace gradd
 

@@ -273,6 +273,16 @@ void JobManager::FormJob(const std::string& job_id) {
   spec.rank_devices = std::move(rank_devices);
   spec.rank_restart_grace = std::chrono::milliseconds(
       EffectiveRankRestartGrace(first.request, config_));
+  // Autotune's switches are rebuilds, which jobs that survive a rank
+  // restart or a node loss do not make (their ranks would disagree).
+  spec.autotune = AutotunesBucketCap(first.request, config_) &&
+                  spec.rank_restart_grace.count() == 0 &&
+                  (NumNodes(first.request) <= 1 ||
+                   EffectiveMinNodes(first.request, config_) == 0);
+  if (spec.autotune) {
+    spec.autotune_options =
+        AutotuneOptionsOf(config_, NumNodes(first.request) > 1);
+  }
   if (NumNodes(first.request) > 1) {
     // Node loss and arrival (job.h "Elastic multi-node jobs"); the elastic
     // prefix follows from the formation round (FinishNodeFormation).

@@ -205,6 +205,8 @@ void JobManager::Activate(
     if (info.num_nodes > 1) info.node_ids = (*job)->spec().node_ids;
     info.lost_node_ids = (*job)->spec().initial_lost;
     info.epoch = (*job)->spec().initial_epoch;
+    info.bucket_cap_bytes = (*job)->spec().planner.bucket_cap_bytes;
+    info.autotune = (*job)->autotune() != nullptr;
     (*job)->AddEventSink(events_->OnJobStarted(info));
   }
   ActiveJob active;

@@ -210,6 +210,16 @@ struct JobPhaseEvent {
   int64_t at_ns = 0;
 };
 
+// Autotune of the bucket cap (job/bucket_autotune.h): the plan switch
+// after `iteration` to the next trial's cap, or to the one it settled on.
+struct AutotuneEvent {
+  uint64_t iteration = 0;
+  uint64_t bucket_cap_bytes = 0;
+  int trial = 0;  // 1-based while tuning; 0 once settled
+  int trials = 0;
+  bool settled = false;
+};
+
 class JobEventSinkInterface {
  public:
   virtual ~JobEventSinkInterface() = default;
@@ -231,6 +241,9 @@ class JobEventSinkInterface {
   virtual void OnNetworkReformed(const NetworkReformEvent& event) {}
   // The job's phase changed (the engine thread; rare).
   virtual void OnPhase(const JobPhaseEvent& event) {}
+  // Autotune switched the bucket cap (the rebuild coordinator's thread;
+  // a few times per job).
+  virtual void OnAutotune(const AutotuneEvent& event) {}
 };
 
 // What the job manager knows of a job when it becomes active.
@@ -252,6 +265,9 @@ struct JobInfo {
   // The network epoch it starts at: 0 for a job that formed, the running
   // job's epoch for a node admitted into it.
   uint64_t epoch = 0;
+  // The bucket cap it starts with, and whether autotune may change it.
+  uint64_t bucket_cap_bytes = 0;
+  bool autotune = false;
 };
 
 class EngineEventSinkInterface {
@@ -307,6 +323,9 @@ class JobEventFanOut final : public JobEventSinkInterface {
   }
   void OnPhase(const JobPhaseEvent& event) override {
     for (JobEventSinkInterface* s : sinks_) s->OnPhase(event);
+  }
+  void OnAutotune(const AutotuneEvent& event) override {
+    for (JobEventSinkInterface* s : sinks_) s->OnAutotune(event);
   }
 
  private:

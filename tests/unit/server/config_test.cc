@@ -188,7 +188,9 @@ TEST(ConfigTest, BadValuesAreRejected) {
       {"max_jobs: -1", "key 'max_jobs': '-1' is not a non-negative integer"},
       {"max_jobs: lots", "'lots' is not a non-negative integer"},
       {"max_jobs: 4294967296", "below 2^32"},
-      {"bucket_cap_mb: fast", "'fast' is not a finite number"},
+      {"bucket_cap_mb: fast", "'fast' is not a finite number or 'auto'"},
+      {"first_bucket_cap_mb: auto", "'auto' is not a finite number"},
+      {"bucket_cap_mb: Auto", "'Auto' is not a finite number or 'auto'"},
       {"bucket_cap_mb: .nan", "is not a finite number"},
       {"rendezvous: 5", "key 'rendezvous': expected a map"},
       {"spin_us: [1, 2]", "expected a uint32 value"},
@@ -201,6 +203,47 @@ TEST(ConfigTest, BadValuesAreRejected) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
     EXPECT_THAT(Message(r.status()), HasSubstr(c.expect)) << c.yaml;
   }
+}
+
+// Issue 36 point 4: `bucket_cap_mb: auto` switches autotune on and
+// leaves the cap (the one before the bucket rebuild) at its default.
+TEST(ConfigTest, BucketCapAuto) {
+  absl::StatusOr<v1::DaemonConfig> c = ParseConfigYaml(
+      "bucket_cap_mb: auto\nautotune_caps_mb: '2, 8,32'\n", "auto.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->bucket_cap_auto());
+  ApplyConfigDefaults(&*c);
+  EXPECT_EQ(c->bucket_cap_mb(), 25);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  absl::StatusOr<std::vector<double>> caps =
+      ParseAutotuneCaps(c->autotune_caps_mb());
+  ASSERT_TRUE(caps.ok()) << caps.status();
+  EXPECT_EQ(*caps, (std::vector<double>{2, 8, 32}));
+  EXPECT_EQ(*ParseAutotuneCaps(""), (std::vector<double>{1, 4, 10, 25, 64}));
+  absl::StatusOr<v1::DaemonConfig> plain =
+      ParseConfigYaml("bucket_cap_mb: 10", "plain.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->bucket_cap_auto());
+
+  v1::DaemonConfig bad = DefaultConfig();
+  bad.set_autotune_caps_mb("1,x,4");
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("autotune_caps_mb = '1,x,4': 'x' is not a size"));
+  bad.set_autotune_caps_mb("1,0");
+  EXPECT_THAT(Message(ValidateConfig(bad)), HasSubstr("'0' is not a size"));
+  bad = DefaultConfig();
+  bad.set_autotune_partitions_mb("0,-1");
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("autotune_partitions_mb = '0,-1': '-1' is not a size "
+                        "in [0, 1048576] MiB"));
+  EXPECT_TRUE(ParseAutotunePartitions("")->empty());
+  EXPECT_EQ(*ParseAutotunePartitions("0, 1,4"), (std::vector<double>{0, 1, 4}));
+  bad.set_autotune_caps_mb("1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1");
+  EXPECT_THAT(Message(ValidateConfig(bad)), HasSubstr("at most 16"));
+  bad = DefaultConfig();
+  bad.set_autotune_measured_iterations(5000);
+  EXPECT_THAT(Message(ValidateConfig(bad)),
+              HasSubstr("autotune_measured_iterations = 5000 is above 1000"));
 }
 
 TEST(ConfigTest, ValidationCatchesOutOfRangeValues) {
@@ -235,6 +278,30 @@ TEST(ConfigTest, LogLevelDefaultsToInfoAndIsChecked) {
   EXPECT_THAT(
       Message(ValidateConfig(d)),
       AllOf(HasSubstr("log_level"), HasSubstr("'loud'"), HasSubstr("warning")));
+}
+
+TEST(ConfigTest, SchedulingAndPartitionDefaultAndAreChecked) {
+  const v1::DaemonConfig defaults = DefaultConfig();
+  EXPECT_EQ(defaults.scheduling(), "priority");
+  EXPECT_TRUE(defaults.has_partition_mb());
+  absl::StatusOr<v1::DaemonConfig> c =
+      ParseConfigYaml("scheduling: none\npartition_mb: 0\n", "sched.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduling(), "none");
+  // 0 (whole buckets) is a value, not "unset": the default does not
+  // replace it.
+  ApplyConfigDefaults(&*c);
+  EXPECT_TRUE(c->has_partition_mb());
+  EXPECT_EQ(c->partition_mb(), 0);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  v1::DaemonConfig d = DefaultConfig();
+  d.set_scheduling("fifo");
+  EXPECT_THAT(Message(ValidateConfig(d)),
+              AllOf(HasSubstr("scheduling"), HasSubstr("'fifo'"),
+                    HasSubstr("priority"), HasSubstr("none")));
+  d = DefaultConfig();
+  d.set_partition_mb(-1);
+  EXPECT_THAT(Message(ValidateConfig(d)), HasSubstr("partition_mb = -1"));
 }
 
 TEST(ConfigTest, DefaultCommHookIsParsedAndChecked) {
@@ -280,30 +347,6 @@ TEST(ConfigTest, LoadConfigFileAppliesDefaultsAndNamesTheFile) {
   unlink(path);
   c = LoadConfigFile(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
-TEST(ConfigTest, SchedulingAndPartitionDefaultAndAreChecked) {
-  const v1::DaemonConfig defaults = DefaultConfig();
-  EXPECT_EQ(defaults.scheduling(), "priority");
-  EXPECT_TRUE(defaults.has_partition_mb());
-  absl::StatusOr<v1::DaemonConfig> c =
-      ParseConfigYaml("scheduling: none\npartition_mb: 0\n", "sched.yaml");
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->scheduling(), "none");
-  // 0 (whole buckets) is a value, not "unset": the default does not
-  // replace it.
-  ApplyConfigDefaults(&*c);
-  EXPECT_TRUE(c->has_partition_mb());
-  EXPECT_EQ(c->partition_mb(), 0);
-  EXPECT_TRUE(ValidateConfig(*c).ok());
-  v1::DaemonConfig d = DefaultConfig();
-  d.set_scheduling("fifo");
-  EXPECT_THAT(Message(ValidateConfig(d)),
-              AllOf(HasSubstr("scheduling"), HasSubstr("'fifo'"),
-                    HasSubstr("priority"), HasSubstr("none")));
-  d = DefaultConfig();
-  d.set_partition_mb(-1);
-  EXPECT_THAT(Message(ValidateConfig(d)), HasSubstr("partition_mb = -1"));
-}
-
   EXPECT_THAT(Message(c.status()), HasSubstr(path));
 }
 

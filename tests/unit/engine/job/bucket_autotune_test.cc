@@ -174,6 +174,57 @@ TEST(BucketAutotuneTest, StopAndFollow) {
   EXPECT_EQ(f.trials_done().size(), 2u);
 }
 
+TEST(BucketAutotuneTest, PartitionsAreTriedWithTheBestCap) {
+  AutotuneOptions o = Options();
+  o.partitions = {0, 1 * kMiB, 4 * kMiB};
+  BucketAutotune t(o);
+  BucketAutotune::Setting s = t.Start(1, {1 * kMiB, 4 * kMiB});
+  EXPECT_EQ(s.trials, 5);
+  EXPECT_FALSE(s.partition_bytes.has_value());
+  Steps(t, 1, 4, [](uint64_t) { return 300; });
+  s = t.Next(5);
+  Steps(t, 5, 4, [](uint64_t) { return 200; });  // 4 MiB is the best cap
+  s = t.Next(9);
+  EXPECT_EQ(s.trial, 3);
+  EXPECT_EQ(s.cap_bytes, 4 * kMiB);
+  ASSERT_TRUE(s.partition_bytes.has_value());
+  EXPECT_EQ(*s.partition_bytes, 0u);
+  Steps(t, 9, 4, [](uint64_t) { return 210; });
+  s = t.Next(13);
+  EXPECT_EQ(s.cap_bytes, 4 * kMiB);
+  EXPECT_EQ(*s.partition_bytes, 1 * kMiB);
+  Steps(t, 13, 4, [](uint64_t) { return 150; });
+  s = t.Next(17);
+  EXPECT_EQ(*s.partition_bytes, 4 * kMiB);
+  Steps(t, 17, 4, [](uint64_t) { return 180; });
+  s = t.Next(21);
+  EXPECT_EQ(t.state(), BucketAutotune::State::kSettled);
+  EXPECT_EQ(s.next_switch_after, 0u);
+  EXPECT_EQ(s.cap_bytes, 4 * kMiB);
+  ASSERT_TRUE(s.partition_bytes.has_value());
+  EXPECT_EQ(*s.partition_bytes, 1 * kMiB);
+  ASSERT_EQ(t.trials_done().size(), 5u);
+  EXPECT_EQ(*t.trials_done()[3].partition_bytes, 1 * kMiB);
+}
+
+TEST(BucketAutotuneTest, OneDistinctCapStillTriesThePartitions) {
+  AutotuneOptions o = Options();
+  o.partitions = {0, 4 * kMiB};
+  BucketAutotune t(o);
+  BucketAutotune::Setting s = t.Start(1, {10 * kMiB});
+  EXPECT_EQ(t.state(), BucketAutotune::State::kTuning);
+  EXPECT_EQ(s.trials, 2);
+  EXPECT_EQ(s.cap_bytes, 10 * kMiB);
+  EXPECT_EQ(*s.partition_bytes, 0u);
+  Steps(t, 1, 4, [](uint64_t) { return 300; });
+  s = t.Next(5);
+  EXPECT_EQ(*s.partition_bytes, 4 * kMiB);
+  Steps(t, 5, 4, [](uint64_t) { return 400; });
+  s = t.Next(9);
+  EXPECT_EQ(s.cap_bytes, 10 * kMiB);
+  EXPECT_EQ(*s.partition_bytes, 0u);
+}
+
 TEST(AutotuneRecordTest, SnapshotCopiesTheState) {
   AutotuneRecord r(Options());
   r.Start(1, {1 * kMiB, 4 * kMiB});

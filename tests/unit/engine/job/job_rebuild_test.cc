@@ -147,6 +147,35 @@ TEST_F(JobRebuildTest, SwitchesOnlyOnceTheIterationIsComplete) {
   EXPECT_TRUE(job_->status().ok());
 }
 
+// Autotune's partition trials: the switch sets the reducer's network
+// partition from the first iteration of the new plan on; a switch without
+// one leaves it alone.
+TEST_F(JobRebuildTest, ASwitchCanSetTheReducersPartition) {
+  size_t next = 0;
+  RunIteration(2, 1, &next);
+  job_->ExpectRebuild(1);
+  auto same = std::make_shared<SwitchResult>();
+  job_->SwitchPlan(
+      1, job_->spec().plan,
+      [same](absl::Status s) {
+        same->status = std::move(s);
+        same->done.Notify();
+      },
+      size_t{4096});
+  ASSERT_TRUE(same->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(same->status.ok()) << same->status;
+  EXPECT_THAT(reducer_->partitions(),
+              ElementsAre(std::pair<uint64_t, size_t>(2, 4096)));
+  RunIteration(2, 2, &next);
+  job_->ExpectRebuild(2);
+  auto plain = RequestSwitch(*job_, 2, job_->spec().plan);
+  ASSERT_TRUE(plain->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(plain->status.ok()) << plain->status;
+  EXPECT_EQ(reducer_->partitions().size(), 1u);
+  EXPECT_EQ(reducer_->replans().size(), 2u);
+  EXPECT_TRUE(job_->status().ok());
+}
+
 // A plan that needs more device memory than the job holds is refused at
 // the boundary (the ranks' mappings cannot grow), failing the job.
 TEST_F(JobRebuildTest, APlanBeyondTheDeviceRegionFailsTheJob) {

@@ -61,6 +61,7 @@ class JobManagerFixture : public ::testing::Test {
       req.set_bucket_cap_mb(bucket_cap_mb);
       req.set_first_bucket_cap_mb(first_cap_mb);
       req.set_broadcast_bytes(broadcast_bytes);
+      req.set_follows_plan_switches(follow_plan_switches_);
       pending.push_back(StartAttach(manager(), std::move(req)));
     }
     std::vector<std::unique_ptr<TestRank>> ranks;
@@ -78,6 +79,8 @@ class JobManagerFixture : public ::testing::Test {
   }
 
   v1::DaemonConfig config_;
+  // AttachRequest.follows_plan_switches of every rank AttachJob attaches.
+  bool follow_plan_switches_ = false;
   ThreadPool pool_{2};
   FakeSessionRegistry sessions_;
   std::unique_ptr<JobManager> manager_;

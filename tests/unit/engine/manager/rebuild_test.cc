@@ -3,6 +3,7 @@
 // and the multi-node agreement over an in-memory rendezvous store.
 #include "server/engine/job/rebuild.h"
 
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -255,6 +256,139 @@ TEST_F(RebuildTest, OnlyARanksOwnSessionMayAskForIt) {
   auto b = StartRebuild(manager(), "own", *ranks[1], 1, {0, 1, 2, 3, 4, 5});
   EXPECT_TRUE(a->Get().ok());
   EXPECT_TRUE(b->Get().ok());
+}
+
+// --- autotune (bucket_cap_mb: auto) ---------------------------------------
+
+// Caps of 64, 128 and 256 bytes: 5, 3 and 2 buckets of kModel after a first
+// bucket of 128 bytes (three distinct plans); each trial one warm-up and
+// one measured iteration.
+class AutotuneTest : public RebuildTest {
+ protected:
+  void SetUp() override {
+    RebuildTest::SetUp();
+    config_.set_bucket_cap_auto(true);
+    config_.set_autotune_caps_mb(
+        "0.00006103515625,0.0001220703125,0.000244140625");
+    config_.set_autotune_warmup_iterations(1);
+    config_.set_autotune_measured_iterations(1);
+    follow_plan_switches_ = true;
+  }
+  // The daemon's default cap (auto), kCapMb for the first bucket.
+  std::vector<std::unique_ptr<TestRank>> AttachAuto(const std::string& job) {
+    return JobManagerFixture::AttachJob(job, 2, kModel, 0, kCapMb);
+  }
+  // Both ranks switch after `it`; the answer (the same for both).
+  absl::StatusOr<v1::RebuildBucketsResponse> SwitchAfter(
+      const std::string& job, std::vector<std::unique_ptr<TestRank>>& ranks,
+      uint64_t it) {
+    auto a = StartRebuild(manager(), job, *ranks[0], it, {0, 1, 2, 3, 4, 5});
+    auto b = StartRebuild(manager(), job, *ranks[1], it, {0, 1, 2, 3, 4, 5});
+    auto ra = a->Get();
+    auto rb = b->Get();
+    if (!ra.ok()) return ra.status();
+    if (!rb.ok()) return rb.status();
+    EXPECT_EQ(ra->SerializeAsString(), rb->SerializeAsString());
+    return ra;
+  }
+  std::optional<AutotuneSnapshot> Tune(const std::string& job) {
+    auto snaps = manager().Snapshot(absl::Now() + absl::Seconds(10), false);
+    if (!snaps.ok()) return std::nullopt;
+    for (const JobSnapshot& s : *snaps) {
+      if (s.job_id == job) return s.autotune;
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_F(AutotuneTest, TriesEachCapAtTheNamedIterationsThenSettles) {
+  auto ranks = AttachAuto("at");
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_TRUE(Tune("at").has_value());
+  EXPECT_EQ(Tune("at")->state, BucketAutotune::State::kWaiting);
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+
+  // The rebuild is trial 1 (64 bytes): the ready order {0..5}, after a
+  // first bucket of two, one parameter per bucket.
+  auto r = SwitchAfter("at", ranks, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->buckets_size(), 5);
+  EXPECT_EQ(r->next_switch_after(), 3u);
+  EXPECT_EQ(Tune("at")->setting.trial, 1);
+  EXPECT_EQ(Tune("at")->setting.trials, 3);
+  std::vector<int> buckets = {r->buckets_size()};
+  uint64_t it = 1;
+  while (r->next_switch_after() != 0) {
+    // Every iteration of every trial averages exactly.
+    for (++it; it <= r->next_switch_after(); ++it) {
+      ASSERT_TRUE(RunIteration(ranks, r->buckets(), it)) << "iteration " << it;
+    }
+    --it;
+    r = SwitchAfter("at", ranks, it);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->first_iteration(), it + 1);
+    buckets.push_back(r->buckets_size());
+  }
+  // Three trials (5, 3, 2 buckets) and the switch to the winner.
+  ASSERT_EQ(buckets.size(), 4u);
+  EXPECT_THAT(std::vector<int>(buckets.begin(), buckets.begin() + 3),
+              ElementsAre(5, 3, 2));
+  EXPECT_EQ(it, 7u);
+  std::optional<AutotuneSnapshot> tune = Tune("at");
+  ASSERT_TRUE(tune.has_value());
+  EXPECT_EQ(tune->state, BucketAutotune::State::kSettled);
+  EXPECT_EQ(tune->settled_after, 7u);
+  ASSERT_EQ(tune->trials_done.size(), 3u);
+  for (const BucketAutotune::Trial& t : tune->trials_done) {
+    EXPECT_EQ(t.iterations, 1);
+    EXPECT_GT(t.step_ns, 0);
+  }
+  // The winner is the fastest trial's cap, and its plan runs.
+  const BucketAutotune::Trial* best = &tune->trials_done[0];
+  for (const BucketAutotune::Trial& t : tune->trials_done) {
+    if (t.step_ns < best->step_ns) best = &t;
+  }
+  EXPECT_EQ(tune->setting.cap_bytes, best->cap_bytes);
+  const int want = best->cap_bytes == 64 ? 5 : best->cap_bytes == 128 ? 3 : 2;
+  EXPECT_EQ(buckets.back(), want);
+  for (uint64_t next = 8; next <= 9; ++next) {
+    ASSERT_TRUE(RunIteration(ranks, r->buckets(), next));
+  }
+  // Settled is final.
+  auto again = StartRebuild(manager(), "at", *ranks[0], 9, {0, 1, 2, 3, 4, 5});
+  EXPECT_THAT(std::string(again->Get().status().message()),
+              HasSubstr("rebuilt them already"));
+  EXPECT_TRUE(ranks[0]->Error().ok()) << ranks[0]->Error();
+}
+
+TEST_F(AutotuneTest, ARankRunningPastASwitchFailsTheJob) {
+  auto ranks = AttachAuto("past");
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+  auto r = SwitchAfter("past", ranks, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->next_switch_after(), 3u);
+  ASSERT_TRUE(RunIteration(ranks, r->buckets(), 2));
+  ASSERT_TRUE(RunIteration(ranks, r->buckets(), 3));
+  // Rank 1 goes on into iteration 4 instead of switching.
+  ranks[1]->Publish(0, 4);
+  absl::Status error = ranks[0]->Error();
+  for (int i = 0; i < 200 && error.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    error = ranks[0]->Error();
+  }
+  EXPECT_FALSE(error.ok());
+}
+
+TEST_F(AutotuneTest, ClientsThatDoNotFollowSwitchesKeepTheirCap) {
+  follow_plan_switches_ = false;
+  auto ranks = AttachAuto("old");
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_FALSE(Tune("old").has_value());
+  ASSERT_TRUE(RunIteration(ranks, ranks[0]->response().buckets(), 1));
+  auto r = SwitchAfter("old", ranks, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->next_switch_after(), 0u);
 }
 
 // --- multi-node agreement ------------------------------------------------
