@@ -268,6 +268,53 @@ std::string FormatJobs(const v1::ListJobsResponse& jobs) {
                rows);
 }
 
+std::string FormatAutotune(const v1::BucketAutotune& a) {
+  std::string out = absl::StrCat(
+      "bucket cap: ", HumanBytes(a.bucket_cap_bytes()), " (auto, ");
+  switch (a.state()) {
+    case v1::BucketAutotune::STATE_WAITING:
+      absl::StrAppend(&out, "waiting for the bucket rebuild");
+      break;
+    case v1::BucketAutotune::STATE_TUNING:
+      absl::StrAppend(&out, "tuning, trial ", a.trial(), "/", a.trials());
+      break;
+    case v1::BucketAutotune::STATE_SETTLED:
+      absl::StrAppend(&out, "settled after iteration ", a.settled_after());
+      break;
+    case v1::BucketAutotune::STATE_OFF:
+      absl::StrAppend(&out, "off");
+      break;
+    default:
+      absl::StrAppend(&out, "unknown");
+      break;
+  }
+  if (!a.decided_here()) absl::StrAppend(&out, ", node rank 0 decides");
+  absl::StrAppend(&out, ")");
+  // The network partition (multi-node): 0 sends whole buckets.
+  auto partition = [](uint64_t bytes) {
+    return bytes == 0 ? std::string("whole buckets")
+                      : absl::StrCat("partition ", HumanBytes(bytes));
+  };
+  if (a.has_partition_bytes()) {
+    absl::StrAppend(&out, ", ", partition(a.partition_bytes()));
+  }
+  std::vector<std::string> tried;
+  for (const v1::BucketAutotune::Trial& t : a.trials_done()) {
+    tried.push_back(absl::StrCat(
+        HumanBytes(t.bucket_cap_bytes()),
+        t.has_partition_bytes()
+            ? absl::StrCat(" ", partition(t.partition_bytes()))
+            : std::string(),
+        t.iterations() > 0 ? absl::StrCat(" ", HumanDuration(t.step_ns()))
+                           : std::string()));
+  }
+  if (!tried.empty()) {
+    absl::StrAppend(&out, "; step times: ", absl::StrJoin(tried, ", "));
+  }
+  if (!a.note().empty()) absl::StrAppend(&out, "; ", a.note());
+  return absl::StrCat(out, "\n");
+}
+
 std::string FormatJob(const v1::JobDetail& d) {
   const v1::JobSummary& s = d.summary();
   std::string out = absl::StrCat(
@@ -336,6 +383,7 @@ std::string FormatJob(const v1::JobDetail& d) {
       HumanBytes(plan.rank_memory_bytes()), " shared memory); caps: first ",
       HumanBytes(plan.first_bucket_cap_bytes()), ", then ",
       HumanBytes(plan.bucket_cap_bytes()), "\n");
+  if (s.has_autotune()) absl::StrAppend(&out, FormatAutotune(s.autotune()));
   rows.clear();
   for (const v1::BucketInfo& b : plan.buckets()) {
     std::vector<std::string> names;

@@ -33,6 +33,9 @@ std::string ToJson(const google::protobuf::Message& message);
 std::string FormatStatus(const v1::GetStatusResponse& status);
 std::string FormatJobs(const v1::ListJobsResponse& jobs);
 std::string FormatJob(const v1::JobDetail& job);
+// "bucket cap: 10.0 MiB (auto, settled after iteration 21); step times:
+// ..." for a job whose cap the daemon tunes (JobSummary.autotune).
+std::string FormatAutotune(const v1::BucketAutotune& autotune);
 std::string FormatHealth(
     grpc::health::v1::HealthCheckResponse::ServingStatus status);
 // "running", "pending", ... for a JobState.

@@ -358,6 +358,48 @@ TEST(GraddctlFormatTest, JobShowsTheEnginesPhase) {
   EXPECT_THAT(FormatJob(d), HasSubstr("(phase switching_plan)"));
 }
 
+TEST(GraddctlFormatTest, JobShowsTheBucketCapsAutotune) {
+  v1::JobDetail d;
+  v1::JobSummary* s = d.mutable_summary();
+  s->set_job_id("a");
+  s->set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(FormatJob(d), Not(HasSubstr("(auto")));
+  v1::BucketAutotune* a = s->mutable_autotune();
+  a->set_state(v1::BucketAutotune::STATE_WAITING);
+  a->set_bucket_cap_bytes(25 << 20);
+  a->set_decided_here(true);
+  EXPECT_THAT(FormatJob(d),
+              HasSubstr("bucket cap: 25.0 MiB (auto, waiting for the bucket "
+                        "rebuild)\n"));
+  a->set_state(v1::BucketAutotune::STATE_TUNING);
+  a->set_bucket_cap_bytes(4 << 20);
+  a->set_trial(2);
+  a->set_trials(5);
+  v1::BucketAutotune::Trial* t = a->add_trials_done();
+  t->set_bucket_cap_bytes(1 << 20);
+  t->set_step_ns(12500000);
+  t->set_iterations(3);
+  EXPECT_THAT(FormatJob(d),
+              HasSubstr("bucket cap: 4.0 MiB (auto, tuning, trial 2/5); step "
+                        "times: 1.0 MiB 12.50 ms\n"));
+  a->set_state(v1::BucketAutotune::STATE_SETTLED);
+  a->set_bucket_cap_bytes(10 << 20);
+  a->set_settled_after(21);
+  a->set_decided_here(false);
+  EXPECT_THAT(FormatJob(d),
+              HasSubstr("bucket cap: 10.0 MiB (auto, settled after iteration "
+                        "21, node rank 0 decides)"));
+  a->set_partition_bytes(1 << 20);
+  t = a->add_trials_done();
+  t->set_bucket_cap_bytes(10 << 20);
+  t->set_partition_bytes(0);
+  t->set_step_ns(9000000);
+  t->set_iterations(3);
+  EXPECT_THAT(FormatJob(d),
+              HasSubstr("node rank 0 decides), partition 1.0 MiB; step times: "
+                        "1.0 MiB 12.50 ms, 10.0 MiB whole buckets 9.00 ms\n"));
+}
+
 TEST(GraddctlTraceTest, RestartEventsAreNamedWithoutABucket) {
   v1::GetTraceResponse trace;
   trace.set_job_id("r");

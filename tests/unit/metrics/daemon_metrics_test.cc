@@ -364,6 +364,54 @@ TEST(DaemonMetricsTest, JobEpochFollowsTheReformations) {
   EXPECT_THAT(metrics.Serialize(), Not(HasSubstr("job_id=\"elastic\"")));
 }
 
+// Issue 36 point 4: the cap of the job's plan, and its autotune's state
+// and trials.
+TEST(DaemonMetricsTest, BucketCapFollowsAutotune) {
+  DaemonMetrics metrics;
+  JobInfo fixed = Info("fixed");
+  fixed.bucket_cap_bytes = 25 << 20;
+  std::unique_ptr<JobEventSinkInterface> a = metrics.OnJobStarted(fixed);
+  JobInfo tuned = Info("tuned");
+  tuned.bucket_cap_bytes = 25 << 20;
+  tuned.autotune = true;
+  std::unique_ptr<JobEventSinkInterface> b = metrics.OnJobStarted(tuned);
+  std::string text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_bucket_cap_bytes{job_id=\"fixed\"} "
+                              "26214400"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_autotune_state{job_id=\"fixed\"} 0"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_autotune_state{job_id=\"tuned\"} 1"));
+  AutotuneEvent e;
+  e.iteration = 1;
+  e.bucket_cap_bytes = 1 << 20;
+  e.trial = 1;
+  e.trials = 2;
+  b->OnAutotune(e);
+  e.iteration = 5;
+  e.bucket_cap_bytes = 4 << 20;
+  e.trial = 2;
+  b->OnAutotune(e);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_bucket_cap_bytes{job_id=\"tuned\"} "
+                              "4194304"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_job_autotune_trials_total{job_id=\"tuned\"} "
+                        "2"));
+  e.iteration = 9;
+  e.bucket_cap_bytes = 1 << 20;
+  e.trial = 0;
+  e.settled = true;
+  b->OnAutotune(e);
+  text = metrics.Serialize();
+  EXPECT_THAT(text, HasSubstr("gradd_job_bucket_cap_bytes{job_id=\"tuned\"} "
+                              "1048576"));
+  EXPECT_THAT(text, HasSubstr("gradd_job_autotune_state{job_id=\"tuned\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("gradd_job_autotune_trials_total{job_id=\"tuned\"} "
+                        "2"));
+  b.reset();
+  EXPECT_THAT(metrics.Serialize(), Not(HasSubstr("job_id=\"tuned\"")));
+}
+
 TEST(DaemonMetricsTest, RendezvousBackendInfoSaysWhereTheStoreIs) {
   DaemonMetrics builtin;
   DaemonMetrics::RendezvousBackend where;
