@@ -156,7 +156,8 @@ std::unique_ptr<PyClient> Attach(
     bool find_unused_parameters, bool rebuild_buckets,
     const std::string& comm_hook, int world_size, std::optional<int> rank,
     int cuda_device, std::optional<int64_t> rank_restart_grace_ms,
-    std::optional<int64_t> min_nodes, bool divide_by_initial_world_size) {
+    std::optional<int64_t> min_nodes, bool divide_by_initial_world_size,
+    bool bucket_cap_auto, bool follow_plan_switches) {
   ClientOptions options;
   options.world_size = world_size;
   options.rank = rank;
@@ -179,6 +180,8 @@ std::unique_ptr<PyClient> Attach(
   options.coordinator = coordinator;
   options.find_unused_parameters = find_unused_parameters;
   options.rebuild_buckets = rebuild_buckets;
+  options.bucket_cap_auto = bucket_cap_auto;
+  options.follow_plan_switches = follow_plan_switches;
   if (rank_restart_grace_ms.has_value()) {
     if (*rank_restart_grace_ms < 0 || *rank_restart_grace_ms > UINT32_MAX) {
       throw py::value_error(
@@ -441,6 +444,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rank_restart_grace_ms") = py::none(),
         py::arg("min_nodes") = py::none(),
         py::arg("divide_by_initial_world_size") = false,
+        py::arg("bucket_cap_auto") = false,
+        py::arg("follow_plan_switches") = false,
         "Attaches to the node's gradd daemon as one local rank of a job and "
         "registers `params`, a sequence of (name, shape, dtype[, device]) "
         "tuples (device 'cpu' or 'cuda'; CUDA parameters live on GPU "

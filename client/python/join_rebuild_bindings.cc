@@ -103,6 +103,11 @@ void DefineJoinAndRebuild(py::class_<PyClient>& client) {
           "has_rebuilt_buckets",
           [](PyClient& c) { return c.client().buckets_rebuilt(); })
       .def_property_readonly(
+          "next_plan_switch",
+          [](PyClient& c) { return c.client().next_plan_switch(); },
+          "Autotune: the iteration after which every rank calls "
+          "rebuild_buckets() again (0: none).")
+      .def_property_readonly(
           "ready_order", [](PyClient& c) { return c.client().ready_order(); },
           "Parameter indices in the order they were marked ready in the "
           "last completed iteration (recorded until buckets are rebuilt).");

@@ -102,6 +102,13 @@ struct ClientOptions {
   // 0 = the daemon's defaults (25 MiB / 1 MiB).
   double bucket_cap_mb = 0;
   double first_bucket_cap_mb = 0;
+  // Autotune: the daemon picks the bucket cap (bucket_cap_mb is ignored),
+  // trying a few after the bucket rebuild; implies follow_plan_switches.
+  bool bucket_cap_auto = false;
+  // The trainer calls RebuildBuckets() again after every iteration that
+  // next_plan_switch() names (every rank), so the daemon may tune the cap
+  // of a job left to its default (`bucket_cap_mb: auto` in its config).
+  bool follow_plan_switches = false;
   // Size of the broadcast area (bytes); 0 disables Broadcast() unless
   // collective_bytes gives the job an area (one area serves both).
   size_t broadcast_bytes = 0;
@@ -357,6 +364,10 @@ class Client {
   // Whether RebuildBuckets() re-planned the buckets (torch's
   // has_rebuilt_buckets).
   virtual bool buckets_rebuilt() const = 0;
+  // Autotune (ClientOptions::bucket_cap_auto): the iteration after which
+  // the daemon switches the plan again; every rank calls RebuildBuckets()
+  // between it and the next MarkReady (it then re-plans again). 0: none.
+  virtual uint64_t next_plan_switch() const { return 0; }
   // Parameter indices in the order they were marked ready in the last
   // recorded iteration (empty before the first one completed). Recorded:
   // the first two iterations (DDP rebuilds from the first, or the second

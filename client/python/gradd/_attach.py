@@ -48,6 +48,7 @@ def attach_client(
     device_ids,
     bucket_cap_mb: float,
     opts: dict,
+    bucket_cap_auto: bool = False,
 ) -> Tuple[object, int]:
     """(the attached client, its broadcast area's size in bytes) for the
     DDP placed as `world` (a gradd._world.World); `opts` is the DDP's
@@ -87,6 +88,11 @@ def attach_client(
         # The client library's name for it (client/include/gradd/client.h).
         divide_by_initial_world_size=bool(
             opts.get("divide_by_initial_world_after_reformation")),
+        # Autotune: the daemon picks the cap (bucket_cap_mb="auto", or a
+        # daemon configured with `bucket_cap_mb: auto`); gradd/_rebuild.py
+        # follows its plan switches.
+        bucket_cap_auto=bool(bucket_cap_auto),
+        follow_plan_switches=True,
     )
     if client.world_size != world.world_size or client.global_rank != world.rank:
         got = (client.global_rank, client.world_size)

@@ -104,3 +104,19 @@ def debug_param_to_name_mapping(
             f"conflicting lengths: {len(out)} vs {len(parameters)}.",
         )
     return out
+
+
+def bucket_cap_auto(bucket_cap_mb) -> bool:
+    """Whether DDP's ``bucket_cap_mb`` leaves the cap to the daemon's
+    autotune ("auto"); None and numbers do not. Anything else is a
+    ValueError naming what is accepted."""
+    if isinstance(bucket_cap_mb, str):
+        if bucket_cap_mb == "auto":
+            return True
+        raise ValueError(
+            f"bucket_cap_mb must be a number of MiB, None or 'auto', got {bucket_cap_mb!r}")
+    if bucket_cap_mb is not None and (isinstance(bucket_cap_mb, bool)
+                                      or not isinstance(bucket_cap_mb, (int, float))):
+        raise ValueError(
+            f"bucket_cap_mb must be a number of MiB, None or 'auto', got {bucket_cap_mb!r}")
+    return False

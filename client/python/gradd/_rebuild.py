@@ -71,8 +71,13 @@ class BucketRebuild:
     def due(self, *, find_unused_parameters: bool, static_graph: bool) -> bool:
         """Whether torch's forward would rebuild the buckets now."""
         client = self._client
-        if client.has_rebuilt_buckets or not self.enabled:
+        if not self.enabled:
             return False
+        if client.has_rebuilt_buckets:
+            # Autotune (bucket_cap_mb="auto"): the daemon named the
+            # iteration after which every rank re-plans again.
+            switch = client.next_plan_switch
+            return switch != 0 and client.iteration - 1 == switch
         if find_unused_parameters and not static_graph:
             return False
         completed = client.iteration - 1  # synced iterations waited for

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch  # the real torch: this module is gradd.torch, imports are absolute
 
@@ -121,7 +121,10 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
     gradd-specific keyword arguments: ``socket``, ``job_id``, ``rank``,
     ``world_size``, ``local_rank``, ``local_world_size``, ``node_rank``,
     ``coordinator`` (default from the environment, see the module doc),
-    ``first_bucket_cap_mb`` (None: the daemon's 1 MiB), ``broadcast_chunk_mb``
+    ``bucket_cap_mb="auto"`` (the daemon tries a few caps after the bucket
+    rebuild and keeps the fastest; every rank then re-plans at the
+    iterations it names), ``first_bucket_cap_mb`` (None: the daemon's 1
+    MiB), ``broadcast_chunk_mb``
     (largest single broadcast; default 64), ``connect_timeout``,
     ``attach_timeout``, ``wait_timeout`` (seconds), ``rebuild_buckets``
     (default True: re-plan buckets after the first iteration as torch does;
@@ -167,7 +170,9 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         dim: int = 0,
         broadcast_buffers: bool = True,
         process_group=None,
-        bucket_cap_mb: Optional[float] = None,  # None: 25, as torch
+        # None: the daemon's default (25, as torch); "auto": the daemon's
+        # autotune picks it (docs/operations.md "Bucket cap autotune").
+        bucket_cap_mb: Union[float, str, None] = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
@@ -232,7 +237,11 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         # torch 2.x: None means the default 25 MiB (bucket_bytes_cap_default;
         # dynamo's DDPOptimizer reads bucket_bytes_cap).
         self.bucket_bytes_cap_default = bucket_cap_mb is None
-        self.bucket_cap_mb = 25 if bucket_cap_mb is None else bucket_cap_mb
+        # gradd: "auto" leaves the cap to the daemon, which tries a few after
+        # the bucket rebuild and keeps the fastest (25 MiB until then).
+        self.bucket_cap_auto = _params.bucket_cap_auto(bucket_cap_mb)
+        self.bucket_cap_mb = (25 if bucket_cap_mb is None or self.bucket_cap_auto
+                              else bucket_cap_mb)
         self.bucket_bytes_cap = int(self.bucket_cap_mb * _MiB)
         self.broadcast_bucket_size = int(250 * _MiB)  # torch's attribute; see broadcast_chunk_mb
         # torch 2.x's attributes that user code and torch read (plain values).
@@ -289,7 +298,12 @@ class DistributedDataParallel(_overlap.ForwardOverlapAPI, torch.nn.Module, Joina
         who = f"job '{self.job_id}', rank {self.rank}"
         self._client, self._bcast_bytes = _attach.attach_client(
             world, self.module, self._param_names, self._params, device=self._device,
-            device_ids=self.device_ids, bucket_cap_mb=self.bucket_cap_mb, opts=opts)
+            device_ids=self.device_ids,
+            # None: the daemon's default (25 MiB unless its config says
+            # otherwise, e.g. `auto`).
+            bucket_cap_mb=(0 if self.bucket_bytes_cap_default or self.bucket_cap_auto
+                           else self.bucket_cap_mb),
+            bucket_cap_auto=self.bucket_cap_auto, opts=opts)
         client = self._client
 
         # -- rank restart and re-formation (gradd/_restart.py) -------------

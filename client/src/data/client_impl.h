@@ -166,6 +166,7 @@ class ClientImpl final : public Client {
   absl::Status Detach() override;
   absl::StatusOr<bool> RebuildBuckets() override;
   bool buckets_rebuilt() const override { return rebuilt_; }
+  uint64_t next_plan_switch() const override { return next_switch_; }
   std::vector<int32_t> ready_order() const override {
     return recorder_->last();
   }
@@ -332,6 +333,8 @@ class ClientImpl final : public Client {
   uint64_t bucket_region_bytes_ = 0;
   std::unique_ptr<ReadyOrderRecorder> recorder_;
   bool rebuilt_ = false;
+  // Autotune: the daemon's next plan switch (0: none).
+  uint64_t next_switch_ = 0;
   bool daemon_can_rebuild_ = false;
   // Parameters still to be marked in each bucket this iteration.
   std::unique_ptr<std::atomic<int32_t>[]> pending_;

@@ -21,11 +21,15 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
   RETURN_IF_ERROR(CheckFailed());
   // A daemon that reserved no bucket region (older than rebuilds) cannot
   // rebuild: every rank of the node sees the same, so nobody asks.
-  if (rebuilt_ || !options_.rebuild_buckets || !daemon_can_rebuild_ ||
-      recorder_->last().empty()) {
+  const uint64_t it = iteration_.load(std::memory_order_relaxed);
+  // Autotune's switches come after the rebuild, at the iterations the
+  // daemon named (the order sent is not used then).
+  const bool switch_due =
+      rebuilt_ && next_switch_ != 0 && it == next_switch_ + 1;
+  if ((rebuilt_ && !switch_due) || !options_.rebuild_buckets ||
+      !daemon_can_rebuild_ || recorder_->last().empty()) {
     return false;
   }
-  const uint64_t it = iteration_.load(std::memory_order_relaxed);
   for (int i = 0; i < num_params(); ++i) {
     if (marked_[i].load(std::memory_order_acquire) == it) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -51,6 +55,8 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
     call.device_base = device_->base();
     call.device_bytes = device_->size();
   }
+  uint64_t next_switch = 0;
+  call.next_switch_after = &next_switch;
   // Any failure is the job's too (the daemon failed it, or it sent what we
   // cannot use): this client is done.
   absl::StatusOr<PlanViews> views = RequestRebuild(*stub_, call);
@@ -72,6 +78,7 @@ absl::StatusOr<bool> ClientImpl::RebuildBuckets() {
   }
   UsePlan(*std::move(views));
   rebuilt_ = true;
+  next_switch_ = next_switch;
   recorder_->Stop();
   return true;
 }

@@ -166,6 +166,9 @@ class UsedMapClient final : public Client {
     return inner_->RebuildBuckets();
   }
   bool buckets_rebuilt() const override { return inner_->buckets_rebuilt(); }
+  uint64_t next_plan_switch() const override {
+    return inner_->next_plan_switch();
+  }
   std::vector<int32_t> ready_order() const override {
     std::vector<int32_t> out;
     for (int32_t i : inner_->ready_order()) {

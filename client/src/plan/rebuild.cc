@@ -40,6 +40,9 @@ absl::StatusOr<PlanViews> RequestRebuild(v1::Node::Stub& stub,
                          ", the next iteration is ", call.next_iteration)
                    : std::string(views.status().message())));
   }
+  if (call.next_switch_after != nullptr) {
+    *call.next_switch_after = response.next_switch_after();
+  }
   return views;
 }
 

@@ -1,4 +1,5 @@
-// Bucket rebuild, the client's side (the daemon's: server/engine/job/rebuild.h).
+// Bucket rebuild, the client's side (the daemon's:
+// server/engine/job/rebuild.h).
 //
 //   attach --MarkReady(i) x n (any threads)--> order of iteration k recorded
 //     ^          WaitAll(): EndIteration() keeps it as last()      |
@@ -92,6 +93,8 @@ struct RebuildCall {
   // CUDA buckets: this process's mapping of the rank's device memory.
   char* device_base = nullptr;
   uint64_t device_bytes = 0;
+  // Set to the answer's next_switch_after (autotune) when not null.
+  uint64_t* next_switch_after = nullptr;
 };
 // The RPC (blocks until every rank asked, bounded by `timeout`) and the
 // checked new plan. Errors: the daemon's, prefixed with `who`; INTERNAL

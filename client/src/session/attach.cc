@@ -271,6 +271,9 @@ absl::StatusOr<std::unique_ptr<Client>> AttachDirect(
   request.set_session_id(hello->session_id);
   request.set_bucket_cap_mb(options.bucket_cap_mb);
   request.set_first_bucket_cap_mb(options.first_bucket_cap_mb);
+  request.set_bucket_cap_auto(options.bucket_cap_auto);
+  request.set_follows_plan_switches(options.bucket_cap_auto ||
+                                    options.follow_plan_switches);
   // One area carries broadcasts and the other collectives: the larger of
   // the two sizes asked for (collectives.h's default for a collective-only
   // job).
