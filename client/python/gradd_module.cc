@@ -355,9 +355,6 @@ PYBIND11_MODULE(_C, m) {
            "CUDA buckets: `stream` then waits (on the GPU) for the daemon's "
            "reduction before any work queued on it later.")
       .def(
-          "bucket_done",
-          [](PyClient& c, int b) {
-      .def(
           "wait_bucket",
           [](PyClient& c, int b, uintptr_t stream) {
             c.CheckBucket(b);
@@ -369,6 +366,9 @@ PYBIND11_MODULE(_C, m) {
           "(wait_all does, at once when every bucket was waited for). Every "
           "parameter of the bucket must have been marked. CUDA buckets: "
           "`stream` then waits (on the GPU) for the daemon's reduction.")
+      .def(
+          "bucket_done",
+          [](PyClient& c, int b) {
             c.CheckBucket(b);
             return c.client().BucketDone(b);
           },

@@ -284,13 +284,6 @@ class Client {
   virtual int gradient_device(int param) const { return 0; }
   // Non-blocking: whether bucket b of the current iteration is done.
   virtual bool BucketDone(int bucket) const = 0;
-
-  // Daemon-mediated broadcast of `bytes` bytes from global rank `root` to
-  // every rank of the job (in place in `data`). Independent of gradient
-  // iterations; every rank must make the same sequence of Broadcast calls
-  // with the same size. Data larger than the area (the larger of
-  // broadcast_bytes and collective_bytes) goes in several rounds.
-  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   // Blocks until bucket `bucket` of the current iteration is averaged (its
   // parameters' gradients may be read), without ending the iteration: the
   // iteration ends with WaitAll, which is cheap once every bucket has been
@@ -309,6 +302,13 @@ class Client {
   // WaitBucket, and then makes `cuda_stream` wait (on the GPU) for the
   // daemon's reduction of the bucket when it is a CUDA bucket.
   virtual absl::Status WaitBucketOn(int bucket, void* cuda_stream);
+
+  // Daemon-mediated broadcast of `bytes` bytes from global rank `root` to
+  // every rank of the job (in place in `data`). Independent of gradient
+  // iterations; every rank must make the same sequence of Broadcast calls
+  // with the same size. Data larger than the area (the larger of
+  // broadcast_bytes and collective_bytes) goes in several rounds.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
 
   // Uneven inputs, as DDP's join(): every rank calls JoinEnter before the
   // same iteration with the same options; then each iteration a rank either
