@@ -1,7 +1,7 @@
 """Forward overlap for gradd.torch.DistributedDataParallel: the next forward
 starts on the parameters whose gradients are done.
 
-``ddp._register_fused_optim(optim_cls, ..., overlap_forward=True)`` (torch's
+``DistributedDataParallel._register_fused_optim(optim_cls, ..., overlap_forward=True)`` (torch's
 optimizer overlap: the optimizer steps each bucket's parameters; the user
 calls no ``optimizer.step()``) with gradd's daemon path: buckets go to the
 daemon as usual (so its scheduling orders them on the wire, first layers
