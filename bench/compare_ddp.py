@@ -308,16 +308,22 @@ def node_prefix(args, node):
 
 def daemon_config(args, scheduling=""):
     """The daemons' gradd.yaml lines: --reduce-threads, --comm-hook, the
-    variant's `scheduling` (priority|none; "" leaves the daemon's default),
-    --partition-mb and --daemon-config-extra (YAML lines, "\\n" for new lines)."""
+    variant's `scheduling` (priority|none; "" leaves the daemon's default;
+    "priority+p4": that variant with partition_mb 4, overriding
+    --partition-mb, so one run can set a partitioned priority variant beside
+    the old whole-bucket behaviour), --partition-mb and --daemon-config-extra
+    (YAML lines, "\\n" for new lines)."""
     lines = []
+    scheduling, _, variant_partition = scheduling.partition("+p")
     if args.reduce_threads:
         lines.append(f"reduce_threads: {args.reduce_threads}")
     if args.comm_hook:
         lines.append(f"default_comm_hook:\n  name: {args.comm_hook}")
     if scheduling:
         lines.append(f"scheduling: {scheduling}")
-    if args.partition_mb:
+    if variant_partition:
+        lines.append(f"partition_mb: {float(variant_partition):g}")
+    elif args.partition_mb:
         lines.append(f"partition_mb: {args.partition_mb:g}")
     if args.daemon_config_extra:
         lines.append(args.daemon_config_extra.replace("\\n", "\n"))
@@ -409,7 +415,8 @@ def main():
                     help="mlp: 1024-4096-4096-1024 (25.2 M params); deep: 25 Linear "
                          "1024-1024 layers with ReLUs (26.2 M params)")
     ap.add_argument("--scheduling", default="",
-                    help="comma-separated daemon `scheduling:` values (e.g. none,priority); "
+                    help="comma-separated daemon `scheduling:` values (e.g. none,priority,priority+p4: "
+                         "+pN sets that variant's partition_mb to N); "
                          "the modes that use gradd run once per value, on daemons started "
                          "with it, as <mode>@<value> (default: the daemons' own setting)")
     ap.add_argument("--partition-mb", type=float, default=0,
