@@ -172,9 +172,8 @@ absl::Status SetScalar(const FieldDescriptor* field, const YAML::Node& value,
       // A number with a `<name less its unit>_auto` switch beside it
       // (bucket_cap_mb: auto sets bucket_cap_auto) takes `auto`, which
       // sets the switch and leaves the number to its default.
-      const FieldDescriptor* automatic =
-          msg->GetDescriptor()->FindFieldByName(absl::StrCat(
-              absl::StripSuffix(field->name(), "_mb"), "_auto"));
+      const FieldDescriptor* automatic = msg->GetDescriptor()->FindFieldByName(
+          absl::StrCat(absl::StripSuffix(field->name(), "_mb"), "_auto"));
       if (automatic != nullptr &&
           automatic->cpp_type() != FieldDescriptor::CPPTYPE_BOOL) {
         automatic = nullptr;
