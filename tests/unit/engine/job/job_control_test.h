@@ -11,8 +11,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "common/bucket_planner.h"
 #include "common/control_block.h"
 #include "common/control_mapping.h"
 #include "common/doorbell.h"
@@ -23,6 +25,22 @@ namespace gradd {
 
 class JobControlTest : public ::testing::Test {
  protected:
+  // What these fixtures' jobs share: `id`, two local ranks, a 4 KiB
+  // broadcast area and two float32 parameters of 64 bytes, planned into one
+  // bucket each (64-byte caps). Callers set the nodes and what else they test.
+  static JobSpec TwoBucketSpec(std::string id) {
+    JobSpec spec;
+    spec.job_id = std::move(id);
+    spec.local_world_size = 2;
+    spec.broadcast_bytes = 4096;
+    for (int i = 0; i < 2; ++i) {
+      spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
+    }
+    spec.planner.first_bucket_cap_bytes = 64;
+    spec.planner.bucket_cap_bytes = 64;
+    spec.plan = *PlanBuckets(spec.params, spec.planner);
+    return spec;
+  }
   // Maps `job`'s control block for its two local ranks (before Start).
   void MapControl(Job& job) {
     layout_ = std::make_unique<ControlLayout>(2, job.bucket_slots());

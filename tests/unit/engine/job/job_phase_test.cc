@@ -59,20 +59,11 @@ class PhaseSink final : public JobEventSinkInterface {
 class JobPhaseTest : public JobControlTest {
  protected:
   void MakeJob(int num_nodes, int min_nodes) {
-    JobSpec spec;
-    spec.job_id = "phase-unit";
-    spec.local_world_size = 2;
+    JobSpec spec = TwoBucketSpec("phase-unit");
     spec.num_nodes = num_nodes;
     spec.world_size = 2 * num_nodes;
     if (num_nodes > 1) spec.node_ids = {"a", "b"};
     spec.min_nodes = min_nodes;
-    spec.broadcast_bytes = 4096;
-    for (int i = 0; i < 2; ++i) {
-      spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
-    }
-    spec.planner.first_bucket_cap_bytes = 64;
-    spec.planner.bucket_cap_bytes = 64;
-    spec.plan = *PlanBuckets(spec.params, spec.planner);
     plan_ = spec.plan;
     net_ = std::make_shared<FakeReductions>();
     auto job =

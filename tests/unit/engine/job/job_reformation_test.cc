@@ -95,9 +95,7 @@ class JobReformationTest : public JobControlTest {
   // Node rank 0 of 2 (nodes 'a', 'b'), two local ranks, world size 4; two
   // float32 parameters of 64 bytes, one bucket each.
   void MakeJob(const JobOptions& o) {
-    JobSpec spec;
-    spec.job_id = "elastic-unit";
-    spec.local_world_size = 2;
+    JobSpec spec = TwoBucketSpec("elastic-unit");
     spec.num_nodes = 2;
     spec.node_rank = 0;
     spec.world_size = 4;
@@ -106,13 +104,6 @@ class JobReformationTest : public JobControlTest {
     spec.rank_restart_grace = o.grace;
     spec.divide_by_initial_world_size = o.divide_by_initial;
     spec.initial_world_size = o.initial_world_size;
-    spec.broadcast_bytes = 4096;
-    for (int i = 0; i < 2; ++i) {
-      spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
-    }
-    spec.planner.first_bucket_cap_bytes = 64;
-    spec.planner.bucket_cap_bytes = 64;
-    spec.plan = *PlanBuckets(spec.params, spec.planner);
     ASSERT_EQ(spec.plan.buckets.size(), 2u);
     net_ = std::make_shared<FakeReductions>();
     auto job = Job::Create(std::move(spec), std::make_unique<FakeBucketReducer>(

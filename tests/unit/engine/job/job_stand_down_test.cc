@@ -23,18 +23,9 @@ namespace {
 class JobStandDownTest : public JobControlTest {
  protected:
   void SetUp() override {
-    JobSpec spec;
-    spec.job_id = "stand-down-unit";
-    spec.local_world_size = 2;
+    JobSpec spec = TwoBucketSpec("stand-down-unit");
     spec.num_nodes = 1;
     spec.world_size = 2;
-    spec.broadcast_bytes = 4096;
-    for (int i = 0; i < 2; ++i) {
-      spec.params.push_back({"p" + std::to_string(i), {16}, DType::kFloat32});
-    }
-    spec.planner.first_bucket_cap_bytes = 64;
-    spec.planner.bucket_cap_bytes = 64;
-    spec.plan = *PlanBuckets(spec.params, spec.planner);
     ASSERT_EQ(spec.plan.buckets.size(), 2u);
     net_ = std::make_shared<FakeReductions>();
     auto job = Job::Create(std::move(spec),
